@@ -1,0 +1,184 @@
+"""The ``applier`` command line: parse, load the config, call one layer, map errors to exit codes.
+
+Commands import their layer lazily so ``applier --help`` stays instant and
+never starts a JVM. Every :class:`~applier.errors.ApplierError` ends the
+command with one line on stderr and the error's exit code (2 for bad input,
+1 otherwise); usage errors exit 2 (click's convention).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from functools import wraps
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from . import __version__
+from .config import Config, load_config
+from .errors import ApplierError
+from .log import setup_logging
+from .lsn import Lsn
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+config_option = click.option(
+    "--config",
+    "config_path",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Path to the applier TOML config (see conf/applier.example.toml).",
+)
+
+
+def _load(config_path: Path, log_level: str | None = None) -> Config:
+    cfg = load_config(config_path)
+    setup_logging(log_level or cfg.logging.level, cfg.logging.format)
+    return cfg
+
+
+def _exits_cleanly(fn: F) -> F:
+    """Turn ApplierError into one stderr line and its exit code."""
+
+    @wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            rc = fn(*args, **kwargs)
+        except ApplierError as e:
+            click.echo(f"applier: error: {e}", err=True)
+            sys.exit(e.exit_code)
+        except KeyboardInterrupt:
+            click.echo("applier: interrupted", err=True)
+            sys.exit(130)
+        sys.exit(rc or 0)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _lsn(ctx: click.Context, param: click.Parameter, value: str | None) -> Lsn | None:
+    if value is None:
+        return None
+    try:
+        return Lsn.parse(value)
+    except ApplierError as e:
+        raise click.BadParameter(str(e)) from None
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="applier")
+def cli() -> None:
+    """applier: keep one PostgreSQL database replicated into another.
+
+    Bootstrap the target from an exported snapshot (a Spark job), then replay
+    the source's logical changes (pgoutput) exactly once.
+    """
+
+
+@cli.command()
+@config_option
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default=None)
+@_exits_cleanly
+def run(config_path: Path, log_level: str | None) -> int:
+    """Stream changes from the slot and apply them to the target until stopped.
+
+    Progress is kept in a replication origin on the target, inside each
+    applied transaction: after any crash or restart the worker resumes where
+    the target's last commit left off, skipping nothing and applying nothing
+    twice. SIGTERM/SIGINT stop it cleanly (exit 0).
+    """
+    from .apply.worker import run_worker
+
+    return run_worker(_load(config_path, log_level))
+
+
+@cli.command()
+@config_option
+@click.option("--recreate-slot", is_flag=True, help="Drop the slot if it exists and create it anew.")
+@click.option("--truncate", is_flag=True, help="Empty non-empty target tables before copying.")
+@click.option("--quiet", is_flag=True, help="No live progress display (for services and logs).")
+@_exits_cleanly
+def bootstrap(config_path: Path, recreate_slot: bool, truncate: bool, quiet: bool) -> int:
+    """Copy the included tables into the target from an exported snapshot (Spark job).
+
+    Creates the slot with an exported snapshot, creates missing tables from the
+    source's definitions, copies every table in slices under that snapshot,
+    builds indexes and constraints after the data, sets sequences, and sets
+    the target's replication origin to the slot's consistent point so that
+    `applier run` continues with no gap and no duplicate. Rerun after an
+    interruption to continue where it stopped.
+    """
+    from .bootstrap.job import run_bootstrap
+
+    return run_bootstrap(
+        _load(config_path), recreate_slot=recreate_slot, truncate=truncate, quiet=quiet
+    )
+
+
+@cli.command()
+@config_option
+@click.option("--slot", default=None, help="Slot to read (default: the config's source.slot).")
+@click.option("--format", "fmt", type=click.Choice(["json", "text"]), default="json", show_default=True)
+@click.option("--start", callback=_lsn, default=None, help="LSN to start from (default: the slot's).")
+@click.option("--end", callback=_lsn, default=None, help="Exit once the stream reaches this LSN.")
+@_exits_cleanly
+def decode(config_path: Path, slot: str | None, fmt: str, start: Lsn | None, end: Lsn | None) -> int:
+    """Print the decoded change stream, one message per line; never advances the slot."""
+    from .stream.decode_cmd import run_decode
+
+    return run_decode(_load(config_path, "warning"), slot=slot, fmt=fmt, start=start, end=end)
+
+
+@cli.command()
+@config_option
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@_exits_cleanly
+def status(config_path: Path, as_json: bool) -> int:
+    """Show the slot, the origin's progress, lag, the worker and its last error."""
+    from .status import show_status
+
+    return show_status(_load(config_path, "warning"), as_json=as_json)
+
+
+@cli.command("sync-sequences")
+@config_option
+@_exits_cleanly
+def sync_sequences(config_path: Path) -> int:
+    """Copy the current values of the included tables' sequences to the target (at cutover)."""
+    from .bootstrap.sequences import sync_sequences as run
+
+    return run(_load(config_path))
+
+
+@cli.command()
+@config_option
+@_exits_cleanly
+def migrate(config_path: Path) -> int:
+    """Create or upgrade the applier schema on the target (run and bootstrap do this too)."""
+    from .schema import upgrade
+
+    upgrade(_load(config_path))
+    return 0
+
+
+@cli.command()
+@click.option("--source-version", type=click.Choice(["15", "18"]), default="15", show_default=True)
+@click.option("--target-version", type=click.Choice(["15", "18"]), default="18", show_default=True)
+@click.option("--rows", type=int, default=200_000, show_default=True, help="Rows in the sample tables.")
+@click.option("--keep", is_flag=True, help="Leave the clusters running and print how to reach them.")
+@_exits_cleanly
+def demo(source_version: str, target_version: str, rows: int, keep: bool) -> int:
+    """Run applier end to end on two throwaway local clusters (no config needed)."""
+    from .demo import run_demo
+
+    setup_logging("info")
+    return run_demo(int(source_version), int(target_version), rows=rows, keep=keep)
+
+
+def main() -> None:
+    cli(prog_name="applier")
+
+
+if __name__ == "__main__":
+    main()

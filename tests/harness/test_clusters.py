@@ -1,0 +1,37 @@
+"""The harness starts real clusters ready for logical decoding, for both versions."""
+
+from __future__ import annotations
+
+from applier.localpg import LocalCluster
+from conftest import Pair
+
+
+def test_publisher_decodes_a_change_through_a_logical_slot(
+    publisher: tuple[LocalCluster, str],
+) -> None:
+    cluster, db = publisher
+    assert cluster.execute("SHOW wal_level") == [("logical",)]
+    assert int(cluster.execute("SHOW max_prepared_transactions")[0][0]) > 0
+    version = cluster.execute("SHOW server_version_num", db)[0][0]
+    assert version.startswith(str(cluster.version))
+    cluster.execute(
+        "CREATE TABLE t (id int PRIMARY KEY, v text); CREATE PUBLICATION pub FOR TABLE t;", db
+    )
+    cluster.execute(f"SELECT pg_create_logical_replication_slot('h_{db}', 'pgoutput')", db)
+    cluster.execute("INSERT INTO t VALUES (1, 'hello')", db)
+    rows = cluster.execute(
+        f"SELECT data FROM pg_logical_slot_peek_binary_changes('h_{db}', NULL, NULL, "
+        "'proto_version', '1', 'publication_names', 'pub')",
+        db,
+    )
+    kinds = [bytes(r[0])[:1] for r in rows]
+    assert kinds == [b"B", b"R", b"I", b"C"]
+    insert = bytes(rows[2][0])
+    assert insert.endswith(b"t\x00\x00\x00\x05hello")
+
+
+def test_pair_has_distinct_servers_and_fresh_databases(pair: Pair) -> None:
+    assert pair.pub.port != pair.sub.port
+    assert pair.pub_exec("SELECT count(*) FROM pg_tables WHERE schemaname = 'public'") == [(0,)]
+    assert pair.sub.execute("SHOW wal_level") == [("logical",)]
+    assert int(pair.sub.execute("SHOW server_version_num")[0][0]) // 10000 == pair.sub.version
