@@ -124,3 +124,15 @@ class ErrorRecord:
         ctx = exc.context if isinstance(exc, ApplierError) else {}
         msg = exc.message if isinstance(exc, ApplierError) else str(exc)
         return cls(kind=type(exc).__name__, message=msg, context={k: str(v) for k, v in ctx.items()})
+
+
+class SlotExists(ApplierError):
+    """The replication slot to create exists already."""
+
+
+class SlotMissing(ApplierError):
+    """The replication slot to use does not exist."""
+
+
+class SourceError(ApplierError):
+    """The source refused a command (missing publication, privileges, settings)."""
