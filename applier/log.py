@@ -17,7 +17,8 @@ from typing import Any
 class _TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         ts = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(record.created))
-        line = f"{ts}.{int(record.msecs):03d} {record.levelname:<7} {record.name}: {record.getMessage()}"
+        head = f"{ts}.{int(record.msecs):03d} {record.levelname:<7} {record.name}"
+        line = f"{head}: {record.getMessage()}"
         ctx = getattr(record, "ctx", None)
         if ctx:
             line += " " + " ".join(f"{k}={v}" for k, v in ctx.items())
@@ -36,7 +37,9 @@ class _JsonFormatter(logging.Formatter):
         }
         ctx = getattr(record, "ctx", None)
         if ctx:
-            obj.update({k: v if isinstance(v, int | float | bool) else str(v) for k, v in ctx.items()})
+            obj.update(
+                {k: v if isinstance(v, int | float | bool) else str(v) for k, v in ctx.items()}
+            )
         if record.exc_info and record.levelno >= logging.ERROR:
             obj["exc"] = self.formatException(record.exc_info)
         return json.dumps(obj, ensure_ascii=False)

@@ -41,7 +41,7 @@ INVALID_LSN = Lsn(0)
 
 #: Microseconds between the Unix epoch and PostgreSQL's (2000-01-01 UTC).
 PG_EPOCH_OFFSET_US = 946_684_800_000_000
-PG_EPOCH = _dt.datetime(2000, 1, 1, tzinfo=_dt.timezone.utc)
+PG_EPOCH = _dt.datetime(2000, 1, 1, tzinfo=_dt.UTC)
 
 
 def pg_timestamp(us: int) -> _dt.datetime:
@@ -56,4 +56,4 @@ def to_pg_timestamp(ts: _dt.datetime) -> int:
 
 
 def now_pg_timestamp() -> int:
-    return to_pg_timestamp(_dt.datetime.now(_dt.timezone.utc))
+    return to_pg_timestamp(_dt.datetime.now(_dt.UTC))

@@ -197,7 +197,9 @@ def any_pair(request: pytest.FixtureRequest, pool: ClusterPool, tmp_path: Path) 
 
 
 @pytest.fixture(params=[15, 18])
-def publisher(request: pytest.FixtureRequest, pool: ClusterPool) -> Iterator[tuple[LocalCluster, str]]:
+def publisher(
+    request: pytest.FixtureRequest, pool: ClusterPool
+) -> Iterator[tuple[LocalCluster, str]]:
     """A fresh database on the shared PG15 or PG18 publisher: ``(cluster, dbname)``."""
     c = pool.get("pub", request.param)
     db = f"d{next(_db_ids)}_{uuid.uuid4().hex[:6]}"

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from applier.localpg import LocalCluster
 from conftest import Pair
+
+from applier.localpg import LocalCluster
 
 
 def test_publisher_decodes_a_change_through_a_logical_slot(

@@ -1,0 +1,55 @@
+"""The applier schema: an empty database upgrades to head, once and again, with one head."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+from conftest import Pair
+
+from applier.schema import current_revision, heads, upgrade_target
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_single_head() -> None:
+    assert len(heads()) == 1
+
+
+def test_empty_target_upgrades_to_head_idempotently(pair: Pair) -> None:
+    assert current_revision(pair.sub_dsn) is None
+    upgrade_target(pair.sub_dsn)
+    assert current_revision(pair.sub_dsn) == heads()[0]
+    upgrade_target(pair.sub_dsn)  # a second run is a no-op, not an error
+    tables = {r[0] for r in pair.sub_exec(
+        "SELECT table_name FROM information_schema.tables WHERE table_schema = 'applier'"
+    )}  # fmt: skip
+    assert {"alembic_version", "worker_status"} <= tables
+    # Fenced: nothing of ours outside the applier schema.
+    assert pair.sub_exec("SELECT count(*) FROM pg_tables WHERE schemaname = 'public'") == [(0,)]
+
+
+def test_migrate_command_upgrades(pair: Pair) -> None:
+    cfg = pair.write_config()
+    proc = subprocess.run(
+        [sys.executable, "-m", "applier.cli", "migrate", "--config", str(cfg)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert current_revision(pair.sub_dsn) == heads()[0]
+
+
+@pytest.mark.slow
+def test_wheel_ships_the_migrations(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(ROOT)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    (wheel,) = tmp_path.glob("applier-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "applier/_migrations/env.py" in names
+    assert any(n.startswith("applier/_migrations/versions/0001") for n in names)
