@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import os
 import shutil
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -26,7 +27,7 @@ import pytest
 from applier.config import Config, load_config
 from applier.localpg import LocalCluster, make_base_dir
 
-os.environ.setdefault("PYSPARK_PYTHON", str(Path(os.sys.executable)))
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 
 class ClusterPool:
