@@ -1,0 +1,24 @@
+"""The stream layer: a replication connection, the pgoutput stream on it, and ``applier decode``.
+
+* :mod:`.replconn` - :class:`ReplicationConnection`: replication commands
+  (IDENTIFY_SYSTEM, CREATE/DROP_REPLICATION_SLOT) over psycopg 3's simple
+  protocol, server errors mapped to applier errors with hints.
+* :mod:`.client` - :class:`LogicalStream`: START_REPLICATION, non-blocking
+  CopyData reading through selectors, keepalives, feedback of confirmed LSNs.
+* :mod:`.decode_cmd` - ``applier decode``: print the stream, never advance the slot.
+"""
+
+from .client import LogicalStream, StreamOptions, max_proto_version, negotiate
+from .replconn import ReplicationConnection, SlotInfo, SystemInfo, quote_ident, quote_literal
+
+__all__ = [
+    "LogicalStream",
+    "ReplicationConnection",
+    "SlotInfo",
+    "StreamOptions",
+    "SystemInfo",
+    "max_proto_version",
+    "negotiate",
+    "quote_ident",
+    "quote_literal",
+]

@@ -1,0 +1,557 @@
+"""The logical replication stream: START_REPLICATION, messages in, feedback out.
+
+Design
+======
+
+**Never block inside libpq.** The psycopg binary build holds the GIL while a
+libpq call blocks, so one blocking ``PQgetCopyData`` would freeze every other
+thread of the process (the apply worker's committer, the bootstrap's progress
+display, signal handling). The connection is put in non-blocking mode; we
+wait for the socket with :mod:`selectors` (which releases the GIL) and only
+then call ``consume_input`` and ``get_copy_data(async=1)``, which return at
+once. Writes (status updates) use ``put_copy_data`` + ``flush`` and wait for
+writability the same way.
+
+**LSN tracking and feedback.** Two positions are kept:
+
+* :attr:`LogicalStream.last_received` - the highest ``wal_end`` seen in an
+  XLogData or keepalive. It is reported as the *write* position: it tells the
+  walsender we have the bytes (and lets a shutting-down walsender finish), but
+  it does not advance a logical slot.
+* the confirmed position, set only by :meth:`LogicalStream.confirm` - the
+  caller's promise that everything up to there is durably applied. It is
+  reported as *flush* and *apply*, and only the flush position advances the
+  slot's ``confirmed_flush_lsn``. It never moves back, and nothing we merely
+  received is ever reported as flushed. With ``report_flush=False``
+  (``applier decode``) flush/apply are sent as 0/0 (InvalidXLogRecPtr), which
+  the walsender ignores, so the slot never moves.
+
+A status update goes out every ``status_interval`` seconds, at once when a
+keepalive asks for a reply, and on :meth:`LogicalStream.send_status`.
+
+**Liveness.** An idle walsender sends keepalives only when *our* replies are
+overdue, and we reply regularly, so an idle healthy server may say nothing
+for a long time. After ``timeout / 2`` seconds of silence we therefore ask
+for a reply (status update with ``reply_requested``); if the server stays
+silent for ``timeout`` seconds in total, :class:`ServerTimeout` is raised.
+
+**Errors.** A broken socket or a terminated walsender is
+:class:`ConnectionLost` (retryable); server errors inside the stream (e.g. a
+missing publication, which the walsender reports only when it decodes the
+first change) are mapped by :func:`~applier.stream.replconn.map_server_error`;
+bad bytes raise :class:`DecodeError` from the protocol core.
+
+Threads: :meth:`read` runs on one thread; :meth:`confirm` and
+:meth:`send_status` may be called from any thread (libpq calls are serialised
+by a lock that is never held while waiting on the socket).
+"""
+
+from __future__ import annotations
+
+import logging
+import selectors
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from struct import Struct
+from typing import Literal
+
+import psycopg
+from psycopg import pq
+
+from applier.errors import ApplierError, ConnectionLost, DecodeError, ProtocolError, ServerTimeout
+from applier.lsn import INVALID_LSN, Lsn, now_pg_timestamp
+from applier.protocol import (
+    Keepalive,
+    PgOutputDecoder,
+    PgOutputMessage,
+    parse_copydata,
+    standby_status_update,
+)
+from applier.stream.replconn import (
+    ReplicationConnection,
+    map_server_error,
+    quote_ident,
+    quote_literal,
+)
+
+__all__ = ["LogicalStream", "StreamOptions", "max_proto_version", "negotiate"]
+
+log = logging.getLogger("applier.stream")
+
+_XLOG_HEADER = Struct(">QQq")  # wal_start, wal_end, send_time after the 'w' tag
+_PAYLOAD_AT = 1 + _XLOG_HEADER.size
+_W = ord("w")
+
+#: How many messages one read() returns at most, so status updates and the
+#: liveness check still run while the server sends faster than we consume.
+MAX_BATCH = 10_000
+
+#: How long stop() waits for the server to end the COPY before just closing.
+STOP_DRAIN_SECONDS = 5.0
+
+
+@dataclass(frozen=True)
+class StreamOptions:
+    """What to ask START_REPLICATION for; unsupported options are negotiated down."""
+
+    slot: str
+    publications: Sequence[str]
+    start_lsn: Lsn = INVALID_LSN  # 0: the slot's confirmed_flush_lsn
+    proto_version: int | None = None  # None: the highest the server speaks
+    binary: bool = False
+    messages: bool = True
+    streaming: Literal["off", "on", "parallel"] = "off"
+    two_phase: bool = False
+    origin: Literal["any", "none"] | None = None  # sent only where supported (PG16+)
+    status_interval: float = 10.0
+    timeout: float = 60.0  # seconds of server silence -> ServerTimeout
+    report_flush: bool = True  # False: flush/apply reported as 0/0, the slot never advances
+
+
+@dataclass(frozen=True)
+class Negotiated:
+    proto_version: int
+    streaming: str
+    two_phase: bool
+    options: tuple[tuple[str, str], ...]  # START_REPLICATION plugin options, in order
+
+
+def max_proto_version(server_version: int) -> int:
+    """The highest pgoutput proto_version a server speaks: 1 (<14), 2 (14), 3 (15), 4 (16+)."""
+    if server_version >= 160000:
+        return 4
+    if server_version >= 150000:
+        return 3
+    if server_version >= 140000:
+        return 2
+    return 1
+
+
+def negotiate(server_version: int, opts: StreamOptions) -> Negotiated:
+    """Fit the requested options to what the server supports; log every downgrade."""
+    top = max_proto_version(server_version)
+    proto = opts.proto_version or top
+    if not 1 <= proto <= top:
+        raise ApplierError(
+            f"proto_version {proto} is not supported by the source (PostgreSQL "
+            f"{server_version // 10000} speaks 1..{top})",
+            hint="leave proto_version unset to use the highest the server speaks",
+        )
+    streaming = _negotiate_streaming(opts.streaming, proto)
+    two_phase = opts.two_phase
+    if two_phase and proto < 3:
+        log.warning(
+            "two_phase needs proto_version 3 (PostgreSQL 15+); decoding prepared "
+            "transactions at commit instead",
+            extra={"ctx": {"proto_version": proto}},
+        )
+        two_phase = False
+    pubs = ",".join(quote_ident(p) for p in opts.publications)
+    out: list[tuple[str, str]] = [("proto_version", str(proto)), ("publication_names", pubs)]
+    if server_version >= 140000:
+        out.append(("binary", _bool(opts.binary)))
+        out.append(("messages", _bool(opts.messages)))
+    elif opts.binary or opts.messages:
+        log.info("binary/messages options need PostgreSQL 14+; not sent")
+    if streaming != "off":
+        out.append(("streaming", streaming))
+    if two_phase:
+        out.append(("two_phase", "true"))
+    if opts.origin is not None:
+        if server_version >= 160000:
+            out.append(("origin", opts.origin))
+        else:
+            log.warning(
+                "the origin option needs PostgreSQL 16+; not sent (changes of every "
+                "origin are streamed)",
+                extra={"ctx": {"origin": opts.origin}},
+            )
+    return Negotiated(proto, streaming, two_phase, tuple(out))
+
+
+def _negotiate_streaming(requested: str, proto: int) -> str:
+    if requested == "off":
+        return "off"
+    if proto < 2:
+        log.warning(
+            "streaming needs proto_version 2 (PostgreSQL 14+); large transactions "
+            "are sent at commit instead"
+        )
+        return "off"
+    if requested == "parallel" and proto < 4:
+        log.info(
+            "streaming=parallel needs proto_version 4 (PostgreSQL 16+); using streaming=on",
+            extra={"ctx": {"proto_version": proto}},
+        )
+        return "on"
+    # Before protocol 4 the option is a boolean; "on" is accepted by every version.
+    return requested
+
+
+def _bool(flag: bool) -> str:
+    return "true" if flag else "false"
+
+
+def start_replication_sql(slot: str, start_lsn: Lsn, options: Sequence[tuple[str, str]]) -> str:
+    opts = ", ".join(f"{name} {quote_literal(value)}" for name, value in options)
+    return f"START_REPLICATION SLOT {quote_ident(slot)} LOGICAL {Lsn(start_lsn)} ({opts})"
+
+
+class LogicalStream:
+    """START_REPLICATION on a :class:`ReplicationConnection`; read messages, report progress."""
+
+    def __init__(self, conn: ReplicationConnection, options: StreamOptions) -> None:
+        self.conn = conn
+        self.options = options
+        neg = negotiate(conn.server_version, options)
+        self.negotiated = neg
+        self.proto_version: int = neg.proto_version
+        self.streaming: str = neg.streaming
+        self.two_phase: bool = neg.two_phase
+        self.decoder = PgOutputDecoder(
+            neg.proto_version, streaming_parallel=neg.streaming == "parallel"
+        )
+        self.last_received: Lsn = Lsn(0)
+        self._confirmed = Lsn(0)
+        self._confirm_lock = threading.Lock()
+        self._io = threading.RLock()  # serialises libpq calls; never held while waiting
+        self._pgconn = conn.conn.pgconn
+        self._sel: selectors.BaseSelector | None = None
+        self._started = False
+        self._stopped = False
+        self._last_heard = 0.0
+        self._last_status = 0.0
+        self._ping_at = 0.0  # when we last asked for a reply; 0: no ask outstanding
+        #: Counters (for logs and benchmarks).
+        self.messages_received = 0
+        self.bytes_received = 0
+        self.keepalives_received = 0
+        self.status_updates_sent = 0
+
+    # -- starting -------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Send START_REPLICATION and wait (on the socket) until the COPY BOTH starts."""
+        if self._started:
+            raise ProtocolError("LogicalStream.start() called twice")
+        sql = start_replication_sql(
+            self.options.slot, self.options.start_lsn, self.negotiated.options
+        )
+        log.debug("starting replication", extra={"ctx": {"command": sql}})
+        pgconn = self._pgconn
+        try:
+            pgconn.nonblocking = 1
+            pgconn.send_query(sql.encode())
+            self._flush_output()
+        except psycopg.OperationalError as e:
+            raise self._lost(e) from None
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(pgconn.socket, selectors.EVENT_READ)
+        self._wait_copy_both()
+        now = time.monotonic()
+        self._started = True
+        self._last_heard = self._last_status = now
+        log.info(
+            "replication started",
+            extra={
+                "ctx": {
+                    "slot": self.options.slot,
+                    "start_lsn": Lsn(self.options.start_lsn),
+                    "proto_version": self.proto_version,
+                    "streaming": self.streaming,
+                    "two_phase": self.two_phase,
+                }
+            },
+        )
+
+    def _wait_copy_both(self) -> None:
+        deadline = time.monotonic() + self.options.timeout
+        assert self._sel is not None
+        while True:
+            with self._io:
+                try:
+                    self._pgconn.consume_input()
+                    while not self._pgconn.is_busy():
+                        res = self._pgconn.get_result()
+                        if res is None:
+                            raise ProtocolError("START_REPLICATION ended without starting a stream")
+                        if res.status == pq.ExecStatus.COPY_BOTH:
+                            return
+                        if res.status == pq.ExecStatus.FATAL_ERROR:
+                            raise self._result_error(res, "START_REPLICATION")
+                except psycopg.OperationalError as e:
+                    raise self._lost(e) from None
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise ServerTimeout(
+                    f"START_REPLICATION got no answer in {self.options.timeout:g}s",
+                    hint="check the source server's load and logs",
+                )
+            self._sel.select(remaining)
+
+    # -- reading --------------------------------------------------------------------
+
+    def read(self, timeout: float) -> list[tuple[Lsn, PgOutputMessage]]:
+        """Wait at most ``timeout`` s, then return every message available (maybe none).
+
+        Each item is ``(wal_start, message)``. Keepalives are handled here and
+        not returned; status updates are sent when due.
+        """
+        decode = self.decoder.decode
+        out: list[tuple[Lsn, PgOutputMessage]] = []
+        for lsn, payload in self.read_raw(timeout):
+            try:
+                out.append((lsn, decode(payload)))
+            except DecodeError as e:
+                e.context.setdefault("lsn", lsn)
+                raise
+        return out
+
+    def read_raw(self, timeout: float) -> list[tuple[Lsn, memoryview]]:
+        """Like :meth:`read` but return the undecoded pgoutput payloads (recording, benchmarks)."""
+        if not self._started or self._stopped:
+            raise ProtocolError("LogicalStream.read() needs a started, not stopped stream")
+        assert self._sel is not None
+        deadline = time.monotonic() + timeout
+        out: list[tuple[Lsn, memoryview]] = []
+        while True:
+            self._drain(out)
+            now = time.monotonic()
+            self._housekeeping(now)
+            remaining = deadline - now
+            if out or remaining <= 0:
+                return out
+            self._sel.select(min(remaining, self._next_due(now) - now))
+
+    def _drain(self, out: list[tuple[Lsn, memoryview]]) -> None:
+        """Read everything libpq can give without blocking (up to MAX_BATCH messages)."""
+        pgconn = self._pgconn
+        with self._io:
+            try:
+                while len(out) < MAX_BATCH:
+                    pgconn.consume_input()
+                    got = self._take_buffered(out)
+                    if not got:
+                        return
+            except psycopg.OperationalError as e:
+                raise self._lost(e) from None
+
+    def _take_buffered(self, out: list[tuple[Lsn, memoryview]]) -> int:
+        """Move the complete CopyData messages libpq has buffered into ``out``."""
+        get = self._pgconn.get_copy_data
+        unpack = _XLOG_HEADER.unpack_from
+        count = nbytes = 0
+        last: int = self.last_received
+        while len(out) < MAX_BATCH:
+            n, data = get(1)
+            if n <= 0:
+                if n == -1:
+                    raise self._copy_ended()
+                break
+            count += 1
+            nbytes += n
+            if data[0] == _W:
+                start, end, _ = unpack(data, 1)
+                out.append((Lsn(start), data[_PAYLOAD_AT:]))
+                if end > last:
+                    last = end
+            else:
+                last = self._keepalive(data, last)
+        if count:
+            self.last_received = Lsn(last)
+            self._last_heard = time.monotonic()
+            self._ping_at = 0.0
+            self.messages_received += count
+            self.bytes_received += nbytes
+        return count
+
+    def _keepalive(self, data: memoryview, last: int) -> int:
+        ka = parse_copydata(data)  # not 'w': a keepalive, or DecodeError naming the tag
+        if not isinstance(ka, Keepalive):
+            raise ProtocolError("unexpected CopyData message from the walsender")
+        self.keepalives_received += 1
+        if ka.wal_end > last:
+            last = ka.wal_end
+        if ka.reply_requested:
+            self.last_received = Lsn(last)
+            self._send_status_locked(reply_requested=False)
+        return last
+
+    # -- feedback -------------------------------------------------------------------
+
+    def confirm(self, flush_lsn: Lsn) -> None:
+        """Record that everything up to ``flush_lsn`` is durably applied (never moves back)."""
+        with self._confirm_lock:
+            if flush_lsn > self._confirmed:
+                self._confirmed = Lsn(flush_lsn)
+
+    @property
+    def confirmed(self) -> Lsn:
+        return self._confirmed
+
+    def send_status(self, reply_requested: bool = False) -> None:
+        """Send a standby status update now (write=last received, flush=apply=confirmed)."""
+        if not self._started or self._stopped:
+            return
+        with self._io:
+            try:
+                self._send_status_locked(reply_requested)
+            except psycopg.OperationalError as e:
+                raise self._lost(e) from None
+
+    def _send_status_locked(self, reply_requested: bool) -> None:
+        flush = self._confirmed if self.options.report_flush else Lsn(0)
+        write = max(self.last_received, flush)
+        msg = standby_status_update(write, flush, flush, now_pg_timestamp(), reply_requested)
+        while self._pgconn.put_copy_data(msg) == 0:  # non-blocking: libpq's buffer is full
+            self._flush_output()
+        self._flush_output()
+        self._last_status = time.monotonic()
+        self.status_updates_sent += 1
+
+    def _flush_output(self) -> None:
+        """Push libpq's output buffer to the socket, waiting for writability (not in libpq)."""
+        deadline = time.monotonic() + self.options.timeout
+        with selectors.DefaultSelector() as sel:
+            sel.register(self._pgconn.socket, selectors.EVENT_READ | selectors.EVENT_WRITE)
+            while self._pgconn.flush() == 1:  # 1: data left; libpq reads input meanwhile
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise self._timeout("could not send to the source")
+                sel.select(remaining)
+
+    def _housekeeping(self, now: float) -> None:
+        """Periodic status update, ping after half the timeout, timeout check."""
+        silent = now - self._last_heard
+        if silent >= self.options.timeout:
+            raise self._timeout("the source sent nothing")
+        ping = silent >= self.options.timeout / 2 and not self._ping_at
+        if ping or now - self._last_status >= self.options.status_interval:
+            with self._io:
+                try:
+                    self._send_status_locked(reply_requested=ping)
+                except psycopg.OperationalError as e:
+                    raise self._lost(e) from None
+            if ping:
+                self._ping_at = now
+
+    def _next_due(self, now: float) -> float:
+        """The next moment housekeeping has something to do."""
+        due = min(
+            self._last_status + self.options.status_interval,
+            self._last_heard + self.options.timeout,
+        )
+        if not self._ping_at:
+            due = min(due, self._last_heard + self.options.timeout / 2)
+        return max(due, now + 0.001)
+
+    # -- errors ---------------------------------------------------------------------
+
+    def _timeout(self, what: str) -> ServerTimeout:
+        silent = time.monotonic() - self._last_heard
+        return ServerTimeout(
+            f"{what} for {silent:.1f}s (timeout {self.options.timeout:g}s)",
+            hint="the source server or its walsender is stuck or unreachable; check it "
+            "(pg_stat_replication, its log); applier run reconnects",
+            slot=self.options.slot,
+            last_received=self.last_received,
+        )
+
+    def _lost(self, exc: BaseException) -> ConnectionLost:
+        detail = str(exc).strip().replace("\n", " ")
+        return ConnectionLost(
+            f"lost the replication connection to the source: {detail}",
+            hint="the source server restarted, crashed or is unreachable; applier run "
+            "reconnects and resumes from its last committed position",
+            slot=self.options.slot,
+            last_received=self.last_received,
+        )
+
+    def _result_error(self, res: pq.abc.PGresult, where: str) -> ApplierError:
+        sqlstate = res.error_field(pq.DiagnosticField.SQLSTATE)
+        primary = res.error_field(pq.DiagnosticField.MESSAGE_PRIMARY)
+        state = sqlstate.decode("ascii", "replace") if sqlstate else None
+        message = (primary or res.error_message).decode("utf-8", "replace").strip()
+        if state == "57P01":
+            return ConnectionLost(
+                f"{where}: the walsender was terminated on the source: {message}",
+                hint="someone ran pg_terminate_backend() on it or the server is shutting "
+                "down; applier run reconnects and resumes",
+                sqlstate=state,
+                slot=self.options.slot,
+            )
+        err = map_server_error(state, message, slot=self.options.slot, where=where)
+        err.context.setdefault("slot", self.options.slot)
+        return err
+
+    def _copy_ended(self) -> ApplierError:
+        """The server ended the COPY: collect its final result and say why."""
+        deadline = time.monotonic() + 2.0
+        error: ApplierError | None = None
+        while time.monotonic() < deadline:
+            try:
+                self._pgconn.consume_input()
+            except psycopg.OperationalError:
+                break
+            if self._pgconn.is_busy():
+                time.sleep(0.01)
+                continue
+            res = self._pgconn.get_result()
+            if res is None:
+                break
+            if res.status == pq.ExecStatus.FATAL_ERROR and error is None:
+                error = self._result_error(res, "replication stream")
+        return error or ConnectionLost(
+            "the source ended the replication stream (server shutting down?)",
+            hint="applier run reconnects and resumes from its last committed position",
+            slot=self.options.slot,
+            last_received=self.last_received,
+        )
+
+    # -- stopping -------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Final status update, CopyDone, drain the server's end of the COPY, close. Idempotent."""
+        if self._stopped:
+            return
+        if self._started and not self.conn.closed:
+            try:
+                with self._io:
+                    self._send_status_locked(reply_requested=False)
+                    self._pgconn.put_copy_end()
+                    self._flush_output()
+                self._drain_to_end()
+            except (ApplierError, psycopg.Error) as e:
+                log.debug("replication stop: %s", e)
+        self._stopped = True
+        if self._sel is not None:
+            self._sel.close()
+        self.conn.close()
+
+    def _drain_to_end(self) -> None:
+        """Discard what the server still sends until its CopyDone/CommandComplete."""
+        assert self._sel is not None
+        deadline = time.monotonic() + STOP_DRAIN_SECONDS
+        pgconn = self._pgconn
+        while time.monotonic() < deadline:
+            with self._io:
+                pgconn.consume_input()
+                while True:
+                    n, _ = pgconn.get_copy_data(1)
+                    if n == 0:
+                        break
+                    if n == -1:
+                        self._discard_results(deadline)
+                        return
+            self._sel.select(max(0.0, min(0.2, deadline - time.monotonic())))
+
+    def _discard_results(self, deadline: float) -> None:
+        assert self._sel is not None
+        while time.monotonic() < deadline:
+            self._pgconn.consume_input()
+            if self._pgconn.is_busy():
+                self._sel.select(max(0.0, min(0.2, deadline - time.monotonic())))
+            elif self._pgconn.get_result() is None:
+                return

@@ -1,0 +1,311 @@
+"""One ``replication=database`` connection to the source: replication commands over psycopg 3.
+
+psycopg 3 has no replication API, so this module speaks the walsender's
+replication commands (IDENTIFY_SYSTEM, CREATE_REPLICATION_SLOT,
+DROP_REPLICATION_SLOT) as plain SQL text over the *simple* query protocol:
+the walsender refuses the extended protocol, and psycopg only uses the simple
+protocol for a query without parameters (``conn.execute(bytes, prepare=False)``).
+Having no parameters, every identifier and literal is quoted here
+(:func:`quote_ident`, :func:`quote_literal`).
+
+Commands go through psycopg's ``Connection.execute`` rather than raw libpq
+calls because psycopg waits for the server in its own loop, which releases
+the GIL; CREATE_REPLICATION_SLOT can wait a long time for running
+transactions to finish, and other threads (the Spark bootstrap's progress
+display, the apply worker) must keep running meanwhile.
+
+The COPY BOTH stream itself lives in :mod:`applier.stream.client`; it drives
+``conn.pgconn`` directly and never blocks inside libpq.
+
+Every server error is mapped to an applier error with a hint
+(:func:`map_server_error`): a missing slot is :class:`SlotMissing`, a slot
+that exists already :class:`SlotExists`, refused settings/privileges/objects
+:class:`SourceError`, and a broken connection :class:`ConnectionLost` (the
+retryable branch). DSNs only reach messages through :func:`redact_dsn`.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Literal
+
+import psycopg
+
+from applier.config import redact_dsn
+from applier.errors import (
+    ApplierError,
+    ConnectionLost,
+    SlotExists,
+    SlotMissing,
+    SourceError,
+)
+from applier.lsn import Lsn
+
+__all__ = [
+    "ReplicationConnection",
+    "SlotInfo",
+    "SystemInfo",
+    "map_server_error",
+    "quote_ident",
+    "quote_literal",
+]
+
+log = logging.getLogger("applier.stream")
+
+# SQLSTATEs we explain; everything else becomes a SourceError carrying its SQLSTATE.
+_UNDEFINED_OBJECT = "42704"
+_DUPLICATE_OBJECT = "42710"
+_INSUFFICIENT_PRIVILEGE = "42501"
+_OBJECT_IN_USE = "55006"
+_PREREQUISITE_STATE = "55000"
+_INVALID_AUTHORIZATION = "28000"
+_INVALID_PASSWORD = "28P01"
+_INVALID_CATALOG_NAME = "3D000"
+_TOO_MANY_CONNECTIONS = "53300"
+# Class 08 (connection exception) and 57P0x (admin/crash shutdown, cannot connect now).
+_CONNECTION_CLASSES = ("08", "57P01", "57P02", "57P03", "57P05")
+
+_SLOT_NAME = re.compile(r"^[a-z0-9_]{1,63}$")
+
+CREATE_HINT = "create it with `applier bootstrap` (or `applier run`, which creates a missing slot)"
+
+
+@dataclass(frozen=True)
+class SystemInfo:
+    """IDENTIFY_SYSTEM: the cluster, its timeline, its current WAL flush position."""
+
+    systemid: str
+    timeline: int
+    xlogpos: Lsn
+    dbname: str | None
+
+
+@dataclass(frozen=True)
+class SlotInfo:
+    """CREATE_REPLICATION_SLOT's answer. ``snapshot_name`` is set only with snapshot="export"."""
+
+    slot_name: str
+    consistent_point: Lsn
+    snapshot_name: str | None
+    output_plugin: str
+
+
+def quote_ident(name: str) -> str:
+    """``name`` as a double-quoted identifier (case kept, ``"`` doubled)."""
+    if "\x00" in name:
+        raise ApplierError(f"identifier {name!r} contains a NUL byte")
+    return '"' + name.replace('"', '""') + '"'
+
+
+def quote_literal(value: str) -> str:
+    """``value`` as a single-quoted literal for the replication grammar (``'`` doubled).
+
+    The replication command scanner knows no backslash escapes, so doubling
+    quotes is the whole job; a NUL cannot be sent at all.
+    """
+    if "\x00" in value:
+        raise ApplierError(f"literal {value!r} contains a NUL byte")
+    return "'" + value.replace("'", "''") + "'"
+
+
+def map_server_error(
+    sqlstate: str | None, message: str, *, slot: str | None = None, where: str = ""
+) -> ApplierError:
+    """The applier error (with a hint) for a server error while doing ``where``."""
+    state = sqlstate or ""
+    text = f"{where}: {message}" if where else message
+    low = message.lower()
+    ctx: dict[str, Any] = {"sqlstate": state or None}
+    if state.startswith(_CONNECTION_CLASSES) or (not state and "connection" in low):
+        return ConnectionLost(
+            text,
+            hint="the source server closed the connection (restart, shutdown or the "
+            "walsender was terminated); applier run reconnects and resumes from its last "
+            "committed position",
+            **ctx,
+        )
+    if state == _UNDEFINED_OBJECT and "replication slot" in low:
+        return SlotMissing(
+            f"replication slot {slot!r} does not exist" if slot else text,
+            hint=CREATE_HINT,
+            **ctx,
+        )
+    if state == _DUPLICATE_OBJECT and "replication slot" in low:
+        return SlotExists(
+            text,
+            hint="use it, drop it (bootstrap --recreate-slot) or pick another slot name",
+            **ctx,
+        )
+    if state == _UNDEFINED_OBJECT and "publication" in low:
+        return SourceError(
+            text,
+            hint="create the publication on the source (CREATE PUBLICATION ... FOR TABLE ...) "
+            "or fix source.publications",
+            **ctx,
+        )
+    if state == _OBJECT_IN_USE:
+        return SourceError(
+            text,
+            hint="another consumer is using this slot; stop it (or wait for its walsender "
+            "to exit) before starting another",
+            **ctx,
+        )
+    if state == _PREREQUISITE_STATE and "wal_level" in low:
+        return SourceError(text, hint="set wal_level = logical on the source and restart it", **ctx)
+    if state in (_INSUFFICIENT_PRIVILEGE, _INVALID_AUTHORIZATION) or "replication role" in low:
+        return SourceError(
+            text,
+            hint="the source role needs the REPLICATION attribute (ALTER ROLE ... REPLICATION) "
+            "and a pg_hba.conf line allowing it to connect",
+            **ctx,
+        )
+    if state == _INVALID_PASSWORD:
+        return SourceError(text, hint="check the source password (password_file, ~/.pgpass)", **ctx)
+    if state == _INVALID_CATALOG_NAME:
+        return SourceError(text, hint="check dbname in source.dsn", **ctx)
+    if state == _TOO_MANY_CONNECTIONS or "wal senders" in low or "max_wal_senders" in low:
+        return SourceError(
+            text, hint="raise max_wal_senders / max_connections on the source", **ctx
+        )
+    return SourceError(text, **ctx)
+
+
+def error_from_psycopg(
+    exc: psycopg.Error, *, slot: str | None = None, where: str = ""
+) -> ApplierError:
+    """Map a psycopg exception; its primary message is used, without the DSN."""
+    diag_msg = exc.diag.message_primary if exc.diag is not None else None
+    message = diag_msg or str(exc).strip() or type(exc).__name__
+    if exc.sqlstate is None and isinstance(exc, psycopg.OperationalError):
+        return ConnectionLost(
+            f"{where}: {message}" if where else message,
+            hint="check that the source server is up and reachable; applier run retries",
+        )
+    return map_server_error(exc.sqlstate, message, slot=slot, where=where)
+
+
+class ReplicationConnection:
+    """Owns one replication=database connection (psycopg 3, autocommit, simple protocol only)."""
+
+    def __init__(self, conn: psycopg.Connection[Any], redacted_dsn: str) -> None:
+        self.conn = conn
+        self.redacted_dsn = redacted_dsn
+        self.server_version: int = conn.info.server_version
+        self._closed = False
+
+    @classmethod
+    def open(
+        cls, conninfo: str, *, application_name: str = "applier", connect_timeout: int = 10
+    ) -> ReplicationConnection:
+        """Connect with ``replication=database``; map refusals to errors with hints."""
+        redacted = redact_dsn(conninfo)
+        try:
+            conn = psycopg.connect(
+                conninfo,
+                replication="database",
+                autocommit=True,
+                application_name=application_name,
+                connect_timeout=connect_timeout,
+            )
+        except psycopg.Error as e:
+            err = error_from_psycopg(e, where=f"cannot open a replication connection to {redacted}")
+            raise err from None
+        log.debug("replication connection open", extra={"ctx": {"dsn": redacted}})
+        return cls(conn, redacted)
+
+    # -- commands --------------------------------------------------------------
+
+    def command(self, sql: str, *, slot: str | None = None) -> list[tuple[Any, ...]]:
+        """Run one replication command or simple SQL statement; return its rows.
+
+        No parameters: the walsender only speaks the simple query protocol.
+        """
+        where = sql.split("(", 1)[0].strip()
+        try:
+            cur = self.conn.execute(sql.encode(), prepare=False)
+            return cur.fetchall() if cur.description else []
+        except psycopg.Error as e:
+            raise error_from_psycopg(e, slot=slot, where=where) from None
+
+    def identify_system(self) -> SystemInfo:
+        systemid, timeline, xlogpos, dbname = self.command("IDENTIFY_SYSTEM")[0]
+        return SystemInfo(
+            systemid=str(systemid),
+            timeline=int(timeline),
+            xlogpos=Lsn.parse(str(xlogpos)),
+            dbname=None if dbname is None else str(dbname),
+        )
+
+    def create_slot(
+        self,
+        name: str,
+        *,
+        snapshot: Literal["export", "nothing", "use"] = "nothing",
+        temporary: bool = False,
+        two_phase: bool = False,
+    ) -> SlotInfo:
+        """CREATE_REPLICATION_SLOT with pgoutput (PG15+ option syntax).
+
+        With ``snapshot="export"`` the snapshot stays valid until the next
+        command on this connection or :meth:`close`; with ``"use"`` the
+        connection must be inside a transaction (bootstrap's own business).
+        """
+        opts = [f"SNAPSHOT {quote_literal(snapshot)}"]
+        if two_phase:
+            opts.append("TWO_PHASE true")
+        temp = " TEMPORARY" if temporary else ""
+        sql = (
+            f"CREATE_REPLICATION_SLOT {quote_ident(name)}{temp} LOGICAL pgoutput "
+            f"({', '.join(opts)})"
+        )
+        row = self.command(sql, slot=name)[0]
+        info = SlotInfo(
+            slot_name=str(row[0]),
+            consistent_point=Lsn.parse(str(row[1])),
+            snapshot_name=None if row[2] is None else str(row[2]),
+            output_plugin=str(row[3]),
+        )
+        log.info(
+            "replication slot created",
+            extra={"ctx": {"slot": name, "consistent_point": info.consistent_point}},
+        )
+        return info
+
+    def slot_exists(self, name: str) -> bool:
+        # Slot names are [a-z0-9_] (ReplicationSlotValidateName), so a name that
+        # is not one cannot exist, and a valid one needs no escaping in SQL.
+        if not _SLOT_NAME.match(name):
+            return False
+        sql = f"SELECT 1 FROM pg_catalog.pg_replication_slots WHERE slot_name = '{name}'"  # noqa: S608
+        return bool(self.command(sql))
+
+    def drop_slot(self, name: str, *, wait: bool = True) -> None:
+        """DROP_REPLICATION_SLOT; ``wait`` waits for an active consumer to go away."""
+        sql = f"DROP_REPLICATION_SLOT {quote_ident(name)}{' WAIT' if wait else ''}"
+        self.command(sql, slot=name)
+        log.info("replication slot dropped", extra={"ctx": {"slot": name}})
+
+    # -- life cycle -------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self._closed or self.conn.closed
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.conn.close()
+
+    def __enter__(self) -> ReplicationConnection:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
