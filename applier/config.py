@@ -55,7 +55,8 @@ class Endpoint(_Section):
         try:
             conninfo_to_dict(v)
         except psycopg.ProgrammingError as e:
-            raise ValueError(f"not a valid libpq connection string ({e})") from None
+            detail = " ".join(str(e).split())
+            raise ValueError(f"not a valid libpq connection string ({detail})") from None
         return v
 
     def conninfo(self, **overrides: Any) -> str:
@@ -214,7 +215,7 @@ def _explain(err: Any) -> str:
         return "required key is missing"
     if kind == "extra_forbidden":
         return "unknown key (check its spelling and section)"
-    msg = str(err["msg"])
+    msg = " ".join(str(err["msg"]).split())  # one line, whatever the validator said
     return msg.removeprefix("Value error, ")
 
 
