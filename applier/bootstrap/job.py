@@ -1,0 +1,469 @@
+"""``applier bootstrap``: the one-off copy of the included tables, as a Spark job.
+
+Order of work
+-------------
+1. Checks that need no slot: both servers reachable, publications exist,
+   every table published for updates/deletes has a replica identity, column
+   types exist (or can be created) on the target, existing target tables are
+   empty (or ``--truncate``). Nothing is changed before these pass.
+2. The slot is created over a replication connection with an *exported
+   snapshot*. That snapshot lives only while the connection stays idle, so
+   the connection is held open, untouched, until every copy task and the
+   schema dump are finished. The driver imports it too (``BEGIN ISOLATION
+   LEVEL REPEATABLE READ READ ONLY; SET TRANSACTION SNAPSHOT``) to dump the
+   missing tables' DDL (``pg_dump --snapshot``) and read sequence values.
+3. Pre-data DDL; then the Spark job: one task per ctid slice; each task
+   imports the same snapshot, so all slices together are the source at the
+   slot's consistent point. A slice's rows and its done-record commit in one
+   target transaction (:mod:`.copy_task`), so Spark retries never duplicate.
+4. Post-data DDL (PKs, indexes, constraints) once the data is in, sequences,
+   and the hand-off: the target's replication origin ``cfg.origin`` is
+   created and advanced to the consistent point, in which ``applier run``
+   resumes: the slot streams exactly the transactions committed after the
+   snapshot, and the origin says that nothing before it is to be replayed.
+
+Reruns (the bookkeeping in ``applier.bootstrap_run``, one row per slot)
+----------------------------------------------------------------------
+* Phase ``starting``/``copy`` (the process died while copying): the exported
+  snapshot died with it, and slices copied under it cannot be mixed with
+  slices copied under a new one (a finished table would miss the changes
+  between the two consistent points, and the apply has no per-table start
+  point). So the rerun starts the copy over: it drops the slot it created,
+  truncates the tables the interrupted run was filling (no ``--truncate``
+  needed: the bookkeeping proves they are ours), and copies everything under
+  a new slot and snapshot. Within one run, Spark task retries reuse the
+  snapshot and the done-records, and nothing is copied twice.
+* Phase ``post_data`` (all data is in): the snapshot is no longer needed; the
+  DDL and sequence values were kept in the run row, so the rerun finishes the
+  post-data DDL, sequences and origin against the slot, which still holds the
+  consistent point.
+* Phase ``done``: refused unless ``--recreate-slot`` (and ``--truncate`` for
+  the now non-empty tables): a second bootstrap is a deliberate act.
+* A slot that exists without an unfinished run of ours is refused with a hint
+  to use ``--recreate-slot``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from ..config import Config
+from ..errors import ApplierError, BootstrapError
+from ..lsn import Lsn
+from . import schema as ddl
+from .copy_task import SliceResult, SliceTask, copy_slice
+from .plan import SourcePlan, TableSpec, cut_slices, discover, quote_qual, target_columns
+from .progress import BootstrapProgress, TableProgress, poll_stats
+from .sequences import SeqValue, connect, read_values, sequences_of, set_values
+
+log = logging.getLogger(__name__)
+Conn = psycopg.Connection[Any]
+
+
+@dataclass
+class PriorRun:
+    run_id: int
+    phase: str
+    consistent_lsn: str | None
+    post_data_sql: str | None
+    sequences: list[SeqValue]
+    tables: list[tuple[str, str]] = field(default_factory=list)  # dst tables it filled
+    created: list[tuple[str, str]] = field(default_factory=list)  # src tables it created
+
+
+def run_bootstrap(cfg: Config, *, recreate_slot: bool, truncate: bool, quiet: bool) -> int:
+    from ..schema import upgrade_target
+
+    src_dsn, tgt_dsn = cfg.source.conninfo(), cfg.target.conninfo()
+    with connect(src_dsn, "source") as src, connect(tgt_dsn, "target") as tgt:
+        upgrade_target(tgt_dsn)
+        prior = load_prior_run(tgt, cfg.source.slot)
+        if prior and prior.phase == "post_data" and not recreate_slot:
+            log.info("resuming an interrupted bootstrap after its copy")
+            return finish(cfg, tgt, prior)
+        if prior and prior.phase == "done" and not recreate_slot:
+            raise BootstrapError(
+                f"slot {cfg.source.slot} was bootstrapped already "
+                f"(consistent point {prior.consistent_lsn})",
+                hint="start `applier run`; to bootstrap again use --recreate-slot --truncate",
+            )
+        ours = prior.tables if prior and prior.phase != "done" else []
+        plan = discover(src, cfg)
+        prepare_target(src, tgt, plan, ours=ours, truncate=truncate)
+        run = copy_under_new_slot(cfg, src, tgt, plan, prior, recreate_slot, quiet)
+        return finish(cfg, tgt, run)
+
+
+# -- bookkeeping ----------------------------------------------------------------
+
+
+def load_prior_run(tgt: Conn, slot: str) -> PriorRun | None:
+    row = tgt.execute(
+        "SELECT run_id, phase, consistent_lsn::text, post_data_sql, sequences "
+        "FROM applier.bootstrap_run WHERE slot = %s",
+        (slot,),
+    ).fetchone()
+    if row is None:
+        return None
+    tables = tgt.execute(
+        "SELECT dst_schema, dst_name, created, src_schema, src_name "
+        "FROM applier.bootstrap_table WHERE slot = %s AND run_id = %s",
+        (slot, row[0]),
+    ).fetchall()
+    seqs = [(s[0], s[1], int(s[2]), bool(s[3])) for s in (row[4] or [])]
+    return PriorRun(
+        run_id=row[0],
+        phase=row[1],
+        consistent_lsn=row[2],
+        post_data_sql=row[3],
+        sequences=seqs,
+        tables=sorted({(t[0], t[1]) for t in tables}),
+        created=sorted({(t[3], t[4]) for t in tables if t[2]}),
+    )
+
+
+def start_run(tgt: Conn, slot: str) -> int:
+    """A new run id, recorded (phase 'starting') before the slot is created."""
+    with tgt.transaction():
+        row = tgt.execute("SELECT nextval('applier.bootstrap_run_id')").fetchone()
+        assert row is not None
+        run_id = int(row[0])
+        tgt.execute("DELETE FROM applier.bootstrap_slice WHERE slot = %s", (slot,))
+        tgt.execute("DELETE FROM applier.bootstrap_table WHERE slot = %s", (slot,))
+        tgt.execute(
+            "INSERT INTO applier.bootstrap_run (slot, run_id, phase) VALUES (%s, %s, 'starting') "
+            "ON CONFLICT (slot) DO UPDATE SET run_id = excluded.run_id, phase = 'starting', "
+            "snapshot_name = NULL, consistent_lsn = NULL, post_data_sql = NULL, "
+            "sequences = NULL, started_at = now(), finished_at = NULL",
+            (slot, run_id),
+        )
+    return run_id
+
+
+def record_copy_phase(
+    tgt: Conn, slot: str, run: PriorRun, snapshot: str, plan: SourcePlan, created: set[Any]
+) -> None:
+    with tgt.transaction():
+        tgt.execute(
+            "UPDATE applier.bootstrap_run SET phase = 'copy', snapshot_name = %s, "
+            "consistent_lsn = %s::pg_lsn, post_data_sql = %s, sequences = %s::jsonb "
+            "WHERE slot = %s",
+            (snapshot, run.consistent_lsn, run.post_data_sql, json.dumps(run.sequences), slot),
+        )
+        for t in plan.tables:
+            assert t.dst is not None
+            tgt.execute(
+                "INSERT INTO applier.bootstrap_table (slot, run_id, src_schema, src_name, "
+                "dst_schema, dst_name, created, slices, est_bytes, est_rows) "
+                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                (slot, run.run_id, t.schema, t.name, *t.dst, (t.schema, t.name) in created,
+                 len(t.slices), t.heap_bytes, t.est_rows),
+            )  # fmt: skip
+
+
+def set_phase(tgt: Conn, slot: str, phase: str) -> None:
+    tgt.execute(
+        "UPDATE applier.bootstrap_run SET phase = %s, "
+        "finished_at = CASE WHEN %s = 'done' THEN now() END WHERE slot = %s",
+        (phase, phase, slot),
+    )
+
+
+# -- checks and target preparation -------------------------------------------------
+
+
+def prepare_target(
+    src: Conn, tgt: Conn, plan: SourcePlan, *, ours: list[tuple[str, str]], truncate: bool
+) -> None:
+    """Refuse non-empty tables (unless ours or --truncate); make column types exist."""
+    ddl.ensure_types(src, tgt, plan.ddl_tables)
+    present = set(plan.ddl_tables) - set(ddl.missing_tables(tgt, plan.ddl_tables))
+    full = [t for t in present if _kind(tgt, t) in ("r", "p") and _has_rows(tgt, t)]
+    mine = set(ours)
+    refused = [t for t in full if t not in mine]
+    if refused and not truncate:
+        names = ", ".join(f"{s}.{n}" for s, n in sorted(refused))
+        raise BootstrapError(
+            f"target table(s) {names} are not empty",
+            hint="empty them, or pass --truncate to have bootstrap empty them",
+        )
+    _truncate(tgt, [t for t in full if t in mine or truncate])
+
+
+def _kind(tgt: Conn, t: tuple[str, str]) -> str:
+    row = tgt.execute("SELECT relkind FROM pg_class WHERE oid = %s::regclass", (quote_qual(*t),))
+    return str(row.fetchone()[0])  # type: ignore[index]
+
+
+def _has_rows(tgt: Conn, t: tuple[str, str]) -> bool:
+    q = sql.SQL("SELECT EXISTS (SELECT 1 FROM {})").format(sql.Identifier(*t))
+    return bool(tgt.execute(q).fetchone()[0])  # type: ignore[index]
+
+
+def _truncate(tgt: Conn, tables: list[tuple[str, str]]) -> None:
+    if not tables:
+        return
+    names = sql.SQL(", ").join(sql.Identifier(*t) for t in sorted(tables))
+    tgt.execute(sql.SQL("TRUNCATE {}").format(names))
+    log.info("target tables truncated", extra={"ctx": {"tables": len(tables)}})
+
+
+def resolve_targets(tgt: Conn, plan: SourcePlan, slice_size: int) -> None:
+    """Pick each heap's target table (same name, else its root), columns, format, slices."""
+    for t in plan.tables:
+        t.dst = (t.schema, t.name)
+        if ddl.missing_tables(tgt, [t.dst]):
+            t.dst = t.root
+            if ddl.missing_tables(tgt, [t.dst]):
+                raise BootstrapError(f"target table {t.qualname} does not exist after pre-data")
+        dst_cols = target_columns(tgt, *t.dst)
+        lacking = [c.name for c in t.columns if c.name not in dst_cols]
+        if lacking:
+            raise BootstrapError(
+                f"target table {t.dst[0]}.{t.dst[1]} lacks column(s) {', '.join(lacking)}",
+                hint="add the columns on the target (same types as on the source) and rerun",
+            )
+        t.binary = all(dst_cols[c.name] == c.type_name for c in t.columns)
+        t.slices = cut_slices(t.blocks, t.heap_bytes, slice_size)
+
+
+# -- the copy -------------------------------------------------------------------------
+
+
+def copy_under_new_slot(
+    cfg: Config,
+    src: Conn,
+    tgt: Conn,
+    plan: SourcePlan,
+    prior: PriorRun | None,
+    recreate_slot: bool,
+    quiet: bool,
+) -> PriorRun:
+    from ..stream.replconn import ReplicationConnection
+
+    slot = cfg.source.slot
+    interrupted = prior is not None and prior.phase in ("starting", "copy", "post_data")
+    session = _spark(cfg)
+    repl = ReplicationConnection.open(cfg.source.conninfo(), application_name="applier-bootstrap")
+    try:
+        if repl.slot_exists(slot):
+            if not (recreate_slot or interrupted):
+                raise BootstrapError(
+                    f"replication slot {slot} exists already on the source",
+                    hint="use --recreate-slot to drop it and bootstrap anew "
+                    "(any consumer of that slot loses its position)",
+                )
+            log.warning("dropping replication slot", extra={"ctx": {"slot": slot}})
+            repl.drop_slot(slot)
+        run_id = start_run(tgt, slot)
+        info = repl.create_slot(slot, snapshot="export", two_phase=cfg.apply.two_phase)
+        assert info.snapshot_name is not None
+        # From here until every task is done, `repl` must stay idle and open.
+        run = PriorRun(run_id, "copy", str(info.consistent_point), None, [])
+        created = _dump_and_create(
+            cfg.source.conninfo(), src, tgt, plan, prior, info.snapshot_name, run
+        )
+        resolve_targets(tgt, plan, cfg.bootstrap.slice_size)
+        record_copy_phase(tgt, slot, run, info.snapshot_name, plan, created)
+        _run_copy(cfg, session, tgt, plan, run_id, info.snapshot_name, quiet)
+        set_phase(tgt, slot, "post_data")
+        run.phase = "post_data"
+        return run
+    finally:
+        repl.close()
+        _stop_spark(session)
+
+
+def _dump_and_create(
+    cfg_source_dsn: str,
+    src: Conn,
+    tgt: Conn,
+    plan: SourcePlan,
+    prior: PriorRun | None,
+    snapshot: str,
+    run: PriorRun,
+) -> set[tuple[str, str]]:
+    """Under the snapshot: dump DDL, read sequences; create missing tables. Returns created."""
+    missing = ddl.missing_tables(tgt, plan.ddl_tables)
+    # Tables an interrupted run created still need their post-data DDL.
+    created = set(missing)
+    if prior and prior.phase != "done" and prior.post_data_sql is not None:
+        created |= {t for t in prior.created if t in set(plan.ddl_tables)}
+    src_dsn = cfg_source_dsn
+    src.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+    try:
+        src.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot)))
+        ordered = [t for t in plan.ddl_tables if t in created]
+        pre = ddl.dump(src_dsn, missing, "pre-data", snapshot) if missing else ""
+        run.post_data_sql = ddl.dump(src_dsn, ordered, "post-data", snapshot) if ordered else ""
+        run.sequences = read_values(src, sequences_of(src, plan.ddl_tables))
+    finally:
+        src.execute("ROLLBACK")
+    if missing:
+        ddl.ensure_schemas(tgt, {s for s, _ in missing})
+        ddl.run_script(tgt, pre, f"{len(missing)} table(s)")
+        log.info("tables created on the target", extra={"ctx": {"tables": len(missing)}})
+    return created
+
+
+def build_tasks(cfg: Config, plan: SourcePlan, run_id: int, snapshot: str) -> list[SliceTask]:
+    tasks = []
+    for t in plan.tables:
+        assert t.dst is not None
+        for s in t.slices:
+            tasks.append(
+                SliceTask(
+                    source_conninfo=cfg.source.conninfo(),
+                    target_conninfo=cfg.target.conninfo(),
+                    snapshot=snapshot,
+                    slot=cfg.source.slot,
+                    run_id=run_id,
+                    src_schema=t.schema,
+                    src_name=t.name,
+                    dst_schema=t.dst[0],
+                    dst_name=t.dst[1],
+                    columns=tuple(c.name for c in t.columns),
+                    binary=t.binary,
+                    slice_no=s.slice_no,
+                    where=s.where(t.row_filter),
+                )
+            )
+    # Biggest tables' slices first: the long tail is then made of small slices.
+    order = {t.qualname: -t.heap_bytes for t in plan.tables}
+    tasks.sort(key=lambda k: (order[f"{k.src_schema}.{k.src_name}"], k.slice_no))
+    return tasks
+
+
+def _run_copy(
+    cfg: Config, session: Any, tgt: Conn, plan: SourcePlan, run_id: int, snapshot: str,
+    quiet: bool,
+) -> None:  # fmt: skip
+    tasks = build_tasks(cfg, plan, run_id, snapshot)
+    outcome: dict[str, Any] = {}
+
+    def job() -> None:
+        try:
+            sc = session.sparkContext
+            sc.setJobGroup(f"applier-bootstrap-{run_id}", "applier bootstrap copy")
+            rdd = sc.parallelize(tasks, numSlices=len(tasks))
+            outcome["results"] = rdd.map(copy_slice).collect()
+        except BaseException as e:  # reported to the driver thread below
+            outcome["error"] = e
+
+    tables = [TableProgress(t.qualname, len(t.slices), t.heap_bytes) for t in plan.tables]
+    with BootstrapProgress(tables, quiet=quiet) as progress:
+        worker = threading.Thread(target=job, name="spark-copy", daemon=True)
+        worker.start()
+        try:
+            while worker.is_alive():
+                worker.join(0.5)
+                progress.update(poll_stats(tgt, cfg.source.slot, run_id))
+        except KeyboardInterrupt:
+            session.sparkContext.cancelJobGroup(f"applier-bootstrap-{run_id}")
+            raise
+        progress.update(poll_stats(tgt, cfg.source.slot, run_id))
+    if "error" in outcome:
+        raise spark_failure(outcome["error"])
+    results: list[SliceResult] = outcome["results"]
+    progress.print_summary()
+    log.info(
+        "copy done",
+        extra={"ctx": {"slices": len(results), "rows": sum(r.rows for r in results)}},
+    )
+
+
+_PY_ERR = re.compile(r"^(?:applier\.errors\.\w+|psycopg\.[\w.]+|\w+Error): (.+)$", re.MULTILINE)
+
+
+def spark_failure(exc: BaseException) -> ApplierError:
+    """One line out of a Spark job failure: the Python error of the failed task if any."""
+    if isinstance(exc, ApplierError):
+        return exc
+    text = str(exc)
+    found = _PY_ERR.findall(text)
+    detail = found[-1].strip() if found else (text.strip().splitlines() or ["?"])[0][:300]
+    return BootstrapError(
+        f"the Spark copy job failed: {detail}",
+        hint="fix the cause and rerun `applier bootstrap` (it starts the copy over)",
+    )
+
+
+def _spark(cfg: Config) -> Any:
+    from .spark import build_session
+
+    try:
+        return build_session(cfg.bootstrap)
+    except Exception as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise BootstrapError(
+            f"cannot start Spark (master {cfg.bootstrap.spark_master}): {first}",
+            hint="check bootstrap.spark_master / spark_conf, Java and pyspark",
+        ) from None
+
+
+def _stop_spark(session: Any) -> None:
+    # Tests share one session across bootstraps; a CLI run ends the JVM anyway.
+    if not getattr(session, "_applier_keep", False):
+        session.stop()
+
+
+# -- after the data -----------------------------------------------------------------
+
+
+def finish(cfg: Config, tgt: Conn, run: PriorRun) -> int:
+    """Post-data DDL, sequences, origin at the consistent point; phase 'done'."""
+    _require_slot(cfg, run)
+    if run.post_data_sql:
+        started = time.monotonic()
+        # The DDL and the forgetting of it commit together: a rerun never runs it twice.
+        with tgt.transaction():
+            ddl.run_script(tgt, run.post_data_sql, "indexes and constraints")
+            tgt.execute(
+                "UPDATE applier.bootstrap_run SET post_data_sql = NULL WHERE slot = %s",
+                (cfg.source.slot,),
+            )
+        log.info("post-data done", extra={"ctx": {"seconds": round(time.monotonic() - started, 1)}})
+    nseq = set_values(tgt, run.sequences)
+    assert run.consistent_lsn is not None
+    set_origin(tgt, cfg.origin, Lsn.parse(run.consistent_lsn))
+    set_phase(tgt, cfg.source.slot, "done")
+    log.info(
+        "bootstrap done",
+        extra={"ctx": {"origin": cfg.origin, "lsn": run.consistent_lsn, "sequences": nseq}},
+    )
+    return 0
+
+
+def _require_slot(cfg: Config, run: PriorRun) -> None:
+    with connect(cfg.source.conninfo(), "source") as src:
+        row = src.execute(
+            "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
+            (cfg.source.slot,),
+        ).fetchone()
+    if row is None:
+        raise BootstrapError(
+            f"replication slot {cfg.source.slot} is gone; the copied data cannot be continued",
+            hint="rerun with --recreate-slot --truncate to bootstrap anew",
+        )
+
+
+def set_origin(tgt: Conn, origin: str, lsn: Lsn) -> None:
+    exists = tgt.execute(
+        "SELECT 1 FROM pg_replication_origin WHERE roname = %s", (origin,)
+    ).fetchone()
+    if exists is None:
+        tgt.execute("SELECT pg_replication_origin_create(%s)", (origin,))
+    tgt.execute("SELECT pg_replication_origin_advance(%s, %s::pg_lsn)", (origin, str(lsn)))
+    log.info("replication origin set", extra={"ctx": {"origin": origin, "lsn": lsn}})
+
+
+__all__ = ["TableSpec", "run_bootstrap"]

