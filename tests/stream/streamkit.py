@@ -1,0 +1,58 @@
+"""Helpers for the stream tests: open a stream on a publisher database, read up to a marker."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from applier.localpg import LocalCluster
+from applier.lsn import Lsn
+from applier.protocol import Message, PgOutputMessage
+from applier.stream import LogicalStream, ReplicationConnection, StreamOptions
+
+Item = tuple[Lsn, PgOutputMessage]
+
+#: Startup options for the walsender: spill/stream transactions beyond 64kB.
+SMALL_WORK_MEM = "-c logical_decoding_work_mem=64kB"
+
+
+def repl_dsn(cluster: LocalCluster, db: str, options: str | None = None) -> str:
+    dsn = cluster.dsn(db)
+    return f"{dsn} options='{options}'" if options else dsn
+
+
+def open_stream(
+    cluster: LocalCluster, db: str, slot: str, *, options: str | None = None, **kw: Any
+) -> LogicalStream:
+    conn = ReplicationConnection.open(repl_dsn(cluster, db, options))
+    kw.setdefault("publications", ["pub"])
+    kw.setdefault("timeout", 10.0)
+    kw.setdefault("status_interval", 1.0)
+    stream = LogicalStream(conn, StreamOptions(slot=slot, **kw))
+    stream.start()
+    return stream
+
+
+def emit_marker(cluster: LocalCluster, db: str, name: str = "end") -> Lsn:
+    """A non-transactional logical message; returns its LSN (the stream's end marker)."""
+    row = cluster.execute(f"SELECT pg_logical_emit_message(false, 'marker', '{name}')::text", db)
+    return Lsn.parse(row[0][0])
+
+
+def read_until_marker(stream: LogicalStream, name: str = "end", limit: float = 30.0) -> list[Item]:
+    """Read until the marker message; return everything before it."""
+    out: list[Item] = []
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        for lsn, msg in stream.read(0.5):
+            if isinstance(msg, Message) and msg.prefix == "marker" and msg.content == name.encode():
+                return out
+            out.append((lsn, msg))
+    raise AssertionError(f"marker {name!r} not seen in {limit}s; got {len(out)} messages")
+
+
+def slot_position(cluster: LocalCluster, db: str, slot: str) -> Lsn:
+    row = cluster.execute(
+        f"SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = '{slot}'", db
+    )
+    return Lsn.parse(row[0][0])
