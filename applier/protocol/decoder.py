@@ -147,6 +147,11 @@ _BPREP = Struct(">QQqI")
 _PREP = Struct(">BQQqI")
 _RBPREP = Struct(">BQQqqI")
 _REL_MARK = Struct(">IB")
+# Bound once: attribute lookups cost more than the unpacking on the hot path.
+_unpack_u32 = _U32.unpack_from
+_unpack_relid_marker = _REL_MARK.unpack_from
+_unpack_begin = _BEGIN.unpack_from
+_unpack_commit = _COMMIT.unpack_from
 
 _BEGIN_L: _Layout = (("final_lsn", 8), ("commit_ts", 8), ("xid", 4))
 _COMMIT_L: _Layout = (("flags", 1), ("commit_lsn", 8), ("end_lsn", 8), ("commit_ts", 8))
@@ -237,52 +242,49 @@ def _flag(value: int, allowed: tuple[int, ...], field: str, pos: int, tag: str) 
 def _tuple(data: bytes, pos: int, tag: str) -> tuple[TupleData, int]:
     """Decode TupleData at ``pos``; return it and the position after it.
 
-    Fast path for rows whose columns are all text (the common case): no kinds
-    list, one shared kinds object. Anything else goes to :func:`_tuple_mixed`,
-    and anything wrong to :func:`_tuple_error`.
+    One pass, no per-column objects but the value slices. Text columns (the
+    common case) are not recorded in a kinds list: rows that are all text
+    share one kinds object, and other kinds are patched in afterwards. Reads
+    may run past the end (slices clamp silently), so the end position is
+    checked once; any oddity hands over to :func:`_tuple_error`.
     """
-    unpack_u32 = _U32.unpack_from
     try:
         n = data[pos] << 8 | data[pos + 1]
         p = pos + 2
         values: list[bytes | None] = []
         append = values.append
-        for _ in range(n):
-            if data[p] != 116:  # not 't'
-                return _tuple_mixed(data, pos, tag)
-            p += 5
-            end = p + unpack_u32(data, p - 4)[0]
-            append(data[p:end])
-            p = end
-        if p <= len(data):
-            kinds = _ALL_TEXT[n] if n < 128 else b"t" * n
-            return _new_tuple(kinds, tuple(values)), p
-    except (IndexError, StructError):
-        pass
-    _tuple_error(data, pos, tag)
-
-
-def _tuple_mixed(data: bytes, pos: int, tag: str) -> tuple[TupleData, int]:
-    unpack_u32 = _U32.unpack_from
-    try:
-        n = data[pos] << 8 | data[pos + 1]
-        p = pos + 2
-        kinds = bytearray(n)
-        values: list[bytes | None] = [None] * n
+        special = None
         for i in range(n):
-            k = kinds[i] = data[p]
-            if k == 116 or k == 98:  # 't', 'b'
+            k = data[p]
+            if k == 116:  # 't'
                 p += 5
-                end = p + unpack_u32(data, p - 4)[0]
-                values[i] = data[p:end]
+                end = p + _unpack_u32(data, p - 4)[0]
+                append(data[p:end])
                 p = end
             elif k == 110 or k == 117:  # 'n', 'u'
+                append(None)
                 p += 1
+                special = [] if special is None else special
+                special.append((i, k))
+            elif k == 98:  # 'b'
+                p += 5
+                end = p + _unpack_u32(data, p - 4)[0]
+                append(data[p:end])
+                p = end
+                special = [] if special is None else special
+                special.append((i, k))
             else:
                 break
         else:
             if p <= len(data):
-                return _new_tuple(bytes(kinds), tuple(values)), p
+                if special is None:
+                    kinds = _ALL_TEXT[n] if n < 128 else b"t" * n
+                else:
+                    patched = bytearray(b"t" * n)
+                    for i, k in special:
+                        patched[i] = k
+                    kinds = bytes(patched)
+                return _new_tuple(kinds, tuple(values)), p
     except (IndexError, StructError):
         pass
     _tuple_error(data, pos, tag)
@@ -316,14 +318,16 @@ def _tuple_error(data: bytes, pos: int, tag: str) -> NoReturn:
 # ------------------------------------------------------------------- row messages
 
 
-def _relid_marker(data: bytes, pos: int, tag: str) -> tuple[int, int]:
-    if len(data) < pos + 5:
-        _need(data, pos, (("relation_oid", 4), ("tuple marker", 1)), tag)
-    return _REL_MARK.unpack_from(data, pos)
+def _relid_marker_error(data: bytes, pos: int, tag: str) -> NoReturn:
+    _need(data, pos, (("relation_oid", 4), ("tuple marker", 1)), tag)
+    raise AssertionError("unreachable")
 
 
 def _insert(data: bytes, pos: int = 1, xid: int | None = None) -> Insert:
-    relid, marker = _relid_marker(data, pos, "I")
+    try:
+        relid, marker = _unpack_relid_marker(data, pos)
+    except StructError:
+        _relid_marker_error(data, pos, "I")
     if marker != 78:  # 'N'
         _fail("I", pos + 4, f"expected 'N' before the new tuple, got {marker!r}")
     new, end = _tuple(data, pos + 5, "I")
@@ -333,7 +337,10 @@ def _insert(data: bytes, pos: int = 1, xid: int | None = None) -> Insert:
 
 
 def _update(data: bytes, pos: int = 1, xid: int | None = None) -> Update:
-    relid, marker = _relid_marker(data, pos, "U")
+    try:
+        relid, marker = _unpack_relid_marker(data, pos)
+    except StructError:
+        _relid_marker_error(data, pos, "U")
     pos += 4
     old = None
     old_kind = None
@@ -352,7 +359,10 @@ def _update(data: bytes, pos: int = 1, xid: int | None = None) -> Update:
 
 
 def _delete(data: bytes, pos: int = 1, xid: int | None = None) -> Delete:
-    relid, marker = _relid_marker(data, pos, "D")
+    try:
+        relid, marker = _unpack_relid_marker(data, pos)
+    except StructError:
+        _relid_marker_error(data, pos, "D")
     if marker != 75 and marker != 79:
         _fail("D", pos + 4, f"expected 'K' or 'O' tuple marker, got {marker!r}")
     old, end = _tuple(data, pos + 5, "D")
@@ -379,12 +389,16 @@ def _truncate(data: bytes, pos: int = 1, xid: int | None = None) -> Truncate:
 
 
 def _begin(data: bytes) -> Begin:
-    final_lsn, ts, xid = _fixed_whole(data, _BEGIN, _BEGIN_L, "B")
+    if len(data) != 21:
+        _fixed_whole(data, _BEGIN, _BEGIN_L, "B")
+    final_lsn, ts, xid = _unpack_begin(data, 1)
     return _new_begin(Lsn(final_lsn), ts, xid)
 
 
 def _commit(data: bytes) -> Commit:
-    flags, lsn, end_lsn, ts = _fixed_whole(data, _COMMIT, _COMMIT_L, "C")
+    if len(data) != 26:
+        _fixed_whole(data, _COMMIT, _COMMIT_L, "C")
+    flags, lsn, end_lsn, ts = _unpack_commit(data, 1)
     if flags:
         _fail("C", 1, f"unknown flags {flags}")
     return _new_commit(flags, Lsn(lsn), Lsn(end_lsn), ts)
@@ -576,9 +590,11 @@ class PgOutputDecoder:
         """Decode one message; raise :class:`DecodeError` if the bytes are not one."""
         if type(data) is not bytes:
             data = bytes(data)
-        if not data:
-            raise DecodeError("empty message", offset=0)
-        return self._table[data[0]](data)
+        try:
+            handler = self._table[data[0]]
+        except IndexError:
+            raise DecodeError("empty message", offset=0) from None
+        return handler(data)
 
     # Stream state -----------------------------------------------------------------
 
