@@ -95,7 +95,8 @@ def connect(conninfo: str, side: str) -> Conn:
         return psycopg.connect(conninfo, autocommit=True, application_name="applier-bootstrap")
     except psycopg.OperationalError as e:
         first = str(e).strip().splitlines()[-1] if str(e).strip() else "connection failed"
-        raise SourceError(
+        kind = SourceError if side == "source" else BootstrapError
+        raise kind(
             f"cannot connect to the {side} ({redact_dsn(conninfo)}): {first}",
             hint=f"check [{side}] dsn and that the server is up",
         ) from None

@@ -1,0 +1,24 @@
+"""Shared fixtures of the bootstrap tests: one local Spark for the whole session."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """A local[2] SparkSession that bootstraps reuse instead of starting their own JVM."""
+    from applier.bootstrap.spark import build_session
+    from applier.config import BootstrapConfig
+
+    session = build_session(BootstrapConfig(spark_master="local[2]"))
+    session._applier_keep = True  # run_bootstrap must not stop it
+    yield session
+    session.stop()

@@ -1,0 +1,63 @@
+"""Bootstrap end to end on real servers with a real local Spark."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from conftest import Pair
+
+from applier.bootstrap.job import run_bootstrap
+from bootstrap.helpers import TABLES, assert_same, load
+
+pytestmark = pytest.mark.spark
+
+
+def _slot_lsn(pair: Pair) -> str:
+    return pair.pub_exec(
+        f"SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = '{pair.slot}'"
+    )[0][0]
+
+
+def test_bootstrap_copies_everything(pair: Pair, spark: Any) -> None:
+    load(pair)
+    cfg = pair.config(bootstrap={"slice_size": "64kB"})
+    assert run_bootstrap(cfg, recreate_slot=False, truncate=False, quiet=True) == 0
+
+    assert_same(pair)
+    # The big table was really cut into many slices.
+    n = pair.sub_exec("SELECT count(*) FROM applier.bootstrap_slice WHERE src_name = 'big'")[0][0]
+    assert n > 10
+    # Post-data: PK and indexes, partition tree, replica identity.
+    idx = {
+        r[0] for r in pair.sub_exec("SELECT indexname FROM pg_indexes WHERE schemaname='public'")
+    }
+    assert {"big_pkey", "big_n", "parted_pkey", "types_pkey"} <= idx
+    assert pair.sub_exec("SELECT relreplident FROM pg_class WHERE relname = 'nopk'") == [("f",)]
+    # Sequences equal.
+    for seq in ("big_id_seq", "types_id_seq"):
+        q = f"SELECT last_value, is_called FROM {seq}"
+        assert pair.pub_exec(q) == pair.sub_exec(q)
+    # Origin at the slot's consistent point.
+    progress = pair.sub_exec(
+        f"SELECT remote_lsn::text FROM pg_replication_origin_status s "
+        f"JOIN pg_replication_origin o ON o.roident = s.local_id WHERE roname = '{pair.slot}'"
+    )
+    assert progress == [(_slot_lsn(pair),)]
+    assert pair.sub_exec("SELECT phase FROM applier.bootstrap_run") == [("done",)]
+    assert set(TABLES)  # the compared set
+
+
+def test_existing_slot_refused_then_recreated(pair: Pair, spark: Any) -> None:
+    from applier.errors import BootstrapError
+
+    pair.pub_exec(
+        "CREATE TABLE t (id int PRIMARY KEY); INSERT INTO t VALUES (1), (2);"
+        "CREATE PUBLICATION pub FOR TABLE t;"
+    )
+    pair.pub_exec(f"SELECT pg_create_logical_replication_slot('{pair.slot}', 'pgoutput')")
+    cfg = pair.config()
+    with pytest.raises(BootstrapError, match="--recreate-slot"):
+        run_bootstrap(cfg, recreate_slot=False, truncate=False, quiet=True)
+    assert run_bootstrap(cfg, recreate_slot=True, truncate=False, quiet=True) == 0
+    assert pair.sub_exec("SELECT id FROM t ORDER BY 1") == [(1,), (2,)]

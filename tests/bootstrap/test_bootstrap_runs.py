@@ -1,0 +1,193 @@
+"""Bootstrap under concurrent writes, killed midway and rerun, and on bad input."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from conftest import Pair
+
+from applier.bootstrap.job import run_bootstrap
+from applier.errors import BootstrapError, SourceError
+
+pytestmark = pytest.mark.spark
+
+
+def _cli(*args: str, **kw: Any) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "applier.cli", *args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw,
+    )  # fmt: skip
+
+
+def _wait(pred: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _same(pair: Pair, table: str) -> bool:
+    q = f"SELECT count(*), md5(string_agg(t::text, ',' ORDER BY t::text)) FROM {table} t"
+    return pair.pub_exec(q) == pair.sub_exec(q)
+
+
+class Writer(threading.Thread):
+    """Inserts and updates on the source in small transactions until stopped."""
+
+    def __init__(self, pair: Pair) -> None:
+        super().__init__(daemon=True)
+        self.pair, self.stop_ev, self.commits = pair, threading.Event(), 0
+
+    def run(self) -> None:
+        with self.pair.pub_conn() as conn:
+            i = 0
+            while not self.stop_ev.is_set():
+                i += 1
+                with conn.transaction():
+                    conn.execute("INSERT INTO w (v) VALUES (%s)", (f"new{i}",))
+                    conn.execute("INSERT INTO wn VALUES (%s, %s)", (i, "x"))
+                    conn.execute("UPDATE w SET v = v || '+' WHERE id = %s", (i * 7 % 3000 + 1,))
+                self.commits += 1
+                time.sleep(0.002)
+
+
+def test_concurrent_writes_arrive_exactly_once(pair: Pair, spark: Any) -> None:
+    pair.pub_exec(
+        "CREATE TABLE w (id serial PRIMARY KEY, v text);"
+        "CREATE TABLE wn (a int, b text); ALTER TABLE wn REPLICA IDENTITY FULL;"
+        "INSERT INTO w (v) SELECT 'old' || g FROM generate_series(1, 3000) g;"
+        "CREATE PUBLICATION pub FOR TABLE w, wn;"
+    )
+    cfg_path = pair.write_config(bootstrap={"slice_size": "16kB"})
+    from applier.config import load_config
+
+    cfg = load_config(cfg_path)
+    writer = Writer(pair)
+    writer.start()
+    try:
+        _wait(lambda: writer.commits > 20, 20, "writes before the bootstrap")
+        assert run_bootstrap(cfg, recreate_slot=False, truncate=False, quiet=True) == 0
+        during = writer.commits
+        time.sleep(0.5)
+    finally:
+        writer.stop_ev.set()
+        writer.join()
+    assert writer.commits > during > 20
+    # The apply worker continues from the origin: every later write exactly once.
+    proc = _cli("run", "--config", str(cfg_path))
+    try:
+        _wait(lambda: _same(pair, "w") and _same(pair, "wn"), 60, "the worker to catch up")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(20)
+    n = pair.sub_exec("SELECT count(*), count(DISTINCT a) FROM wn")[0]
+    assert n[0] == n[1] == writer.commits
+
+
+def test_killed_bootstrap_rerun_converges(pair: Pair, spark: Any, tmp_path: Path) -> None:
+    pair.pub_exec(
+        "CREATE TABLE k (id serial PRIMARY KEY, pad text);"
+        "INSERT INTO k (pad) SELECT repeat('x', 200) FROM generate_series(1, 60000) g;"
+        "CREATE TABLE k2 (id int); INSERT INTO k2 SELECT generate_series(1, 1000);"
+        "CREATE PUBLICATION pub FOR TABLE k, k2 WITH (publish = 'insert');"
+    )
+    cfg_path = pair.write_config(
+        bootstrap={"slice_size": "64kB", "spark_master": "local[1]"}, logging={"level": "info"}
+    )
+    proc = _cli("bootstrap", "--config", str(cfg_path), "--quiet", start_new_session=True)
+
+    def some_done() -> bool:
+        try:
+            n = pair.sub_exec("SELECT count(*) FROM applier.bootstrap_slice")[0][0]
+        except psycopg.Error:
+            return False
+        return bool(n >= 5)
+
+    _wait(some_done, 90, "some slices to be copied")
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(10)
+    assert pair.sub_exec("SELECT phase FROM applier.bootstrap_run") == [("copy",)]
+    partial = pair.sub_exec("SELECT count(*) FROM k")[0][0]
+    assert 0 < partial < 60000
+    # More writes while no bootstrap runs; the rerun must include them.
+    pair.pub_exec("INSERT INTO k (pad) VALUES ('late'); DELETE FROM k WHERE id = 5;")
+    from applier.config import load_config
+
+    assert (
+        run_bootstrap(load_config(cfg_path), recreate_slot=False, truncate=False, quiet=True) == 0
+    )
+    assert _same(pair, "k") and _same(pair, "k2")
+    assert pair.sub_exec("SELECT phase FROM applier.bootstrap_run") == [("done",)]
+
+
+# -- bad input -----------------------------------------------------------------------
+
+
+def test_missing_publication_cli_exit_code(pair: Pair) -> None:
+    pair.pub_exec("CREATE TABLE t (id int PRIMARY KEY)")
+    proc = _cli("bootstrap", "--config", str(pair.write_config()), "--quiet")
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1
+    assert err.strip().splitlines()[-1].startswith("applier: error: publication pub does not")
+
+
+def test_unreachable_source(pair: Pair) -> None:
+    cfg = pair.config(source={"dsn": "host=127.0.0.1 port=1 dbname=x connect_timeout=2"})
+    with pytest.raises(SourceError, match="cannot connect to the source"):
+        run_bootstrap(cfg, recreate_slot=False, truncate=False, quiet=True)
+
+
+def test_no_replica_identity_refused(pair: Pair) -> None:
+    pair.pub_exec("CREATE TABLE t (a int); CREATE PUBLICATION pub FOR TABLE t;")
+    with pytest.raises(SourceError, match=r"public\.t has no replica identity"):
+        run_bootstrap(pair.config(), recreate_slot=False, truncate=False, quiet=True)
+    assert not pair.pub_exec("SELECT 1 FROM pg_replication_slots WHERE slot_name = %r" % pair.slot)
+
+
+def test_missing_type_refused(pair: Pair) -> None:
+    pair.pub_exec(
+        "CREATE DOMAIN posint AS int CHECK (VALUE > 0);"
+        "CREATE TABLE t (id posint PRIMARY KEY); CREATE PUBLICATION pub FOR TABLE t;"
+    )
+    with pytest.raises(
+        BootstrapError, match=r"type public\.posint .* does not exist on the target"
+    ):
+        run_bootstrap(pair.config(), recreate_slot=False, truncate=False, quiet=True)
+
+
+def test_non_empty_target_needs_truncate(pair: Pair, spark: Any) -> None:
+    pair.both("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    pair.pub_exec("INSERT INTO t VALUES (1, 'a'); CREATE PUBLICATION pub FOR TABLE t;")
+    pair.sub_exec("INSERT INTO t VALUES (9, 'old')")
+    cfg = pair.config()
+    with pytest.raises(BootstrapError, match=r"public\.t are not empty.*--truncate"):
+        run_bootstrap(cfg, recreate_slot=False, truncate=False, quiet=True)
+    assert run_bootstrap(cfg, recreate_slot=False, truncate=True, quiet=True) == 0
+    assert pair.sub_exec("SELECT * FROM t") == [(1, "a")]
+
+
+def test_copy_failure_is_one_line_and_rerun_finishes(pair: Pair, spark: Any) -> None:
+    pair.pub_exec(
+        "CREATE TABLE t (id int PRIMARY KEY, v text);"
+        "INSERT INTO t SELECT g, CASE WHEN g = 50 THEN 'oops' ELSE g::text END "
+        "FROM generate_series(1, 100) g; CREATE PUBLICATION pub FOR TABLE t;"
+    )
+    pair.sub_exec("CREATE TABLE t (id int PRIMARY KEY, v int)")
+    cfg = pair.config()
+    with pytest.raises(BootstrapError, match="Spark copy job failed: .*invalid input syntax") as ei:
+        run_bootstrap(cfg, recreate_slot=False, truncate=False, quiet=True)
+    assert "\n" not in str(ei.value)
+    pair.pub_exec("UPDATE t SET v = '50' WHERE id = 50")
+    assert run_bootstrap(cfg, recreate_slot=False, truncate=False, quiet=True) == 0
+    assert pair.sub_exec("SELECT count(*), sum(v) FROM t") == [(100, 5050)]
