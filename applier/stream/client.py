@@ -463,8 +463,9 @@ class LogicalStream:
         detail = str(exc).strip().replace("\n", " ")
         return ConnectionLost(
             f"lost the replication connection to the source: {detail}",
-            hint="the source server restarted, crashed or is unreachable; applier run "
-            "reconnects and resumes from its last committed position",
+            hint="the walsender was terminated, or the source server restarted, crashed or "
+            "became unreachable; applier run reconnects and resumes from its last committed "
+            "position",
             slot=self.options.slot,
             last_received=self.last_received,
         )
@@ -504,7 +505,8 @@ class LogicalStream:
             if res.status == pq.ExecStatus.FATAL_ERROR and error is None:
                 error = self._result_error(res, "replication stream")
         return error or ConnectionLost(
-            "the source ended the replication stream (server shutting down?)",
+            "the walsender ended the replication stream (it was terminated, or the source "
+            "server is shutting down)",
             hint="applier run reconnects and resumes from its last committed position",
             slot=self.options.slot,
             last_received=self.last_received,

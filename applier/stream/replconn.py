@@ -180,11 +180,36 @@ def error_from_psycopg(
     diag_msg = exc.diag.message_primary if exc.diag is not None else None
     message = diag_msg or str(exc).strip() or type(exc).__name__
     if exc.sqlstate is None and isinstance(exc, psycopg.OperationalError):
-        return ConnectionLost(
-            f"{where}: {message}" if where else message,
-            hint="check that the source server is up and reachable; applier run retries",
-        )
+        # A failed connect carries no SQLSTATE: tell refusals from unreachability by text.
+        state = _connect_refusal(message)
+        if state is None:
+            return ConnectionLost(
+                f"{where}: {message}" if where else message,
+                hint="check that the source server is up and reachable; applier run retries",
+            )
+        return map_server_error(state, message, slot=slot, where=where)
     return map_server_error(exc.sqlstate, message, slot=slot, where=where)
+
+
+#: libpq connect failure texts -> the SQLSTATE the server used (lost in libpq's message).
+_REFUSALS = (
+    ("superuser or replication role", _INSUFFICIENT_PRIVILEGE),
+    ("permission denied", _INSUFFICIENT_PRIVILEGE),
+    ("no pg_hba.conf entry", _INVALID_AUTHORIZATION),
+    ("password authentication failed", _INVALID_PASSWORD),
+    ("password is not", _INVALID_PASSWORD),
+    ('database "', _INVALID_CATALOG_NAME),  # ... does not exist
+    ("too many clients", _TOO_MANY_CONNECTIONS),
+    ("wal senders", _TOO_MANY_CONNECTIONS),
+)
+
+
+def _connect_refusal(message: str) -> str | None:
+    low = message.lower()
+    for phrase, state in _REFUSALS:
+        if phrase in low and (state != _INVALID_CATALOG_NAME or "does not exist" in low):
+            return state
+    return None
 
 
 class ReplicationConnection:

@@ -1,9 +1,17 @@
-"""Helpers for the stream tests: open a stream on a publisher database, read up to a marker."""
+"""Helpers for the stream tests: open a stream, read up to a marker, the ``golden`` fixture.
+
+The fixture lives here, not in a tests/stream/conftest.py, because a second
+``conftest`` module would shadow tests/conftest.py for ``from conftest import Pair``.
+"""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from typing import Any
+
+import pytest
+from workload import SCHEMA, Workload, drop_origin, run_workload
 
 from applier.localpg import LocalCluster
 from applier.lsn import Lsn
@@ -11,6 +19,8 @@ from applier.protocol import Message, PgOutputMessage
 from applier.stream import LogicalStream, ReplicationConnection, StreamOptions
 
 Item = tuple[Lsn, PgOutputMessage]
+#: What the ``golden`` fixture yields: cluster, database, workload, end marker LSN.
+Golden = tuple[LocalCluster, str, Workload, Lsn]
 
 #: Startup options for the walsender: spill/stream transactions beyond 64kB.
 SMALL_WORK_MEM = "-c logical_decoding_work_mem=64kB"
@@ -56,3 +66,18 @@ def slot_position(cluster: LocalCluster, db: str, slot: str) -> Lsn:
         f"SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = '{slot}'", db
     )
     return Lsn.parse(row[0][0])
+
+
+@pytest.fixture(name="golden")
+def golden_fixture(publisher: tuple[LocalCluster, str]) -> Iterator[Golden]:
+    """The golden workload on a fresh database, slot ``g_<db>`` (two-phase) created before it."""
+    cluster, db = publisher
+    cluster.execute(SCHEMA, db)
+    with ReplicationConnection.open(cluster.dsn(db)) as rc:
+        rc.create_slot(f"g_{db}", two_phase=True)
+    wl = run_workload(cluster, db)
+    end = emit_marker(cluster, db)
+    try:
+        yield cluster, db, wl, end
+    finally:
+        drop_origin(cluster, wl)

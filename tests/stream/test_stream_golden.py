@@ -7,11 +7,16 @@ is streamed (Stream Start/Stop/Abort/Commit) while the small ones are not.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import pytest
-from streamkit import SMALL_WORK_MEM, emit_marker, open_stream, read_until_marker, slot_position
-from workload import BIG, SCHEMA, Workload, drop_origin, run_workload
+from streamkit import (
+    SMALL_WORK_MEM,
+    Golden,
+    emit_marker,
+    golden_fixture,  # noqa: F401 - the `golden` fixture
+    open_stream,
+    read_until_marker,
+    slot_position,
+)
+from workload import BIG, Workload
 
 from applier.localpg import LocalCluster
 from applier.lsn import Lsn
@@ -42,20 +47,6 @@ from applier.stream import ReplicationConnection
 Item = tuple[Lsn, PgOutputMessage]
 
 
-@pytest.fixture
-def golden(publisher: tuple[LocalCluster, str]) -> Iterator[tuple[LocalCluster, str, Workload]]:
-    cluster, db = publisher
-    cluster.execute(SCHEMA, db)
-    with ReplicationConnection.open(cluster.dsn(db)) as rc:
-        rc.create_slot(f"g_{db}", two_phase=True)
-    wl = run_workload(cluster, db)
-    emit_marker(cluster, db)
-    try:
-        yield cluster, db, wl
-    finally:
-        drop_origin(cluster, wl)
-
-
 def _txn(items: list[Item], xid: int) -> list[Item]:
     """The messages of the (non-streamed) transaction ``xid``: Begin .. Commit."""
     start = next(i for i, (_, m) in enumerate(items) if isinstance(m, Begin) and m.xid == xid)
@@ -67,8 +58,8 @@ def _rows(items: list[Item]) -> list[PgOutputMessage]:
     return [m for _, m in items if isinstance(m, Insert | Update | Delete | Truncate)]
 
 
-def test_golden_stream(golden: tuple[LocalCluster, str, Workload]) -> None:
-    cluster, db, wl = golden
+def test_golden_stream(golden: Golden) -> None:
+    cluster, db, wl, _ = golden
     slot = f"g_{db}"
     before = slot_position(cluster, db, slot)
     stream = open_stream(

@@ -1,0 +1,146 @@
+"""``applier decode`` end to end through the CLI: JSON and text lines, the slot never moves."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from streamkit import (
+    Golden,
+    golden_fixture,  # noqa: F401 - the `golden` fixture
+    slot_position,
+)
+from workload import BIG
+
+from applier.localpg import LocalCluster
+
+APPLIER = str(Path(sys.executable).with_name("applier"))
+
+
+def _config(tmp_path: Path, cluster: LocalCluster, db: str, slot: str) -> Path:
+    path = tmp_path / "decode.toml"
+    path.write_text(
+        f"[source]\ndsn = \"{cluster.dsn(db)} options='-c logical_decoding_work_mem=64kB'\"\n"
+        f'publications = ["pub"]\nslot = "{slot}"\n'
+        f'[target]\ndsn = "{cluster.dsn(db)}"\n'
+        '[apply]\nstreaming = "on"\ntwo_phase = true\ntimeout = 10.0\nstatus_interval = 1.0\n'
+    )
+    return path
+
+
+def _decode(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    cmd = [APPLIER, "decode", "--config", str(config), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+
+
+def test_decode_json_lines(golden: Golden, tmp_path: Path) -> None:
+    cluster, db, wl, end = golden
+    slot = f"g_{db}"
+    before = slot_position(cluster, db, slot)
+    proc = _decode(_config(tmp_path, cluster, db, slot), "--end", str(end), "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    lines = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert slot_position(cluster, db, slot) == before
+
+    assert {"lsn", "type", "xid"} <= set(lines[0])
+    kinds = {o["type"] for o in lines}
+    assert kinds >= {
+        "begin", "commit", "origin", "relation", "type", "insert", "update", "delete",
+        "truncate", "message", "stream_start", "stream_stop", "stream_commit", "stream_abort",
+        "begin_prepare", "prepare", "commit_prepared", "rollback_prepared",
+    }  # fmt: skip
+    # The end marker (a non-transactional message at exactly --end) is the last line.
+    assert lines[-1]["type"] == "message" and lines[-1]["content"] == "end"
+    assert lines[-1]["lsn"] == str(end) and lines[-1]["xid"] is None
+
+    by_xid = _group(lines)
+    begin, *_rest = by_xid[wl.xids["def"]]
+    assert begin["type"] == "begin" and begin["commit_time"].endswith("Z")
+    rows = [o for o in by_xid[wl.xids["def"]] if o["type"] in ("insert", "update", "delete")]
+    assert rows[0] == {
+        **rows[0],
+        "relation": "public.t_def",
+        "new": {"id": "1", "v": "one", "big": None},
+    }
+    assert rows[2]["new"]["big"] == BIG
+    assert rows[4]["key"] == {"id": "2"} and "old" not in rows[4]  # only the key columns
+    assert rows[5]["new"]["big"] == {"unchanged_toast": True}
+    assert rows[6]["type"] == "delete" and rows[6]["key"] == {"id": "1"}
+
+    full = next(o for o in by_xid[wl.xids["full"]] if o["type"] == "update")
+    assert full["old"] == {"id": "1", "v": "f"} and full["new"] == {"id": "1", "v": "g"}
+    idx = next(o for o in by_xid[wl.xids["idx"]] if o["type"] == "delete")
+    assert idx["key"] == {"a": "1", "b": "2"}
+
+    (trunc,) = [o for o in lines if o["type"] == "truncate"]
+    assert trunc["cascade"] is True and trunc["restart_identity"] is True
+    assert sorted(trunc["relations"]) == ["public.t_child", "public.t_parent"]
+    assert trunc["xid"] == wl.xids["truncate"]
+
+    msgs = {o["prefix"]: o for o in lines if o["type"] == "message"}
+    assert msgs["tx"]["content"] == "in txn" and msgs["tx"]["content_encoding"] == "text"
+    assert msgs["tx"]["xid"] == wl.xids["message"] and msgs["tx"]["transactional"] is True
+    assert msgs["nontx"]["content"] == "ff00" and msgs["nontx"]["content_encoding"] == "hex"
+    assert msgs["nontx"]["xid"] is None
+
+    streamed = by_xid[wl.xids["stream"]]
+    assert {o["type"] for o in streamed} >= {
+        "stream_start",
+        "insert",
+        "stream_abort",
+        "stream_commit",
+    }
+    assert any("subxid" in o for o in streamed if o["type"] == "insert")
+    (abort,) = [o for o in streamed if o["type"] == "stream_abort"]
+    assert abort["subxid"] != wl.xids["stream"]
+
+    (origin,) = [o for o in lines if o["type"] == "origin"]
+    assert origin["origin"] == wl.origin and origin["origin_lsn"] == "0/ABCDEF"
+    assert origin["xid"] == wl.xids["origin"]
+    prepared = by_xid[wl.xids["2pc_commit"]]
+    assert [o["type"] for o in prepared] == [
+        "begin_prepare",
+        "insert",
+        "prepare",
+        "commit_prepared",
+    ]
+    assert prepared[0]["gid"] == prepared[3]["gid"]
+    (typ,) = [o for o in lines if o["type"] == "type" and o["name"] == "mood"]
+    assert typ["namespace"] == "public" and typ["xid"] == wl.xids["type"]
+
+
+def _group(lines: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
+    out: dict[int, list[dict[str, Any]]] = {}
+    for o in lines:
+        if o["xid"] is not None:
+            out.setdefault(o["xid"], []).append(o)
+    return out
+
+
+def test_decode_text_format_and_start(golden: Golden, tmp_path: Path) -> None:
+    cluster, db, wl, end = golden
+    slot = f"g_{db}"
+    before = slot_position(cluster, db, slot)
+    proc = _decode(_config(tmp_path, cluster, db, slot), "--end", str(end), "--format", "text")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    xid = wl.xids["def"]
+    assert any(
+        line.endswith(f"xid={xid} INSERT public.t_def id=1 v='one' big=null") for line in lines
+    )
+    assert any(f"xid={xid} UPDATE public.t_def key: id=2 new: id=20 v='two'" in ln for ln in lines)
+    assert any("(unchanged-toast)" in line for line in lines)
+    assert slot_position(cluster, db, slot) == before
+
+
+def test_decode_missing_slot_is_a_clear_error(
+    publisher: tuple[LocalCluster, str], tmp_path: Path
+) -> None:
+    cluster, db = publisher
+    proc = _decode(_config(tmp_path, cluster, db, "nosuchslot"), "--end", "0/1")
+    assert proc.returncode == 1
+    assert "replication slot 'nosuchslot' does not exist" in proc.stderr
+    assert "hint: create it" in proc.stderr
