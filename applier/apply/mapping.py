@@ -1,0 +1,270 @@
+"""Source relation -> target table: columns by name, types checked, identity resolved.
+
+Mapping
+=======
+
+A pgoutput Relation message describes a source table as the walsender sees
+it at that point of the stream. The target table is found by the same
+``schema.table`` name; columns are matched by name, so column order may
+differ and the target may have extra columns (they get their defaults on
+INSERT and are left alone by UPDATE). What the target lacks is a
+:class:`~applier.errors.SchemaMismatch` naming the table and the column,
+raised when the first change for the table arrives (the change's LSN and xid
+are then known), so the worker stops before applying anything of that
+transaction.
+
+Types: values travel as the text (or binary) the source's output functions
+produced and are parsed by the *target's* input functions, with each
+parameter typed by the target column's type OID (OIDs of non-built-in types
+differ between clusters, so never the source's). A type is accepted when it
+is the same type (same built-in OID, or for non-built-in types the same
+``schema.name`` from the Type message), when the target column is a string
+type, or when the target has a cast from the source's built-in type. Binary
+values need the very same type on both sides.
+
+Each mapping gets a fresh ``version`` number; the planner's prepared
+statement names include it, so a Relation message that changes a table's
+shape mid-stream yields new statements and the old ones are never reused.
+
+Comparisons: REPLICA IDENTITY FULL locates rows by every column of the old
+row. Types without a default btree or hash operator class (json, point, xml,
+arrays or composites of them) cannot use ``=``, so :class:`TargetColumn`
+records ``has_eq`` and the planner compares those as ``::text``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from applier.errors import SchemaMismatch
+from applier.protocol import Relation
+
+#: First OID of user-defined objects; lower OIDs are the same on every cluster.
+FIRST_NORMAL_OID = 16384
+
+_versions = itertools.count(1)
+
+
+@dataclass(frozen=True, slots=True)
+class TargetColumn:
+    name: str
+    type_oid: int
+    type_sql: str  # format_type(), for messages
+    has_eq: bool
+    generated: bool
+
+
+@dataclass(frozen=True, slots=True)
+class TargetTable:
+    oid: int
+    schema: str
+    name: str
+    relkind: str  # 'r' table, 'p' partitioned table
+    columns: dict[str, TargetColumn]
+
+    @property
+    def partitioned(self) -> bool:
+        return self.relkind == "p"
+
+
+@dataclass(frozen=True, slots=True)
+class RelMap:
+    """How the changes of one source relation are applied (or skipped)."""
+
+    relation: Relation
+    version: int
+    included: bool
+    target: TargetTable | None
+    #: Per source column: the target column it goes to.
+    columns: tuple[TargetColumn, ...]
+    #: Source column indexes of the replica identity (DEFAULT/INDEX).
+    key: tuple[int, ...]
+
+    @property
+    def qualname(self) -> str:
+        return f"{self.relation.namespace}.{self.relation.name}"
+
+    @property
+    def replident(self) -> str:
+        return self.relation.replident
+
+
+def skipped(relation: Relation) -> RelMap:
+    return RelMap(relation, next(_versions), False, None, (), ())
+
+
+def build(
+    relation: Relation,
+    target: TargetTable | None,
+    accepts: dict[int, bool] | None = None,
+) -> RelMap:
+    """Map an included relation onto its target table, or raise SchemaMismatch.
+
+    ``accepts[i]`` (from :meth:`Catalog.accepts`) says whether the target
+    column of source column ``i`` can take the source's type; missing means yes.
+    """
+    name = f"{relation.namespace}.{relation.name}"
+    if target is None:
+        raise SchemaMismatch(
+            f"table {name} does not exist on the target",
+            table=name,
+            hint="create it on the target (same schema and name) and restart applier run",
+        )
+    cols: list[TargetColumn] = []
+    for i, col in enumerate(relation.columns):
+        tc = target.columns.get(col.name)
+        if tc is None:
+            raise SchemaMismatch(
+                f"table {name}: column {col.name!r} is missing on the target",
+                table=name,
+                column=col.name,
+                hint=f"add column {col.name} to {name} on the target and restart applier run",
+            )
+        if tc.generated:
+            raise SchemaMismatch(
+                f"table {name}: column {col.name!r} is a generated column on the target",
+                table=name,
+                column=col.name,
+            )
+        if accepts is not None and not accepts.get(i, True):
+            raise SchemaMismatch(
+                f"table {name}: column {col.name!r} has type {tc.type_sql} on the target, "
+                f"which cannot take the source's type (oid {col.type_oid})",
+                table=name,
+                column=col.name,
+                hint="give the target column the source's type (or text) and restart applier run",
+            )
+        cols.append(tc)
+    key = tuple(i for i, c in enumerate(relation.columns) if c.is_key)
+    return RelMap(relation, next(_versions), True, target, tuple(cols), key)
+
+
+class Catalog:
+    """Looks up target tables and types on an autocommit connection (never the apply session)."""
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self.conn = conn
+        self._types: dict[int, tuple[str, int, int, int, str, bool, str, str]] = {}
+        self._eq: dict[int, bool] = {}
+        self._casts: dict[tuple[int, int], bool] = {}
+
+    def table(self, schema: str, name: str) -> TargetTable | None:
+        rows = self.conn.execute(
+            """
+            SELECT c.oid, c.relkind::text, a.attname, a.atttypid,
+                   pg_catalog.format_type(a.atttypid, a.atttypmod), a.attgenerated <> ''
+              FROM pg_catalog.pg_class c
+              JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+              LEFT JOIN pg_catalog.pg_attribute a
+                ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+             WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p')
+             ORDER BY a.attnum
+            """,
+            (schema, name),
+        ).fetchall()
+        if not rows:
+            return None
+        cols = {
+            str(r[2]): TargetColumn(
+                str(r[2]), int(r[3]), str(r[4]), self.has_eq(int(r[3])), bool(r[5])
+            )
+            for r in rows
+            if r[2] is not None
+        }
+        return TargetTable(int(rows[0][0]), schema, name, str(rows[0][1]), cols)
+
+    def _type(self, oid: int) -> tuple[str, int, int, int, str, bool, str, str]:
+        t = self._types.get(oid)
+        if t is None:
+            row = self.conn.execute(
+                """
+                SELECT t.typtype::text, t.typelem, t.typbasetype, t.typrelid,
+                       t.typcategory::text,
+                       EXISTS (SELECT 1 FROM pg_catalog.pg_opclass o
+                                 JOIN pg_catalog.pg_am m ON m.oid = o.opcmethod
+                                WHERE o.opcdefault AND m.amname IN ('btree', 'hash')
+                                  AND o.opcintype = t.oid),
+                       n.nspname, t.typname
+                  FROM pg_catalog.pg_type t
+                  JOIN pg_catalog.pg_namespace n ON n.oid = t.typnamespace
+                 WHERE t.oid = %s
+                """,
+                (oid,),
+            ).fetchone()
+            if row is None:
+                t = ("b", 0, 0, 0, "X", False, "", "")
+            else:
+                t = (
+                    str(row[0]), int(row[1]), int(row[2]), int(row[3]),
+                    str(row[4]), bool(row[5]), str(row[6]), str(row[7]),
+                )  # fmt: skip
+            self._types[oid] = t
+        return t
+
+    def has_eq(self, oid: int) -> bool:
+        """Whether ``=`` works on the type (default btree/hash opclass, recursively)."""
+        cached = self._eq.get(oid)
+        if cached is not None:
+            return cached
+        self._eq[oid] = False  # guards recursive composites
+        typtype, elem, base, relid, category, opclass, _, _ = self._type(oid)
+        if typtype == "d":
+            result = self.has_eq(base)
+        elif category == "A" and elem:
+            result = self.has_eq(elem)
+        elif typtype == "c":
+            atts = self.conn.execute(
+                "SELECT atttypid FROM pg_catalog.pg_attribute "
+                "WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped",
+                (relid,),
+            ).fetchall()
+            result = all(self.has_eq(int(a[0])) for a in atts)
+        elif typtype in ("e", "r", "m"):
+            result = True
+        else:
+            result = opclass
+        self._eq[oid] = result
+        return result
+
+    def accepts(
+        self, src_oid: int, src_name: tuple[str, str] | None, tgt_oid: int, binary: bool
+    ) -> bool:
+        """Whether a target column of type ``tgt_oid`` can take values of the source's type."""
+        if src_oid == tgt_oid and src_oid < FIRST_NORMAL_OID:
+            return True
+        typtype, _, base, _, category, _, nsp, name = self._type(tgt_oid)
+        if src_oid >= FIRST_NORMAL_OID:
+            if src_name is None:
+                return not binary
+            if (nsp, name) == src_name:
+                return True
+            if typtype == "d" and base:
+                b = self._type(base)
+                if (b[6], b[7]) == src_name:
+                    return not binary
+            return category == "S" and not binary
+        if binary:
+            return False
+        if typtype == "d" and base == src_oid:
+            return True
+        if category == "S":
+            return True
+        if category == "A":
+            src = self._type(src_oid)
+            tgt_elem = self._type(tgt_oid)[1]
+            return src[4] == "A" and self.accepts(src[1], None, tgt_elem, binary)
+        key = (src_oid, base if typtype == "d" else tgt_oid)
+        ok = self._casts.get(key)
+        if ok is None:
+            row = self.conn.execute(
+                "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_cast "
+                "WHERE castsource = %s AND casttarget = %s)",
+                key,
+            ).fetchone()
+            ok = bool(row and row[0])
+            self._casts[key] = ok
+        return ok

@@ -1,0 +1,314 @@
+"""Pure statement planning: (relation mapping, change) -> (prepared statement, parameters).
+
+No database here: everything is decided from the :class:`~.mapping.RelMap`
+and the change, so it is unit-tested without a server.
+
+Statements
+==========
+
+Every statement is parameterised, identifiers always quoted through
+:class:`psycopg.sql.Identifier` and schema-qualified. Values are the exact
+bytes the protocol carried, passed as ``$n`` parameters whose type OIDs are
+the *target* columns' types (so the target's input function parses the
+source's output text: no round trip through Python types), in text format
+(``t``) or binary (``b``) as they came. One statement is prepared per
+(mapping version, operation, shape); the shape is which columns take part:
+
+* INSERT lists every column the change carries.
+* UPDATE sets every new column except unchanged TOAST values (kind ``u``:
+  the value was not sent and the target keeps its own).
+* UPDATE/DELETE locate the row by the replica identity. DEFAULT and INDEX
+  use the key columns the Relation flags, with the old key when the change
+  carries one (the key changed) and the new row's key otherwise. FULL uses
+  every sent column of the old row with ``IS NOT DISTINCT FROM`` (NULLs
+  match), comparing ``::text`` for types without ``=``, and changes exactly
+  one row even when the target holds duplicates:
+  ``WHERE ctid = (SELECT ctid ... LIMIT 1)``, joined on ``tableoid`` too
+  for partitioned targets where a ctid is only unique per partition.
+  NOTHING cannot locate a row: UPDATE/DELETE raise :class:`ApplyError`.
+* TRUNCATE lists every included relation of the message in one statement,
+  ``ONLY`` for plain tables (a partitioned target is truncated with its
+  partitions), with RESTART IDENTITY and CASCADE when the source used them.
+
+Parameter formats are per execution, not per prepared statement, so a shape
+does not depend on whether a value came as text or binary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from psycopg import sql
+
+from applier.errors import ApplyError
+from applier.protocol import Delete, Insert, TupleData, Update
+
+from .mapping import RelMap
+
+#: ``kinds.translate(_PRESENT)``: 1 where a value is present (t/b/n), 0 for unchanged TOAST.
+_PRESENT = bytes(0 if i == ord("u") else 1 for i in range(256))
+#: ``kinds.translate(_FORMAT)``: the libpq parameter format of each value.
+_FORMAT = bytes(1 if i == ord("b") else 0 for i in range(256))
+
+INSERT, UPDATE, DELETE = "i", "u", "d"
+
+Params = list[bytes | None]
+Formats = bytes | None
+
+
+@dataclass(frozen=True, slots=True)
+class Stmt:
+    """A prepared statement for one (mapping, operation, shape)."""
+
+    name: bytes
+    query: bytes
+    types: tuple[int, ...]
+    #: Source column indexes whose new values are the first parameters.
+    new_idx: tuple[int, ...]
+    #: Source column indexes whose old (or key) values follow.
+    where_idx: tuple[int, ...]
+    #: Whether the statement must affect a row (UPDATE/DELETE).
+    modifies: bool
+    #: Whether every column is used in order (insert fast path).
+    all_new: bool
+
+
+def _ph(n: int) -> sql.SQL:
+    return sql.SQL("$" + str(n))
+
+
+def _qualified(rm: RelMap) -> sql.Composable:
+    return sql.Identifier(rm.relation.namespace, rm.relation.name)
+
+
+def _present(kinds: bytes) -> bytes:
+    return kinds.translate(_PRESENT)
+
+
+class Planner:
+    """Builds and caches statements; the executor prepares each name once per session."""
+
+    def __init__(self) -> None:
+        self._cache: dict[tuple[int, str, bytes, bytes], Stmt] = {}
+
+    # -- public ------------------------------------------------------------------
+
+    def insert(self, rm: RelMap, change: Insert) -> tuple[Stmt, Params, Formats]:
+        new = change.new
+        shape = _present(new.kinds)
+        stmt = self._cache.get((rm.version, INSERT, shape, b""))
+        if stmt is None:
+            stmt = self._build_insert(rm, shape)
+        if stmt.all_new:
+            params: Params = list(new.values)
+            fmts = new.kinds.translate(_FORMAT) if b"b" in new.kinds else None
+        else:
+            params, fmts = _pick(new, stmt.new_idx)
+        return stmt, params, fmts
+
+    def update(self, rm: RelMap, change: Update) -> tuple[Stmt, Params, Formats]:
+        self._check_identity(rm, "UPDATE")
+        new = change.new
+        old = change.old if change.old is not None else new
+        new_shape = _present(new.kinds)
+        old_shape = self._where_shape(rm, old, change.old is not None)
+        stmt = self._cache.get((rm.version, UPDATE, new_shape, old_shape))
+        if stmt is None:
+            stmt = self._build_update(rm, new_shape, old_shape)
+        p1, f1 = _pick(new, stmt.new_idx)
+        p2, f2 = _pick(old, stmt.where_idx)
+        fmts = (
+            None
+            if f1 is None and f2 is None
+            else _fmt(new, stmt.new_idx) + _fmt(old, stmt.where_idx)
+        )
+        return stmt, p1 + p2, fmts
+
+    def delete(self, rm: RelMap, change: Delete) -> tuple[Stmt, Params, Formats]:
+        self._check_identity(rm, "DELETE")
+        old = change.old
+        old_shape = self._where_shape(rm, old, True)
+        stmt = self._cache.get((rm.version, DELETE, b"", old_shape))
+        if stmt is None:
+            stmt = self._build_delete(rm, old_shape)
+        params, fmts = _pick(old, stmt.where_idx)
+        return stmt, params, fmts
+
+    @staticmethod
+    def truncate(rms: Sequence[RelMap], cascade: bool, restart_identity: bool) -> bytes:
+        parts: list[sql.Composable] = []
+        for rm in rms:
+            only = (
+                sql.SQL("") if rm.target is not None and rm.target.partitioned else sql.SQL("ONLY ")
+            )
+            parts.append(sql.Composed([only, _qualified(rm)]))
+        q = sql.SQL("TRUNCATE {}").format(sql.SQL(", ").join(parts))
+        if restart_identity:
+            q = sql.Composed([q, sql.SQL(" RESTART IDENTITY")])
+        if cascade:
+            q = sql.Composed([q, sql.SQL(" CASCADE")])
+        return q.as_bytes(None)
+
+    # -- identity ----------------------------------------------------------------
+
+    @staticmethod
+    def _check_identity(rm: RelMap, op: str) -> None:
+        if rm.replident == "n" or (rm.replident in "di" and not rm.key):
+            raise ApplyError(
+                f"table {rm.qualname} has REPLICA IDENTITY NOTHING (or no key): "
+                f"cannot locate the row for {op}",
+                table=rm.qualname,
+                hint="give the source table a primary key or REPLICA IDENTITY FULL/INDEX",
+            )
+
+    @staticmethod
+    def _where_shape(rm: RelMap, old: TupleData, has_old: bool) -> bytes:
+        if rm.replident == "f" and has_old:
+            return b"f" + _present(old.kinds)
+        return b"k"
+
+    def _where_cols(self, rm: RelMap, old_shape: bytes) -> tuple[int, ...]:
+        if old_shape.startswith(b"f"):
+            return tuple(i for i, p in enumerate(old_shape[1:]) if p)
+        return rm.key
+
+    # -- building ----------------------------------------------------------------
+
+    def _name(self, rm: RelMap, op: str) -> bytes:
+        return f"applier_{rm.version}_{op}{len(self._cache)}".encode()
+
+    def _build_insert(self, rm: RelMap, shape: bytes) -> Stmt:
+        idx = tuple(i for i, p in enumerate(shape) if p)
+        cols = [sql.Identifier(rm.columns[i].name) for i in idx]
+        q = sql.SQL("INSERT INTO {} ({}) VALUES ({})").format(
+            _qualified(rm),
+            sql.SQL(", ").join(cols),
+            sql.SQL(", ").join(_ph(n) for n in range(1, len(idx) + 1)),
+        )
+        stmt = Stmt(
+            self._name(rm, INSERT),
+            q.as_bytes(None),
+            tuple(rm.columns[i].type_oid for i in idx),
+            idx,
+            (),
+            False,
+            len(idx) == len(rm.columns),
+        )
+        self._cache[(rm.version, INSERT, shape, b"")] = stmt
+        return stmt
+
+    def _conditions(
+        self, rm: RelMap, where: tuple[int, ...], first: int, full: bool
+    ) -> sql.Composable:
+        conds: list[sql.Composable] = []
+        for n, i in enumerate(where, start=first):
+            col = rm.columns[i]
+            ident: sql.Composable = sql.Identifier(col.name)
+            ph: sql.Composable = _ph(n)
+            if not col.has_eq:
+                ident = sql.Composed([ident, sql.SQL("::pg_catalog.text")])
+                ph = sql.Composed([ph, sql.SQL("::pg_catalog.text")])
+            op = sql.SQL(" IS NOT DISTINCT FROM ") if full else sql.SQL(" = ")
+            conds.append(sql.Composed([ident, op, ph]))
+        if not conds:
+            return sql.SQL("true")
+        return sql.SQL(" AND ").join(conds)
+
+    def _locate(
+        self,
+        rm: RelMap,
+        head: sql.Composable,
+        where: tuple[int, ...],
+        first: int,
+        full: bool,
+        join: str = "USING",
+    ) -> sql.Composable:
+        """``head`` + a WHERE clause that hits the identity's row (exactly one for FULL)."""
+        cond = self._conditions(rm, where, first, full)
+        if not full:
+            return sql.Composed([head, sql.SQL(" WHERE "), cond])
+        q = _qualified(rm)
+        if rm.target is not None and rm.target.partitioned:
+            return sql.SQL(
+                "{head} {join} (SELECT tableoid AS o, ctid AS c FROM {q} WHERE {cond} LIMIT 1) "
+                "AS applier_r WHERE applier_t.tableoid = applier_r.o "
+                "AND applier_t.ctid = applier_r.c"
+            ).format(head=head, join=sql.SQL(join), q=q, cond=cond)
+        return sql.SQL("{head} WHERE ctid = (SELECT ctid FROM {q} WHERE {cond} LIMIT 1)").format(
+            head=head, q=q, cond=cond
+        )
+
+    def _build_update(self, rm: RelMap, new_shape: bytes, old_shape: bytes) -> Stmt:
+        new_idx = tuple(i for i, p in enumerate(new_shape) if p)
+        where = self._where_cols(rm, old_shape)
+        full = old_shape.startswith(b"f")
+        partitioned = full and rm.target is not None and rm.target.partitioned
+        sets = sql.SQL(", ").join(
+            sql.Composed([sql.Identifier(rm.columns[i].name), sql.SQL(" = "), _ph(n)])
+            for n, i in enumerate(new_idx, start=1)
+        )
+        if partitioned:
+            head = sql.SQL("UPDATE {} AS applier_t SET {}").format(_qualified(rm), sets)
+            body = self._locate(rm, head, where, len(new_idx) + 1, full, join="FROM")
+            query = body.as_bytes(None)
+        else:
+            head = sql.SQL("UPDATE {} SET {}").format(_qualified(rm), sets)
+            query = self._locate(rm, head, where, len(new_idx) + 1, full).as_bytes(None)
+        types = tuple(rm.columns[i].type_oid for i in new_idx + where)
+        stmt = Stmt(self._name(rm, UPDATE), query, types, new_idx, where, True, False)
+        self._cache[(rm.version, UPDATE, new_shape, old_shape)] = stmt
+        return stmt
+
+    def _build_delete(self, rm: RelMap, old_shape: bytes) -> Stmt:
+        where = self._where_cols(rm, old_shape)
+        full = old_shape.startswith(b"f")
+        if full and rm.target is not None and rm.target.partitioned:
+            head = sql.SQL("DELETE FROM {} AS applier_t").format(_qualified(rm))
+        else:
+            head = sql.SQL("DELETE FROM {}").format(_qualified(rm))
+        query = self._locate(rm, head, where, 1, full).as_bytes(None)
+        types = tuple(rm.columns[i].type_oid for i in where)
+        stmt = Stmt(self._name(rm, DELETE), query, types, (), where, True, False)
+        self._cache[(rm.version, DELETE, b"", old_shape)] = stmt
+        return stmt
+
+
+def _pick(tup: TupleData, idx: tuple[int, ...]) -> tuple[Params, Formats]:
+    values = tup.values
+    params: Params = [values[i] for i in idx]
+    if b"b" in tup.kinds:
+        return params, _fmt(tup, idx)
+    return params, None
+
+
+def _fmt(tup: TupleData, idx: tuple[int, ...]) -> bytes:
+    kinds = tup.kinds.translate(_FORMAT)
+    return bytes(kinds[i] for i in idx)
+
+
+def key_of(rm: RelMap, change: Any) -> dict[str, str | None] | None:
+    """The identity values of a change, as text, for error messages and conflict logs."""
+    tup: TupleData | None
+    if isinstance(change, Insert):
+        tup = change.new
+    elif isinstance(change, Update):
+        tup = change.old if change.old is not None else change.new
+    elif isinstance(change, Delete):
+        tup = change.old
+    else:
+        return None
+    cols = rm.relation.columns
+    idx = rm.key or tuple(i for i, k in enumerate(tup.kinds) if k != ord("u"))
+    out: dict[str, str | None] = {}
+    for i in idx[:8]:
+        v = tup.values[i]
+        if v is None:
+            out[cols[i].name] = None
+        elif tup.kinds[i] == ord("b"):
+            out[cols[i].name] = "\\x" + v[:64].hex()
+        else:
+            text = v.decode("utf-8", "replace")
+            out[cols[i].name] = text if len(text) <= 200 else text[:200] + "..."
+    return out

@@ -1,0 +1,374 @@
+"""The target session: settings, origin ownership, and the pipelined executor.
+
+Target session
+==============
+
+One connection applies every change. It is set up once:
+``session_replication_role = replica`` (target triggers and FK checks behave
+as for the built-in subscriber), ``search_path = pg_catalog`` (every name we
+send is schema-qualified anyway, so nothing on the target can hijack an
+operator or function), ``TimeZone = UTC``, ``DateStyle = ISO``,
+``IntervalStyle = postgres``, ``client_encoding = UTF8`` (the replication
+connection sends UTF8 text, see worker), ``synchronous_commit`` from the
+config, and ``pg_replication_origin_session_setup(origin)``: this session
+owns the origin, so each commit records the source position atomically.
+
+Executor
+========
+
+Rows go through libpq's pipeline mode at the pq level: the connection is
+non-blocking, each change is one ``send_query_prepared`` (its statement is
+prepared once per session with ``send_prepare``, parameter types = target
+column type OIDs) with the protocol's bytes as parameter values and their
+text/binary formats, and nothing waits for the server until the commit's
+Sync. Results are read as they arrive (whenever we send, and whenever the
+socket is full), matched against a queue of what was sent, so an error or an
+UPDATE/DELETE that hit no row is attributed to its change (LSN, table, key)
+without a round trip per row. The queue is bounded so a huge transaction
+cannot run away with memory when the target is slower than the stream.
+
+After ANY failure the transaction is rolled back and
+``pg_replication_origin_xact_reset()`` is called: the session's origin
+LSN/timestamp survive a ROLLBACK and would otherwise stamp the next commit.
+"""
+
+from __future__ import annotations
+
+import logging
+import selectors
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+from psycopg import pq
+
+from applier.config import redact_dsn
+from applier.errors import ApplierError, ApplyError, ConnectionLost
+from applier.lsn import Lsn, pg_timestamp
+
+from .planner import Formats, Params, Stmt
+
+log = logging.getLogger("applier.apply")
+
+# Queue item kinds.
+_CTL, _ROW, _MOD, _LSN, _SYNC = range(5)
+
+#: Send this many statements between non-blocking result reads.
+PUMP_EVERY = 256
+#: Block when this many statements await their results.
+MAX_INFLIGHT = 20_000
+
+#: SQLSTATE classes/codes that mean "the connection is gone", not "the change is bad".
+TRANSIENT_SQLSTATES = ("08", "57P01", "57P02", "57P03", "55006", "40P01", "40001", "53300")
+
+ExecStatus = pq.ExecStatus
+
+
+def is_transient_sqlstate(state: str | None) -> bool:
+    return bool(state) and any(state.startswith(p) for p in TRANSIENT_SQLSTATES)  # type: ignore[union-attr]
+
+
+def _lost(e: BaseException, what: str = "target") -> ConnectionLost:
+    detail = str(e).strip().replace("\n", " ")
+    return ConnectionLost(
+        f"lost the connection to the {what}: {detail}",
+        hint="applier run reconnects and resumes from the origin's progress",
+    )
+
+
+def session_settings(synchronous_commit: str) -> list[tuple[str, str]]:
+    return [
+        ("session_replication_role", "replica"),
+        ("search_path", "pg_catalog"),
+        ("timezone", "UTC"),
+        ("datestyle", "ISO"),
+        ("intervalstyle", "postgres"),
+        ("client_encoding", "UTF8"),
+        ("extra_float_digits", "3"),
+        ("synchronous_commit", synchronous_commit),
+    ]
+
+
+def connect(conninfo: str, application_name: str, **kw: Any) -> psycopg.Connection[Any]:
+    try:
+        return psycopg.connect(
+            conninfo, autocommit=True, application_name=application_name, connect_timeout=10, **kw
+        )
+    except psycopg.OperationalError as e:
+        raise ConnectionLost(
+            f"cannot connect to the target ({redact_dsn(conninfo)}): {str(e).strip()}",
+            hint="check [target] dsn and that the server is up; applier run retries",
+        ) from None
+
+
+class TargetSession:
+    """The apply connection; one open target transaction at most."""
+
+    def __init__(self, conninfo: str, origin: str, synchronous_commit: str) -> None:
+        self.origin = origin
+        self.conn = connect(conninfo, "applier apply")
+        self.pg = self.conn.pgconn
+        self.flush_wait = synchronous_commit == "off"
+        try:
+            for name, value in session_settings(synchronous_commit):
+                self.conn.execute("SELECT pg_catalog.set_config(%s, %s, false)", (name, value))
+            self.conn.execute(
+                "SELECT pg_catalog.pg_replication_origin_session_setup(%s)", (origin,)
+            )
+        except psycopg.Error as e:
+            self.close()
+            raise self._error(e, "setting up the target session") from None
+        self._prepared: set[bytes] = set()
+        self._q: deque[tuple[int, Any]] = deque()
+        self._sent = 0
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(self.pg.socket, selectors.EVENT_READ)
+        self.in_txn = False
+        self._failure: tuple[pq.abc.PGresult, Any] | None = None
+        self._local_lsn = Lsn(0)
+        #: Called with the context of an UPDATE/DELETE that found no row.
+        self.on_missing: Callable[[Any], None] = lambda ctx: None
+        #: Context added to every error (lsn, xid) by the worker.
+        self.txn_context: dict[str, Any] = {}
+
+    # -- errors ----------------------------------------------------------------------
+
+    def _error(self, e: psycopg.Error, where: str) -> ApplierError:
+        state = e.sqlstate
+        if (isinstance(e, psycopg.OperationalError) and state is None) or is_transient_sqlstate(
+            state
+        ):
+            return ConnectionLost(f"{where}: {str(e).strip()}", sqlstate=state)
+        return ApplyError(f"{where}: {str(e).strip()}", sqlstate=state)
+
+    # -- pipeline ----------------------------------------------------------------------
+
+    def begin(self) -> None:
+        """Open a target transaction (pipeline mode, BEGIN queued)."""
+        assert not self.in_txn
+        try:
+            self.pg.enter_pipeline_mode()
+            self.in_txn = True
+            self._failure = None
+            self._send_ctl(b"BEGIN", "BEGIN")
+        except psycopg.OperationalError as e:
+            raise _lost(e) from None
+
+    def _send_ctl(self, query: bytes, what: str, params: Params | None = None) -> None:
+        self.pg.send_query_params(query, params, result_format=0)
+        self._q.append((_CTL, what))
+        self._after_send()
+
+    def execute(self, stmt: Stmt, params: Params, formats: Formats, ctx: Any) -> None:
+        """Queue one prepared statement; ``ctx`` identifies the change in errors."""
+        pg = self.pg
+        try:
+            if stmt.name not in self._prepared:
+                pg.send_prepare(stmt.name, stmt.query, param_types=stmt.types)
+                self._q.append((_CTL, ("prepare", ctx)))
+                self._prepared.add(stmt.name)
+            pg.send_query_prepared(stmt.name, params, param_formats=formats)
+        except psycopg.OperationalError as e:
+            raise _lost(e) from None
+        self._q.append((_MOD if stmt.modifies else _ROW, ctx))
+        self._after_send()
+
+    def execute_sql(self, query: bytes, ctx: Any) -> None:
+        """Queue one unprepared statement without parameters (TRUNCATE)."""
+        try:
+            self.pg.send_query_params(query, None)
+        except psycopg.OperationalError as e:
+            raise _lost(e) from None
+        self._q.append((_ROW, ctx))
+        self._after_send()
+
+    def _after_send(self) -> None:
+        self._sent += 1
+        if self._sent % PUMP_EVERY == 0:
+            self._pump(until_empty=False)
+            if self._failure is not None:
+                self._raise()
+
+    def _pump(self, until_empty: bool) -> None:
+        """Send what libpq holds and read what results have come, waiting only if needed."""
+        pg = self.pg
+        q = self._q
+        try:
+            while True:
+                pending = pg.flush()
+                pg.consume_input()
+                self._drain()
+                if pending == 0 and (not q or not until_empty) and len(q) <= MAX_INFLIGHT:
+                    return
+                events = selectors.EVENT_READ | (selectors.EVENT_WRITE if pending else 0)
+                self._sel.modify(pg.socket, events)
+                self._sel.select(1.0)
+        except psycopg.OperationalError as e:
+            raise _lost(e) from None
+
+    def _drain(self) -> None:
+        pg = self.pg
+        q = self._q
+        while q and not pg.is_busy():
+            res = pg.get_result()
+            kind, ctx = q[0]
+            if res is None:
+                if kind != _SYNC:
+                    q.popleft()
+                continue
+            status = res.status
+            if status == ExecStatus.PIPELINE_SYNC:
+                q.popleft()
+            elif status == ExecStatus.FATAL_ERROR:
+                if self._failure is None:
+                    self._failure = (res, ctx)
+            elif kind == _MOD:
+                if res.command_tuples == 0:
+                    self.on_missing(ctx)
+            elif kind == _LSN and status == ExecStatus.TUPLES_OK:
+                value = res.get_value(0, 0)
+                if value:
+                    self._local_lsn = Lsn.parse(value.decode())
+
+    def _sync(self) -> None:
+        """Sync the pipeline, wait for everything, leave pipeline mode."""
+        try:
+            self.pg.pipeline_sync()
+        except psycopg.OperationalError as e:
+            raise _lost(e) from None
+        self._q.append((_SYNC, None))
+        self._pump(until_empty=True)
+        try:
+            self.pg.exit_pipeline_mode()
+        except psycopg.OperationalError as e:
+            raise _lost(e) from None
+
+    def _raise(self) -> None:
+        assert self._failure is not None
+        res, ctx = self._failure
+        state_b = res.error_field(pq.DiagnosticField.SQLSTATE)
+        state = state_b.decode() if state_b else None
+        msg_b = res.error_field(pq.DiagnosticField.MESSAGE_PRIMARY) or res.error_message
+        detail_b = res.error_field(pq.DiagnosticField.MESSAGE_DETAIL)
+        msg = msg_b.decode("utf-8", "replace").strip()
+        if detail_b:
+            msg += f" ({detail_b.decode('utf-8', 'replace').strip()})"
+        context = dict(self.txn_context)
+        describe = getattr(ctx, "describe", None)
+        if callable(describe):
+            context.update(describe())
+        elif isinstance(ctx, tuple) and ctx and ctx[0] == "prepare":
+            inner = getattr(ctx[1], "describe", None)
+            if callable(inner):
+                context.update(inner())
+        elif isinstance(ctx, str):
+            msg = f"{ctx}: {msg}"
+        if is_transient_sqlstate(state):
+            raise ConnectionLost(f"the target failed: {msg}", sqlstate=state)
+        raise ApplyError(f"the target refused a change: {msg}", sqlstate=state, **context)
+
+    # -- transaction end -------------------------------------------------------------
+
+    def _origin_setup(self, end_lsn: Lsn, ts: int) -> None:
+        self._send_ctl(
+            b"SELECT pg_catalog.pg_replication_origin_xact_setup($1::pg_catalog.pg_lsn, "
+            b"$2::pg_catalog.timestamptz)",
+            "pg_replication_origin_xact_setup",
+            [str(Lsn(end_lsn)).encode(), pg_timestamp(ts).isoformat().encode()],
+        )
+
+    def commit(self, end_lsn: Lsn, commit_ts: int) -> Lsn:
+        """Stamp the origin and commit; return the local commit LSN to wait for (0: durable)."""
+        assert self.in_txn
+        self._origin_setup(end_lsn, commit_ts)
+        self._send_ctl(b"COMMIT", "COMMIT")
+        if self.flush_wait:
+            self.pg.send_query_params(b"SELECT pg_catalog.pg_current_wal_insert_lsn()::text", None)
+            self._q.append((_LSN, None))
+        self._local_lsn = Lsn(0)
+        self._finish()
+        return self._local_lsn
+
+    def prepare(self, gid: str, end_lsn: Lsn, prepare_ts: int) -> Lsn:
+        """Stamp the origin and PREPARE TRANSACTION ``gid``."""
+        assert self.in_txn
+        self._origin_setup(end_lsn, prepare_ts)
+        self._send_ctl(b"PREPARE TRANSACTION " + _literal(gid), "PREPARE TRANSACTION")
+        if self.flush_wait:
+            self.pg.send_query_params(b"SELECT pg_catalog.pg_current_wal_insert_lsn()::text", None)
+            self._q.append((_LSN, None))
+        self._local_lsn = Lsn(0)
+        self._finish()
+        return self._local_lsn
+
+    def _finish(self) -> None:
+        self._sync()
+        self.in_txn = False
+        if self._failure is not None:
+            self._reset_after_error()
+            self._raise()
+
+    def finish_prepared(self, gid: str, commit: bool, end_lsn: Lsn, ts: int) -> Lsn:
+        """COMMIT/ROLLBACK PREPARED with the origin stamped (outside any transaction)."""
+        assert not self.in_txn
+        verb = b"COMMIT PREPARED " if commit else b"ROLLBACK PREPARED "
+        try:
+            self.conn.execute(
+                "SELECT pg_catalog.pg_replication_origin_xact_setup(%s::pg_catalog.pg_lsn, %s)",
+                (str(Lsn(end_lsn)), pg_timestamp(ts)),
+            )
+            try:
+                self.conn.execute(verb + _literal(gid))
+            finally:
+                self.conn.execute("SELECT pg_catalog.pg_replication_origin_xact_reset()")
+            if self.flush_wait:
+                row = self.conn.execute(
+                    "SELECT pg_catalog.pg_current_wal_insert_lsn()::text"
+                ).fetchone()
+                return Lsn.parse(str(row[0])) if row else Lsn(0)
+        except psycopg.Error as e:
+            raise self._error(e, verb.decode().strip()) from None
+        return Lsn(0)
+
+    def rollback(self) -> None:
+        """Abandon the transaction in hand (if any) and reset the origin's session values."""
+        if not self.in_txn:
+            return
+        try:
+            self._sync()
+        finally:
+            self.in_txn = False
+        self._reset_after_error()
+
+    def _reset_after_error(self) -> None:
+        try:
+            self.conn.execute("ROLLBACK")
+            self.conn.execute("SELECT pg_catalog.pg_replication_origin_xact_reset()")
+        except psycopg.Error as e:
+            raise self._error(e, "resetting the target session") from None
+
+    # -- misc --------------------------------------------------------------------------
+
+    def query_one(self, query: str, params: tuple[Any, ...] = ()) -> Any:
+        """A synchronous query outside a transaction (prepared-xact checks)."""
+        assert not self.in_txn
+        try:
+            row = self.conn.execute(query, params).fetchone()
+        except psycopg.Error as e:
+            raise self._error(e, "query") from None
+        return row[0] if row else None
+
+    def close(self) -> None:
+        try:
+            if not self.conn.closed:
+                self.conn.close()
+        except Exception:  # closing a broken connection must not mask the real error
+            log.debug("closing the target session failed", exc_info=True)
+        sel = getattr(self, "_sel", None)
+        if sel is not None:
+            sel.close()
+
+
+def _literal(text: str) -> bytes:
+    return ("'" + text.replace("'", "''") + "'").encode()

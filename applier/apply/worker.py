@@ -1,0 +1,875 @@
+"""The apply worker: stream pgoutput from the slot, apply it to the target exactly once.
+
+This is applier's counterpart of PostgreSQL's
+``src/backend/replication/logical/worker.c``; the design follows it wherever
+it can, and says so where it cannot.
+
+Overview
+========
+
+:func:`run_worker` runs :class:`Worker`, which loops over *sessions* with
+retry: a session opens the target (an apply session owning the replication
+origin, plus an autocommit connection for the catalog, flush checks and the
+status row), reads the origin's progress, opens the replication connection,
+creates the slot if absent (at the current position, no snapshot), and
+streams from the origin's progress (or the slot's confirmed position when the
+origin has none). Every message goes through :meth:`Applier.dispatch`: a
+table maps each message kind to its handler and to the session states in
+which it may arrive; anything else is a :class:`ProtocolError`.
+
+Session states
+==============
+
+``IDLE`` between transactions; ``TXN`` between Begin and Commit; ``PREPARE``
+between Begin Prepare and Prepare; ``STREAM`` between Stream Start and Stream
+Stop. Stream Commit/Abort/Prepare, Commit/Rollback Prepared arrive in
+``IDLE``. A spooled transaction is replayed at its Stream Commit through the
+same handlers in state ``TXN``.
+
+LSN tracking and feedback
+=========================
+
+See :mod:`applier.apply.origin`. Each applied transaction commits with
+``pg_replication_origin_xact_setup(end_lsn, commit_ts)``; the pair (end_lsn,
+local commit LSN) goes to the :class:`FlushTracker`, and only source
+positions whose local commit is flushed on the target are confirmed to the
+slot. Empty transactions and idle periods are confirmed once nothing before
+them is pending.
+
+Restart and idempotence
+=======================
+
+The origin's progress is written in the same target transaction as the data,
+so after any crash (of us, of either server) it says exactly which source
+transactions the target has. We stream from it; the walsender skips every
+transaction whose commit record starts before it. We check again: a
+transaction whose commit ``end_lsn`` is <= the progress is not applied.
+Begin carries ``final_lsn`` (the commit record's *start*), and since the
+progress is always a record boundary (a commit's end, or the slot's
+consistent point), ``final_lsn < progress`` holds exactly when
+``end_lsn <= progress``; so a duplicate is recognised at Begin, before any of
+its rows could collide with the target, and the Commit re-checks with
+``end_lsn``. (The XLogData ``wal_start`` of the Begin message is *not*
+used: it is the transaction's first record, far before its commit.)
+
+TOAST
+=====
+
+An UPDATE whose unchanged TOASTed columns were not sent (kind ``u``) leaves
+them out of SET; the target keeps its value, which is the source's too.
+
+Streamed transactions
+=====================
+
+See :mod:`applier.apply.spool`: spooled per top-level xid (memory up to
+``memory_limit``, then disk), subtransaction aborts truncate, Stream Commit
+replays in one target transaction, Stream Abort discards. Streams are
+applied serially also with ``streaming = parallel`` (then the Stream Abort
+carries its LSN, which we do not need).
+
+Two-phase
+=========
+
+With ``two_phase`` (protocol 3), Begin Prepare .. Prepare is applied and
+ended with ``PREPARE TRANSACTION 'applier_<origin>_<xid>'`` (deterministic,
+like PostgreSQL's ``pg_gid_<subid>_<xid>``), the origin stamped with the
+prepare's end LSN. Commit/Rollback Prepared stamp the origin and run
+``COMMIT/ROLLBACK PREPARED``. After a crash between prepare and commit: a
+Begin Prepare whose GID is already prepared on the target is skipped (its
+rows are in the prepared transaction), and a Commit Prepared whose GID is not
+prepared (we committed it before the crash) or whose end LSN is behind the
+progress is skipped.
+
+Faults
+======
+
+Connection loss, a server restart, a terminated walsender or backend
+(SQLSTATE class 08, 57P01-57P03), a slot or origin still held by the
+previous process (55006): :class:`TransientError`, retried with jittered
+exponential backoff; the session starts over from the origin, rolling back
+(and ``pg_replication_origin_xact_reset()``) whatever was in hand. Anything
+else the target refuses is an :class:`ApplyError` naming the source LSN, xid,
+table, key and SQLSTATE: the worker rolls back, records it in
+``applier.worker_status.last_error`` and exits non-zero; the origin has not
+moved, so nothing after the failed transaction was applied.
+
+SIGTERM/SIGINT roll back the transaction in hand, send a last status update
+and exit 0.
+
+Rejected
+========
+
+* Applying through psycopg cursors with Python values: a round trip through
+  Python types per value, and text->Python->text changes values (time zones,
+  float digits, numeric scale). The bytes the source printed go straight in.
+* Judging duplicates by what the slot says (confirmed_flush_lsn): the slot is
+  on the source and advances separately; only the origin is atomic with the
+  data.
+* A receiver thread: the kernel socket buffer already overlaps receiving with
+  applying, the pipeline overlaps applying with the target's work, and a
+  thread would only add GIL contention (measured in bench/README-apply.md).
+* Group commit (several source transactions per target transaction): not
+  implemented; ``group_commit`` > 1 is accepted and treated as 1.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import signal
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception,
+    wait_random_exponential,
+)
+
+from applier.config import Config, redact_dsn
+from applier.errors import (
+    ApplierError,
+    ApplyError,
+    ProtocolError,
+    SchemaMismatch,
+    SourceError,
+    TransientError,
+)
+from applier.lsn import Lsn, now_pg_timestamp
+from applier.protocol import (
+    Begin,
+    BeginPrepare,
+    Commit,
+    CommitPrepared,
+    Delete,
+    Insert,
+    Message,
+    Origin,
+    PgOutputMessage,
+    Prepare,
+    Relation,
+    RollbackPrepared,
+    StreamAbort,
+    StreamCommit,
+    StreamPrepare,
+    StreamStart,
+    StreamStop,
+    Truncate,
+    Type,
+    Update,
+)
+
+from . import mapping
+from .mapping import Catalog, RelMap
+from .origin import FLUSHED, FlushTracker, ensure_origin, local_flush_lsn, origin_progress
+from .planner import Planner, key_of
+from .session import TargetSession, connect, is_transient_sqlstate
+from .spool import Spool, SpoolSet
+from .state import WorkerState
+
+log = logging.getLogger("applier.apply")
+
+
+class State(enum.Enum):
+    IDLE = "idle"
+    TXN = "in transaction"
+    PREPARE = "in prepared transaction"
+    STREAM = "in stream"
+
+
+IDLE, TXN, PREPARE, STREAM = State.IDLE, State.TXN, State.PREPARE, State.STREAM
+_CHANGE_STATES = frozenset({TXN, PREPARE, STREAM})
+_ANY = frozenset(State)
+
+
+class ChangeCtx:
+    """What identifies one applied change in errors and conflict logs."""
+
+    __slots__ = ("change", "lsn", "rm", "xid")
+
+    def __init__(self, lsn: Lsn, xid: int | None, rm: RelMap, change: Any) -> None:
+        self.lsn = lsn
+        self.xid = xid
+        self.rm = rm
+        self.change = change
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "lsn": str(Lsn(self.lsn)),
+            "xid": self.xid,
+            "table": self.rm.qualname,
+            "key": key_of(self.rm, self.change),
+        }
+
+
+#: A conflict policy for an UPDATE/DELETE that found no row on the target.
+MissingRowPolicy = Callable[[ChangeCtx], None]
+
+
+@dataclass
+class Txn:
+    xid: int
+    commit_lsn: Lsn
+    skip: bool
+    gid: str | None = None
+
+
+class Applier:
+    """The message state machine: one handler per message kind, states in one place."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        session: TargetSession,
+        catalog: Catalog,
+        spools: SpoolSet,
+        progress: Lsn,
+    ) -> None:
+        self.cfg = cfg
+        self.session = session
+        self.catalog = catalog
+        self.spools = spools
+        self.progress = progress
+        self.planner = Planner()
+        self.flush = FlushTracker()
+        self.state = IDLE
+        self.txn: Txn | None = None
+        self.spool: Spool | None = None
+        self.relations: dict[int, Relation] = {}
+        self.relmaps: dict[int, RelMap] = {}
+        self.types: dict[int, tuple[str, str]] = {}
+        self.applied_txns = 0
+        self.skipped_changes = 0
+        self.missing_rows = 0
+        self.skipped_txns = 0
+        self.last_commit_lsn: Lsn | None = None
+        self.last_commit_ts: int | None = None
+        self.gid_prefix = f"applier_{cfg.origin}_"
+        #: Per-table policy for rows that UPDATE/DELETE did not find (default: warn, count).
+        self.missing_row_policies: dict[str, MissingRowPolicy] = {}
+        session.on_missing = self._missing_row
+        H = Callable[[Lsn, Any], None]
+        self.handlers: dict[type, tuple[frozenset[State], H]] = {
+            Begin: (frozenset({IDLE}), self.on_begin),
+            Commit: (frozenset({TXN}), self.on_commit),
+            Origin: (frozenset({TXN, PREPARE}), self.on_origin),
+            Relation: (_ANY, self.on_relation),
+            Type: (_ANY, self.on_type),
+            Insert: (_CHANGE_STATES, self.on_insert),
+            Update: (_CHANGE_STATES, self.on_update),
+            Delete: (_CHANGE_STATES, self.on_delete),
+            Truncate: (_CHANGE_STATES, self.on_truncate),
+            Message: (_ANY, self.on_message),
+            StreamStart: (frozenset({IDLE}), self.on_stream_start),
+            StreamStop: (frozenset({STREAM}), self.on_stream_stop),
+            StreamCommit: (frozenset({IDLE}), self.on_stream_commit),
+            StreamAbort: (frozenset({IDLE}), self.on_stream_abort),
+            StreamPrepare: (frozenset({IDLE}), self.on_stream_prepare),
+            BeginPrepare: (frozenset({IDLE}), self.on_begin_prepare),
+            Prepare: (frozenset({PREPARE}), self.on_prepare),
+            CommitPrepared: (frozenset({IDLE}), self.on_commit_prepared),
+            RollbackPrepared: (frozenset({IDLE}), self.on_rollback_prepared),
+        }
+
+    # -- dispatch --------------------------------------------------------------------
+
+    def dispatch(self, lsn: Lsn, msg: PgOutputMessage) -> None:
+        entry = self.handlers.get(type(msg))
+        if entry is None or self.state not in entry[0]:
+            raise ProtocolError(
+                f"unexpected {getattr(msg, 'kind', type(msg).__name__)} message while "
+                f"{self.state.value}",
+                lsn=str(lsn),
+                hint="the stream is out of order; applier run restarts from the origin",
+            )
+        entry[1](lsn, msg)
+
+    # -- transactions ------------------------------------------------------------------
+
+    def _start_txn(self, xid: int, commit_lsn: Lsn, skip: bool, gid: str | None = None) -> None:
+        self.txn = Txn(xid, commit_lsn, skip, gid)
+        self.session.txn_context = {"lsn": str(commit_lsn), "xid": xid}
+
+    def on_begin(self, lsn: Lsn, m: Begin) -> None:
+        self.state = TXN
+        skip = m.final_lsn < self.progress
+        if skip:
+            log.info(
+                "skipping a transaction applied before",
+                extra={"ctx": {"xid": m.xid, "commit_lsn": m.final_lsn, "progress": self.progress}},
+            )
+        self._start_txn(m.xid, m.final_lsn, skip)
+
+    def on_commit(self, lsn: Lsn, m: Commit) -> None:
+        assert self.txn is not None
+        self.state = IDLE
+        self._end_txn(m.end_lsn, m.commit_ts)
+
+    def _end_txn(self, end_lsn: Lsn, commit_ts: int) -> None:
+        txn = self.txn
+        assert txn is not None
+        self.txn = None
+        if txn.skip or end_lsn <= self.progress:
+            self.session.rollback()
+            self.skipped_txns += 1
+            self.flush.store(end_lsn, FLUSHED)
+            return
+        if self.session.in_txn:
+            local = self.session.commit(end_lsn, commit_ts)
+            self._committed(end_lsn, commit_ts, local)
+        else:
+            self.flush.store(end_lsn, FLUSHED)  # empty for us: nothing to wait for
+
+    def _committed(self, end_lsn: Lsn, ts: int, local: Lsn) -> None:
+        self.progress = Lsn(max(self.progress, end_lsn))
+        self.flush.store(end_lsn, local)
+        self.applied_txns += 1
+        self.last_commit_lsn = end_lsn
+        self.last_commit_ts = ts
+
+    def on_origin(self, lsn: Lsn, m: Origin) -> None:
+        log.debug("origin message", extra={"ctx": {"origin": m.name, "origin_lsn": m.origin_lsn}})
+
+    def on_message(self, lsn: Lsn, m: Message) -> None:
+        log.debug(
+            "logical decoding message ignored",
+            extra={"ctx": {"prefix": m.prefix, "lsn": m.lsn, "transactional": m.transactional}},
+        )
+
+    # -- schema ----------------------------------------------------------------------
+
+    def on_relation(self, lsn: Lsn, m: Relation) -> None:
+        if self.state is STREAM:
+            self._spool(m)
+            return
+        self.relations[m.oid] = m
+        self.relmaps.pop(m.oid, None)
+
+    def on_type(self, lsn: Lsn, m: Type) -> None:
+        if self.state is STREAM:
+            self._spool(m)
+            return
+        self.types[m.oid] = (m.namespace, m.name)
+
+    def relmap(self, oid: int, lsn: Lsn) -> RelMap:
+        rm = self.relmaps.get(oid)
+        if rm is not None:
+            return rm
+        rel = self.relations.get(oid)
+        if rel is None:
+            raise ProtocolError(
+                f"change for relation {oid} before its Relation message", lsn=str(lsn)
+            )
+        if not self.cfg.tables.includes(rel.namespace, rel.name):
+            rm = mapping.skipped(rel)
+        else:
+            try:
+                target = self.catalog.table(rel.namespace, rel.name)
+                accepts = None
+                if target is not None:
+                    binary = self.cfg.apply.binary
+                    accepts = {
+                        i: self.catalog.accepts(
+                            c.type_oid,
+                            self.types.get(c.type_oid),
+                            target.columns[c.name].type_oid,
+                            binary,
+                        )
+                        for i, c in enumerate(rel.columns)
+                        if c.name in target.columns
+                    }
+                rm = mapping.build(rel, target, accepts)
+            except SchemaMismatch as e:
+                e.context.update({"lsn": str(lsn), "xid": self.txn.xid if self.txn else None})
+                raise
+            except psycopg.OperationalError as e:
+                raise TransientError(f"catalog lookup failed: {str(e).strip()}") from None
+            log.info(
+                "table mapped",
+                extra={
+                    "ctx": {
+                        "table": rm.qualname,
+                        "columns": len(rel.columns),
+                        "replident": rel.replident,
+                    }
+                },
+            )
+        self.relmaps[oid] = rm
+        return rm
+
+    # -- changes -----------------------------------------------------------------------
+
+    def _spool(self, m: PgOutputMessage) -> None:
+        assert self.spool is not None
+        self.spools.add(self.spool, m, getattr(m, "xid", None))
+
+    def _target(self, lsn: Lsn, oid: int) -> RelMap | None:
+        txn = self.txn
+        assert txn is not None
+        if txn.skip:
+            return None
+        rm = self.relmap(oid, lsn)
+        if not rm.included:
+            self.skipped_changes += 1
+            return None
+        if not self.session.in_txn:
+            self.session.begin()
+        return rm
+
+    def on_insert(self, lsn: Lsn, m: Insert) -> None:
+        if self.state is STREAM:
+            self._spool(m)
+            return
+        rm = self._target(lsn, m.relation_oid)
+        if rm is not None:
+            stmt, params, fmts = self.planner.insert(rm, m)
+            self.session.execute(stmt, params, fmts, ChangeCtx(lsn, self._xid(), rm, m))
+
+    def on_update(self, lsn: Lsn, m: Update) -> None:
+        if self.state is STREAM:
+            self._spool(m)
+            return
+        rm = self._target(lsn, m.relation_oid)
+        if rm is not None:
+            ctx = ChangeCtx(lsn, self._xid(), rm, m)
+            try:
+                stmt, params, fmts = self.planner.update(rm, m)
+            except ApplyError as e:
+                e.context.update(ctx.describe())
+                raise
+            self.session.execute(stmt, params, fmts, ctx)
+
+    def on_delete(self, lsn: Lsn, m: Delete) -> None:
+        if self.state is STREAM:
+            self._spool(m)
+            return
+        rm = self._target(lsn, m.relation_oid)
+        if rm is not None:
+            ctx = ChangeCtx(lsn, self._xid(), rm, m)
+            try:
+                stmt, params, fmts = self.planner.delete(rm, m)
+            except ApplyError as e:
+                e.context.update(ctx.describe())
+                raise
+            self.session.execute(stmt, params, fmts, ctx)
+
+    def on_truncate(self, lsn: Lsn, m: Truncate) -> None:
+        if self.state is STREAM:
+            self._spool(m)
+            return
+        txn = self.txn
+        assert txn is not None
+        if txn.skip:
+            return
+        rms = [self.relmap(oid, lsn) for oid in m.relation_oids]
+        included = [rm for rm in rms if rm.included]
+        self.skipped_changes += len(rms) - len(included)
+        if not included:
+            return
+        if not self.session.in_txn:
+            self.session.begin()
+        query = self.planner.truncate(included, m.cascade, m.restart_identity)
+        self.session.execute_sql(query, ChangeCtx(lsn, txn.xid, included[0], m))
+
+    def _xid(self) -> int | None:
+        return self.txn.xid if self.txn is not None else None
+
+    def _missing_row(self, ctx: ChangeCtx) -> None:
+        self.missing_rows += 1
+        policy = self.missing_row_policies.get(ctx.rm.qualname, self._log_missing_row)
+        policy(ctx)
+
+    @staticmethod
+    def _log_missing_row(ctx: ChangeCtx) -> None:
+        op = "UPDATE" if isinstance(ctx.change, Update) else "DELETE"
+        log.warning("%s found no row on the target; skipped", op, extra={"ctx": ctx.describe()})
+
+    # -- streamed transactions -------------------------------------------------------
+
+    def on_stream_start(self, lsn: Lsn, m: StreamStart) -> None:
+        self.state = STREAM
+        self.spool = self.spools.open(m.xid, m.first_segment)
+
+    def on_stream_stop(self, lsn: Lsn, m: StreamStop) -> None:
+        self.state = IDLE
+        self.spool = None
+
+    def _replay(self, xid: int, commit_lsn: Lsn, gid: str | None = None) -> None:
+        """Apply a spooled transaction through the change handlers (state TXN)."""
+        spool = self.spools.get(xid)
+        self.state = TXN
+        self._start_txn(xid, commit_lsn, False, gid)
+        if spool is not None:
+            for msg in spool:
+                self.dispatch(commit_lsn, msg)
+
+    def on_stream_commit(self, lsn: Lsn, m: StreamCommit) -> None:
+        if m.end_lsn <= self.progress:
+            self.spools.discard(m.xid)
+            self.skipped_txns += 1
+            self.flush.store(m.end_lsn, FLUSHED)
+            return
+        try:
+            self._replay(m.xid, m.commit_lsn)
+            self.state = IDLE
+            self._end_txn(m.end_lsn, m.commit_ts)
+        finally:
+            self.state = IDLE
+            self.spools.discard(m.xid)
+
+    def on_stream_abort(self, lsn: Lsn, m: StreamAbort) -> None:
+        self.spools.abort(m.xid, m.subxid)
+
+    def on_stream_prepare(self, lsn: Lsn, m: StreamPrepare) -> None:
+        gid = self.gid(m.xid)
+        if m.end_lsn <= self.progress or self.is_prepared(gid):
+            self.spools.discard(m.xid)
+            self.flush.store(m.end_lsn, FLUSHED)
+            return
+        try:
+            self._replay(m.xid, m.prepare_lsn, gid)
+            self._finish_prepare(m.end_lsn, m.prepare_ts)
+        finally:
+            self.state = IDLE
+            self.spools.discard(m.xid)
+
+    # -- two-phase -------------------------------------------------------------------
+
+    def gid(self, xid: int) -> str:
+        return f"{self.gid_prefix}{xid}"
+
+    def is_prepared(self, gid: str) -> bool:
+        return bool(
+            self.session.query_one(
+                "SELECT count(*) FROM pg_catalog.pg_prepared_xacts "
+                "WHERE gid = %s AND database = pg_catalog.current_database()",
+                (gid,),
+            )
+        )
+
+    def on_begin_prepare(self, lsn: Lsn, m: BeginPrepare) -> None:
+        gid = self.gid(m.xid)
+        skip = m.end_lsn <= self.progress or self.is_prepared(gid)
+        if skip:
+            log.info("skipping a transaction prepared before", extra={"ctx": {"gid": gid}})
+        self.state = PREPARE
+        self._start_txn(m.xid, m.prepare_lsn, skip, gid)
+
+    def on_prepare(self, lsn: Lsn, m: Prepare) -> None:
+        self._finish_prepare(m.end_lsn, m.prepare_ts)
+
+    def _finish_prepare(self, end_lsn: Lsn, prepare_ts: int) -> None:
+        txn = self.txn
+        assert txn is not None and txn.gid is not None
+        self.state = IDLE
+        self.txn = None
+        if txn.skip:
+            self.session.rollback()
+            self.flush.store(end_lsn, FLUSHED)
+            return
+        if not self.session.in_txn:
+            self.session.begin()  # an empty prepared transaction, so COMMIT PREPARED finds it
+        local = self.session.prepare(txn.gid, end_lsn, prepare_ts)
+        self._committed(end_lsn, prepare_ts, local)
+
+    def on_commit_prepared(self, lsn: Lsn, m: CommitPrepared) -> None:
+        gid = self.gid(m.xid)
+        if m.end_lsn <= self.progress or not self.is_prepared(gid):
+            log.info("COMMIT PREPARED skipped: not prepared here", extra={"ctx": {"gid": gid}})
+            self.flush.store(m.end_lsn, FLUSHED)
+            return
+        local = self.session.finish_prepared(gid, True, m.end_lsn, m.commit_ts)
+        self._committed(m.end_lsn, m.commit_ts, local)
+
+    def on_rollback_prepared(self, lsn: Lsn, m: RollbackPrepared) -> None:
+        gid = self.gid(m.xid)
+        if m.rollback_end_lsn <= self.progress or not self.is_prepared(gid):
+            self.flush.store(m.rollback_end_lsn, FLUSHED)
+            return
+        local = self.session.finish_prepared(gid, False, m.rollback_end_lsn, m.rollback_ts)
+        self._committed(m.rollback_end_lsn, m.rollback_ts, local)
+        self.applied_txns -= 1
+
+    # -- shutdown ----------------------------------------------------------------------
+
+    def abandon(self) -> None:
+        """Roll back what is in hand (stop or error); the stream resends it next time."""
+        self.txn = None
+        self.state = IDLE
+        self.session.rollback()
+
+
+def source_conninfo(cfg: Config) -> str:
+    """The source DSN with the session settings that make text values portable."""
+    base = cfg.source.conninfo()
+    params = conninfo_to_dict(base)
+    opts = str(params.get("options") or "")
+    ours = "-c datestyle=ISO -c intervalstyle=postgres -c extra_float_digits=3 -c timezone=UTC"
+    return make_conninfo(base, options=f"{opts} {ours}".strip(), client_encoding="UTF8")
+
+
+def _retryable(exc: BaseException) -> bool:
+    if isinstance(exc, TransientError):
+        return True
+    if isinstance(exc, SourceError) and exc.context.get("sqlstate") == "55006":
+        return True  # the slot is still held by the previous walsender
+    return isinstance(exc, ApplierError) and is_transient_sqlstate(exc.context.get("sqlstate"))
+
+
+class Worker:
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.stopping = False
+        self._stop_event = threading.Event()
+        self.applier: Applier | None = None
+        self.spool_dir = cfg.apply.spool_dir or Path(tempfile.gettempdir()) / "applier-spool"
+        self.status: WorkerState | None = None
+        self.sessions = 0
+        # Counters that survive reconnects.
+        self._applied = 0
+        self._skipped = 0
+
+    def _sleep(self, seconds: float) -> None:
+        self._stop_event.wait(seconds)
+
+    def stop(self, *_: Any) -> None:
+        if not self.stopping:
+            log.info("stop requested; finishing")
+        self.stopping = True
+        self._stop_event.set()
+
+    # -- the retry loop ----------------------------------------------------------------
+
+    def run(self) -> int:
+        cfg = self.cfg
+        log.info(
+            "applier run starting",
+            extra={
+                "ctx": {
+                    "source": cfg.source.redacted,
+                    "target": cfg.target.redacted,
+                    "slot": cfg.source.slot,
+                    "origin": cfg.origin,
+                }
+            },
+        )
+        if cfg.apply.group_commit > 1:
+            log.warning("group_commit > 1 is not implemented; applying one transaction at a time")
+        from applier.schema import upgrade_target
+
+        upgrade_target(cfg.target.conninfo())
+        status_conn = connect(cfg.target.conninfo(), "applier status")
+        self.status = WorkerState(status_conn, cfg.origin, cfg.source.slot)
+        self.status.started()
+
+        def before_sleep(rs: RetryCallState) -> None:
+            exc = rs.outcome.exception() if rs.outcome else None
+            wait = rs.next_action.sleep if rs.next_action else 0
+            log.warning(
+                "retrying after a transient error: %s",
+                exc,
+                extra={"ctx": {"attempt": rs.attempt_number, "wait_s": round(wait, 1)}},
+            )
+
+        retrying = Retrying(
+            retry=retry_if_exception(_retryable),
+            wait=wait_random_exponential(multiplier=0.5, max=30),
+            sleep=self._sleep,
+            before_sleep=before_sleep,
+            reraise=True,
+        )
+        try:
+            for attempt in retrying:
+                with attempt:
+                    if not self.stopping:
+                        self._session()
+        except ApplierError as e:
+            log.error("applier run stopped on an error: %s", e)
+            self.status.failed(e)
+            raise
+        except BaseException as e:
+            self.status.failed(e)
+            raise
+        else:
+            self.status.stopped()
+        finally:
+            status_conn_close(status_conn)
+        log.info(
+            "applier run stopped",
+            extra={"ctx": {"applied_txns": self._applied, "skipped_changes": self._skipped}},
+        )
+        return 0
+
+    # -- one session -------------------------------------------------------------------
+
+    def _session(self) -> None:
+        from applier.stream.client import LogicalStream, StreamOptions
+        from applier.stream.replconn import ReplicationConnection
+
+        cfg = self.cfg
+        self.sessions += 1
+        target_ci = cfg.target.conninfo()
+        catalog_conn = connect(target_ci, "applier catalog")
+        session: TargetSession | None = None
+        stream: LogicalStream | None = None
+        applier: Applier | None = None
+        spools = SpoolSet(self.spool_dir, cfg.origin, cfg.apply.memory_limit)
+        spools.clear_stale()
+        try:
+            ensure_origin(catalog_conn, cfg.origin)
+            session = TargetSession(target_ci, cfg.origin, cfg.apply.synchronous_commit)
+            progress = origin_progress(session.conn, cfg.origin)
+            repl = ReplicationConnection.open(source_conninfo(cfg), application_name="applier")
+            if not repl.slot_exists(cfg.source.slot):
+                repl.create_slot(cfg.source.slot, snapshot="nothing", two_phase=cfg.apply.two_phase)
+            stream = LogicalStream(
+                repl,
+                StreamOptions(
+                    slot=cfg.source.slot,
+                    publications=tuple(cfg.source.publications),
+                    start_lsn=progress,
+                    binary=cfg.apply.binary,
+                    messages=True,
+                    streaming=cfg.apply.streaming,
+                    two_phase=cfg.apply.two_phase,
+                    status_interval=cfg.apply.status_interval,
+                    timeout=cfg.apply.timeout,
+                ),
+            )
+            log.info(
+                "connected",
+                extra={
+                    "ctx": {"source": redact_dsn(cfg.source.dsn), "target": cfg.target.redacted}
+                },
+            )
+            stream.start()
+            log.info(
+                "resumed from the origin's progress"
+                if progress
+                else "starting at the slot's position",
+                extra={"ctx": {"lsn": progress, "origin": cfg.origin}},
+            )
+            applier = Applier(cfg, session, Catalog(catalog_conn), spools, progress)
+            applier.applied_txns, applier.skipped_changes = self._applied, self._skipped
+            self.applier = applier
+            self._loop(stream, applier, catalog_conn)
+        except psycopg.OperationalError as e:
+            raise TransientError(f"connection problem: {str(e).strip()}") from None
+        finally:
+            if applier is not None:
+                self._applied, self._skipped = applier.applied_txns, applier.skipped_changes
+            if session is not None:
+                try:
+                    if applier is not None:
+                        applier.abandon()
+                    else:
+                        session.rollback()
+                except (ApplierError, psycopg.Error) as e:
+                    log.debug("rollback on the way out failed: %s", e)
+            if stream is not None:
+                if applier is not None:
+                    self._confirm(stream, applier, catalog_conn, final=True)
+                stream.stop()
+            if session is not None:
+                session.close()
+            spools.close()
+            status_conn_close(catalog_conn)
+
+    def _loop(self, stream: Any, applier: Applier, catalog_conn: psycopg.Connection[Any]) -> None:
+        interval = self.cfg.apply.status_interval
+        last_beat = last_log = time.monotonic()
+        txns_at_log = applier.applied_txns
+        dispatch = applier.dispatch
+        assert self.status is not None
+        while not self.stopping:
+            batch = stream.read(0.5)
+            for lsn, msg in batch:
+                dispatch(lsn, msg)
+                if self.stopping:
+                    break
+            if self.stopping:
+                break
+            self._confirm(stream, applier, catalog_conn)
+            now = time.monotonic()
+            if now - last_beat >= interval:
+                last_beat = now
+                self.status.heartbeat(
+                    applier.applied_txns,
+                    applier.skipped_changes,
+                    applier.last_commit_lsn,
+                    applier.last_commit_ts,
+                )
+            if now - last_log >= max(10.0, interval):
+                rate = (applier.applied_txns - txns_at_log) / (now - last_log)
+                lag = (
+                    (now_pg_timestamp() - applier.last_commit_ts) / 1e6
+                    if applier.last_commit_ts
+                    else None
+                )
+                log.info(
+                    "progress",
+                    extra={
+                        "ctx": {
+                            "txns_per_s": round(rate, 1),
+                            "applied_txns": applier.applied_txns,
+                            "lag_s": None if lag is None else round(lag, 1),
+                            "confirmed": stream.confirmed,
+                            "skipped_changes": applier.skipped_changes,
+                            "missing_rows": applier.missing_rows,
+                        }
+                    },
+                )
+                last_log, txns_at_log = now, applier.applied_txns
+
+    def _confirm(
+        self,
+        stream: Any,
+        applier: Applier,
+        catalog_conn: psycopg.Connection[Any],
+        final: bool = False,
+    ) -> None:
+        """Tell the slot the source position durably applied on the target."""
+        flush = applier.flush
+        try:
+            if flush.pending:
+                flush.release(local_flush_lsn(catalog_conn))
+            position = flush.flushed_remote
+            idle = applier.state is IDLE and not applier.session.in_txn and not self.stopping
+            if idle and not flush.pending and stream.last_received > position:
+                position = stream.last_received
+            stream.confirm(position)
+            if final:
+                stream.send_status()
+        except (ApplierError, psycopg.Error) as e:
+            if not final:
+                raise
+            log.debug("last status update failed: %s", e)
+
+
+def status_conn_close(conn: psycopg.Connection[Any]) -> None:
+    try:
+        conn.close()
+    except Exception:  # closing a broken connection must not mask the real error
+        log.debug("closing a target connection failed", exc_info=True)
+
+
+def run_worker(cfg: Config) -> int:
+    """``applier run``: apply until SIGTERM/SIGINT (exit 0) or an apply error (raised)."""
+    worker = Worker(cfg)
+    if threading.current_thread() is threading.main_thread():
+
+        def handler(signum: int, frame: FrameType | None) -> None:
+            worker.stop()
+
+        signal.signal(signal.SIGTERM, handler)
+        signal.signal(signal.SIGINT, handler)
+    return worker.run()

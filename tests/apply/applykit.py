@@ -1,0 +1,124 @@
+"""Helpers for the apply tests: run `applier run` as a subprocess, wait for convergence."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from conftest import Pair
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class Runner:
+    """`applier run --config F` as a real process (so SIGTERM/SIGKILL are real)."""
+
+    def __init__(self, pair: Pair, config: Path, log_name: str = "applier.log") -> None:
+        self.pair = pair
+        self.config = config
+        self.log_path = pair.workdir / log_name
+        self.proc: subprocess.Popen[bytes] | None = None
+        pair.cleanup.append(self.kill)
+
+    def start(self) -> Runner:
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self._log = open(self.log_path, "ab")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "applier.cli", "run", "--config", str(self.config)],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            env=env,
+        )
+        return self
+
+    def ready(self, timeout: float = 60) -> Runner:
+        """Wait until the worker streams from the slot (changes made after this are seen)."""
+        slot = self.pair.slot
+
+        def streaming() -> bool:
+            if not self.alive():
+                raise AssertionError(f"applier exited early:\n{self.log()[-4000:]}")
+            rows = self.pair.pub.execute(
+                f"SELECT active FROM pg_replication_slots WHERE slot_name = '{slot}'"
+            )
+            return bool(rows and rows[0][0])
+
+        wait_for(streaming, timeout, "the worker to stream")
+        return self
+
+    def signal(self, sig: int) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+
+    def wait(self, timeout: float = 60) -> int:
+        assert self.proc is not None
+        return self.proc.wait(timeout)
+
+    def stop(self, timeout: float = 60) -> int:
+        self.signal(signal.SIGTERM)
+        return self.wait(timeout)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(30)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+def table_rows(query_fn: Any, table: str, order: str = "1") -> list[str]:
+    rows = query_fn(f"SELECT row_to_json(t)::text FROM {table} t ORDER BY {order}")
+    return [r[0] for r in rows]
+
+
+def wait_equal(
+    pair: Pair,
+    tables: list[str],
+    timeout: float = 60,
+    runner: Runner | None = None,
+    order: str = "1",
+) -> None:
+    """Poll until every table has the same rows on both sides."""
+    deadline = time.monotonic() + timeout
+    while True:
+        diffs = []
+        for t in tables:
+            src = table_rows(pair.pub_exec, t, order)
+            dst = table_rows(pair.sub_exec, t, order)
+            if src != dst:
+                diffs.append((t, src[:5], dst[:5], len(src), len(dst)))
+        if not diffs:
+            return
+        if runner is not None and not runner.alive():
+            raise AssertionError(
+                f"applier exited {runner.proc and runner.proc.returncode}:\n{runner.log()[-4000:]}"
+            )
+        if time.monotonic() > deadline:
+            log = runner.log()[-4000:] if runner else ""
+            raise AssertionError(f"tables differ after {timeout}s: {diffs}\n{log}")
+        time.sleep(0.2)
+
+
+def origin_lsn(pair: Pair, origin: str) -> str | None:
+    rows = pair.sub.execute(
+        f"SELECT remote_lsn::text FROM pg_replication_origin_status WHERE external_id = '{origin}'"
+    )
+    return rows[0][0] if rows else None
+
+
+def wait_for(cond: Any, timeout: float = 30, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
