@@ -14,9 +14,8 @@ pytestmark = pytest.mark.spark
 
 
 def _slot_lsn(pair: Pair) -> str:
-    return pair.pub_exec(
-        f"SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = '{pair.slot}'"
-    )[0][0]
+    q = "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = '{}'"
+    return str(pair.pub_exec(q.format(pair.slot))[0][0])
 
 
 def test_bootstrap_copies_everything(pair: Pair, spark: Any) -> None:
