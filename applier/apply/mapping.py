@@ -101,6 +101,7 @@ def build(
     relation: Relation,
     target: TargetTable | None,
     accepts: dict[int, bool] | None = None,
+    type_names: dict[int, tuple[str, str]] | None = None,
 ) -> RelMap:
     """Map an included relation onto its target table, or raise SchemaMismatch.
 
@@ -131,9 +132,11 @@ def build(
                 column=col.name,
             )
         if accepts is not None and not accepts.get(i, True):
+            src = (type_names or {}).get(col.type_oid)
+            src_type = f"{src[0]}.{src[1]}" if src else f"oid {col.type_oid}"
             raise SchemaMismatch(
                 f"table {name}: column {col.name!r} has type {tc.type_sql} on the target, "
-                f"which cannot take the source's type (oid {col.type_oid})",
+                f"which cannot take the source's type ({src_type})",
                 table=name,
                 column=col.name,
                 hint="give the target column the source's type (or text) and restart applier run",

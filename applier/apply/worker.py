@@ -358,7 +358,8 @@ class Applier:
         if self.state is STREAM:
             self._spool(m)
             return
-        self.types[m.oid] = (m.namespace, m.name)
+        # pgoutput writes pg_catalog as the empty string.
+        self.types[m.oid] = (m.namespace or "pg_catalog", m.name)
 
     def relmap(self, oid: int, lsn: Lsn) -> RelMap:
         rm = self.relmaps.get(oid)
@@ -387,7 +388,7 @@ class Applier:
                         for i, c in enumerate(rel.columns)
                         if c.name in target.columns
                     }
-                rm = mapping.build(rel, target, accepts)
+                rm = mapping.build(rel, target, accepts, self.types)
             except SchemaMismatch as e:
                 e.context.update({"lsn": str(lsn), "xid": self.txn.xid if self.txn else None})
                 raise
