@@ -208,6 +208,10 @@ class Catalog:
             self._types[oid] = t
         return t
 
+    def type_name(self, oid: int) -> tuple[str, str]:
+        t = self._type(oid)
+        return (t[6], t[7])
+
     def has_eq(self, oid: int) -> bool:
         """Whether ``=`` works on the type (default btree/hash opclass, recursively)."""
         cached = self._eq.get(oid)

@@ -388,7 +388,11 @@ class Applier:
                         for i, c in enumerate(rel.columns)
                         if c.name in target.columns
                     }
-                rm = mapping.build(rel, target, accepts, self.types)
+                names = dict(self.types)
+                for c in rel.columns:
+                    if c.type_oid < mapping.FIRST_NORMAL_OID:
+                        names[c.type_oid] = self.catalog.type_name(c.type_oid)
+                rm = mapping.build(rel, target, accepts, names)
             except SchemaMismatch as e:
                 e.context.update({"lsn": str(lsn), "xid": self.txn.xid if self.txn else None})
                 raise
@@ -844,7 +848,9 @@ class Worker:
             if flush.pending:
                 flush.release(local_flush_lsn(catalog_conn))
             position = flush.flushed_remote
-            idle = applier.state is IDLE and not applier.session.in_txn and not self.stopping
+            # Only between fully processed batches: on the way out (stop, error) the
+            # last received position may lie inside a transaction we did not apply.
+            idle = not final and applier.state is IDLE and not applier.session.in_txn
             if idle and not flush.pending and stream.last_received > position:
                 position = stream.last_received
             stream.confirm(position)

@@ -1,0 +1,96 @@
+"""Apply errors and schema mismatches stop the worker with context; progress does not move."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from applykit import Runner, origin_lsn, wait_equal
+from conftest import Pair
+
+
+def test_unique_violation_stops_with_context(pair: Pair) -> None:
+    pair.both("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    pair.sub_exec("INSERT INTO t VALUES (2, 'diverged')")
+    pair.pub_exec("CREATE PUBLICATION pub FOR ALL TABLES")
+    runner = Runner(pair, pair.write_config()).start().ready()
+    pair.pub_exec("INSERT INTO t VALUES (1, 'a')")
+    # Wait until the first transaction is applied.
+    deadline = time.monotonic() + 30
+    while pair.sub_exec("SELECT count(*) FROM t")[0][0] < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    before = origin_lsn(pair, pair.slot)
+    pair.pub_exec("INSERT INTO t VALUES (3, 'c'), (2, 'b')")
+    pair.pub_exec("INSERT INTO t VALUES (4, 'd')")
+    rc = runner.wait(60)
+    assert rc == 1
+    log = runner.log()
+    line = [ln for ln in log.splitlines() if ln.startswith("applier: error")][-1]
+    assert "23505" in line and "public.t" in line and "'id': '2'" in line
+    assert "lsn=" in line and "xid=" in line
+    assert origin_lsn(pair, pair.slot) == before
+    # Nothing of the failed transaction nor after it.
+    assert pair.sub_exec("SELECT id FROM t ORDER BY id") == [(1,), (2,)]
+    row = pair.sub_exec("SELECT state, last_error FROM applier.worker_status")[0]
+    assert row[0] == "error"
+    err = row[1] if isinstance(row[1], dict) else json.loads(row[1])
+    assert err["context"]["sqlstate"] == "23505"
+    assert err["context"]["table"] == "public.t"
+
+
+def test_schema_mismatch_missing_column_and_table(pair: Pair) -> None:
+    pair.pub_exec("CREATE TABLE t (id int PRIMARY KEY, v text, extra int)")
+    pair.sub_exec("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    pair.pub_exec("CREATE PUBLICATION pub FOR ALL TABLES")
+    cfg = pair.write_config()
+    runner = Runner(pair, cfg).start().ready()
+    pair.pub_exec("INSERT INTO t VALUES (1, 'a', 1)")
+    assert runner.wait(60) == 1
+    line = [ln for ln in runner.log().splitlines() if ln.startswith("applier: error")][-1]
+    assert "public.t" in line and "'extra'" in line and "missing" in line
+    assert origin_lsn(pair, pair.slot) in (None, "0/0")
+    assert pair.sub_exec("SELECT count(*) FROM t") == [(0,)]
+    # Fix the target; the restarted worker applies the held-back transaction.
+    pair.sub_exec("ALTER TABLE t ADD COLUMN extra int")
+    runner = Runner(pair, cfg, "applier2.log").start().ready()
+    wait_equal(pair, ["t"], runner=runner)
+    assert runner.stop() == 0
+
+
+def test_missing_table_and_type_mismatch(pair: Pair) -> None:
+    pair.pub_exec("CREATE TABLE only_src (id int PRIMARY KEY)")
+    pair.pub_exec("CREATE PUBLICATION pub FOR ALL TABLES")
+    runner = Runner(pair, pair.write_config()).start().ready()
+    pair.pub_exec("INSERT INTO only_src VALUES (1)")
+    assert runner.wait(60) == 1
+    assert "public.only_src does not exist on the target" in runner.log()
+
+    pair.pub_exec("CREATE TABLE ty (id int PRIMARY KEY, d date)")
+    pair.sub_exec("CREATE TABLE ty (id int PRIMARY KEY, d int)")
+    cfg = pair.write_config(tables={"include": ["public.ty"]})
+    pair.pub_exec("INSERT INTO ty VALUES (1, now())")
+    runner = Runner(pair, cfg, "applier2.log").start()
+    assert runner.wait(60) == 1
+    line = [ln for ln in runner.log().splitlines() if ln.startswith("applier: error")][-1]
+    assert "public.ty" in line and "'d'" in line and "date" in line
+
+
+def test_column_added_mid_stream(pair: Pair) -> None:
+    pair.both("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    pair.sub_exec("ALTER TABLE t ADD COLUMN target_only int DEFAULT 7")
+    pair.pub_exec("CREATE PUBLICATION pub FOR ALL TABLES")
+    runner = Runner(pair, pair.write_config()).start().ready()
+    pair.pub_exec("INSERT INTO t VALUES (1, 'a')")
+    pair.sub_exec("ALTER TABLE t ADD COLUMN n numeric")
+    pair.pub_exec("ALTER TABLE t ADD COLUMN n numeric")
+    pair.pub_exec("INSERT INTO t VALUES (2, 'b', 2.5); UPDATE t SET n = 1 WHERE id = 1")
+    pair.pub_exec("ALTER TABLE t DROP COLUMN v")
+    pair.pub_exec("INSERT INTO t VALUES (3, 3.5)")
+    deadline = time.monotonic() + 30
+    q = "SELECT id, n FROM t ORDER BY id"
+    while pair.sub_exec(q) != pair.pub_exec(q):
+        assert time.monotonic() < deadline, runner.log()[-3000:]
+        assert runner.alive(), runner.log()[-3000:]
+        time.sleep(0.2)
+    assert pair.sub_exec("SELECT DISTINCT target_only FROM t") == [(7,)]
+    assert runner.stop() == 0
