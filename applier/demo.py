@@ -126,7 +126,12 @@ def _fingerprint(cluster: LocalCluster, db: str, table: str) -> tuple[int, str]:
 
 
 def _wait_caught_up(
-    src: LocalCluster, dst: LocalCluster, db: str, origin: str, timeout: float
+    src: LocalCluster,
+    dst: LocalCluster,
+    db: str,
+    origin: str,
+    timeout: float,
+    worker: subprocess.Popen[bytes],
 ) -> float:
     target_lsn = src.execute("SELECT pg_current_wal_lsn()::text", db)[0][0]
     start = time.monotonic()
@@ -138,6 +143,8 @@ def _wait_caught_up(
             ).fetchone()
             if row and row[0]:
                 return time.monotonic() - start
+            if worker.poll() is not None:
+                raise ApplierError(f"applier run exited early with code {worker.returncode}")
             time.sleep(0.2)
     raise ApplierError(f"the target did not catch up with {target_lsn} within {timeout:.0f} s")
 
@@ -217,30 +224,35 @@ def _stream_phase(
 ) -> dict[str, Any]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     logfile = cfg_path.with_suffix(".log")
-    with open(logfile, "w") as logf:
+    with open(logfile, "wb") as logf:
         worker = subprocess.Popen(
             [sys.executable, "-m", "applier.cli", "run", "--config", str(cfg_path)],
             stdout=logf, stderr=subprocess.STDOUT, env=env,
         )  # fmt: skip
         try:
-            console.print("applier run started; writing live changes to the source for 10 s ...")
+            console.print(f"applier run started (log: {logfile}); writing live changes for 10 s")
             txns = _workload(src, db, 10.0)
             console.print(f"{txns} live transactions committed on the source")
-            catch_up = _wait_caught_up(src, dst, db, origin, timeout=120)
+            catch_up = _wait_caught_up(src, dst, db, origin, timeout=120, worker=worker)
             console.print(f"target caught up {catch_up:.1f} s after the last source commit")
         finally:
-            worker.send_signal(signal.SIGTERM)
-            try:
-                rc = worker.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                worker.kill()
-                rc = worker.wait()
+            rc = _stop(worker)
+            if rc != 0:
+                console.print(f"[red]applier run exited with {rc}[/]; the end of its log:")
+                console.print(logfile.read_text(errors="replace")[-3000:], markup=False)
     if rc != 0:
-        console.print(
-            f"[red]applier run exited with {rc}[/]; its log:\n{logfile.read_text()[-3000:]}"
-        )
         raise ApplierError(f"applier run exited with code {rc}")
     return {"live_txns": txns, "catch_up_s": catch_up}
+
+
+def _stop(worker: subprocess.Popen[bytes]) -> int:
+    if worker.poll() is None:
+        worker.send_signal(signal.SIGTERM)
+    try:
+        return worker.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        worker.kill()
+        return worker.wait()
 
 
 def _compare(
