@@ -518,6 +518,18 @@ class Applier:
                 self.dispatch(commit_lsn, msg)
 
     def on_stream_commit(self, lsn: Lsn, m: StreamCommit) -> None:
+        sp = self.spools.get(m.xid)
+        log.debug(
+            "streamed transaction commits",
+            extra={
+                "ctx": {
+                    "xid": m.xid,
+                    "messages": sp.count if sp else 0,
+                    "on_disk": bool(sp and sp.on_disk),
+                    "end_lsn": m.end_lsn,
+                }
+            },
+        )
         if m.end_lsn <= self.progress:
             self.spools.discard(m.xid)
             self.skipped_txns += 1

@@ -1,0 +1,91 @@
+"""Streamed large transactions (with subtransaction aborts) and two-phase commit."""
+
+from __future__ import annotations
+
+import time
+
+from applykit import Runner, wait_equal, wait_for
+
+from conftest import Pair
+
+
+def _small_decoding_memory(pair: Pair) -> None:
+    # The walsender reads it at start; the database-level setting reaches it.
+    pair.pub.execute(f'ALTER DATABASE "{pair.pub_db}" SET logical_decoding_work_mem = \'64kB\'')
+
+
+def test_streamed_transaction_with_subxact_abort(pair: Pair) -> None:
+    _small_decoding_memory(pair)
+    pair.both("CREATE TABLE t (id int PRIMARY KEY, v text); CREATE TABLE u (id int, w text)")
+    pair.pub_exec("CREATE PUBLICATION pub FOR ALL TABLES")
+    cfg = pair.write_config(apply={"memory_limit": "64kB", "spool_dir": str(pair.workdir / "spool")})
+    runner = Runner(pair, cfg).start().ready()
+    pair.pub_exec(
+        """
+        BEGIN;
+        INSERT INTO t SELECT g, repeat('x', 100) FROM generate_series(1, 3000) g;
+        SAVEPOINT a;
+        INSERT INTO t SELECT g, 'aborted' FROM generate_series(3001, 6000) g;
+        SAVEPOINT b;
+        INSERT INTO u SELECT g, 'aborted too' FROM generate_series(1, 2000) g;
+        ROLLBACK TO SAVEPOINT a;
+        SAVEPOINT c;
+        INSERT INTO u SELECT g, 'kept' FROM generate_series(1, 2000) g;
+        RELEASE SAVEPOINT c;
+        UPDATE t SET v = 'updated' WHERE id % 10 = 0;
+        DELETE FROM t WHERE id % 7 = 0;
+        COMMIT;
+        """
+    )
+    # A streamed transaction that aborts entirely.
+    pair.pub_exec(
+        "BEGIN; INSERT INTO t SELECT g, 'gone' FROM generate_series(10001, 14000) g; ROLLBACK"
+    )
+    pair.pub_exec("INSERT INTO t VALUES (-1, 'after')")
+    wait_equal(pair, ["t"], runner=runner, timeout=90)
+    wait_equal(pair, ["u"], runner=runner, order="t.id, t.w")
+    assert runner.stop() == 0
+    assert not list((pair.workdir / "spool").glob("*.spool"))
+    assert "streamed transaction commits" in runner.log()
+    assert "on_disk=True" in runner.log()
+
+
+def test_two_phase_commit_and_rollback(pair: Pair) -> None:
+    pair.both("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    pair.pub_exec("CREATE PUBLICATION pub FOR ALL TABLES")
+    cfg = pair.write_config(apply={"two_phase": True})
+    runner = Runner(pair, cfg).start().ready()
+    pair.pub_exec("BEGIN; INSERT INTO t VALUES (1, 'p1'); PREPARE TRANSACTION 'g1'")
+    pair.pub_exec("BEGIN; INSERT INTO t VALUES (2, 'p2'); PREPARE TRANSACTION 'g2'")
+    prepared = "SELECT gid FROM pg_prepared_xacts ORDER BY gid"
+    wait_for(lambda: len(pair.sub_exec(prepared)) == 2, what="two prepared transactions")
+    assert all(g.startswith(f"applier_{pair.slot}_") for (g,) in pair.sub_exec(prepared))
+    assert pair.sub_exec("SELECT count(*) FROM t") == [(0,)]
+    pair.pub_exec("COMMIT PREPARED 'g1'")
+    pair.pub_exec("ROLLBACK PREPARED 'g2'")
+    wait_equal(pair, ["t"], runner=runner)
+    wait_for(lambda: pair.sub_exec(prepared) == [], what="no prepared transactions left")
+    assert runner.stop() == 0
+
+
+def test_two_phase_restart_between_prepare_and_commit(pair: Pair) -> None:
+    pair.both("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    pair.pub_exec("CREATE PUBLICATION pub FOR ALL TABLES")
+    cfg = pair.write_config(apply={"two_phase": True})
+    runner = Runner(pair, cfg).start().ready()
+    pair.pub_exec("BEGIN; INSERT INTO t VALUES (1, 'p1'); PREPARE TRANSACTION 'g1'")
+    prepared = "SELECT count(*) FROM pg_prepared_xacts"
+    wait_for(lambda: pair.sub_exec(prepared) == [(1,)], what="prepared on the target")
+    runner.kill()  # SIGKILL between prepare and commit
+    pair.pub_exec("COMMIT PREPARED 'g1'")
+    pair.pub_exec("BEGIN; INSERT INTO t VALUES (2, 'p2'); PREPARE TRANSACTION 'g2'")
+    runner = Runner(pair, cfg, "applier2.log").start().ready()
+    wait_for(lambda: pair.sub_exec("SELECT count(*) FROM t") == [(1,)], what="g1 committed")
+    wait_for(lambda: pair.sub_exec(prepared) == [(1,)], what="g2 prepared")
+    runner.kill()
+    time.sleep(0.5)
+    runner = Runner(pair, cfg, "applier3.log").start().ready()  # g2 re-sent: skipped
+    pair.pub_exec("COMMIT PREPARED 'g2'")
+    wait_equal(pair, ["t"], runner=runner)
+    wait_for(lambda: pair.sub_exec(prepared) == [(0,)], what="nothing left prepared")
+    assert runner.stop() == 0
