@@ -5,20 +5,21 @@ from __future__ import annotations
 import time
 
 from applykit import Runner, wait_equal, wait_for
-
 from conftest import Pair
 
 
 def _small_decoding_memory(pair: Pair) -> None:
     # The walsender reads it at start; the database-level setting reaches it.
-    pair.pub.execute(f'ALTER DATABASE "{pair.pub_db}" SET logical_decoding_work_mem = \'64kB\'')
+    pair.pub.execute(f"ALTER DATABASE \"{pair.pub_db}\" SET logical_decoding_work_mem = '64kB'")
 
 
 def test_streamed_transaction_with_subxact_abort(pair: Pair) -> None:
     _small_decoding_memory(pair)
     pair.both("CREATE TABLE t (id int PRIMARY KEY, v text); CREATE TABLE u (id int, w text)")
     pair.pub_exec("CREATE PUBLICATION pub FOR ALL TABLES")
-    cfg = pair.write_config(apply={"memory_limit": "64kB", "spool_dir": str(pair.workdir / "spool")})
+    cfg = pair.write_config(
+        apply={"memory_limit": "64kB", "spool_dir": str(pair.workdir / "spool")}
+    )
     runner = Runner(pair, cfg).start().ready()
     pair.pub_exec(
         """
