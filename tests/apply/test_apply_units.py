@@ -1,0 +1,82 @@
+"""Pure unit tests: planner statements, spool with subxact aborts, flush tracking."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from applier.apply.mapping import RelMap, TargetColumn, TargetTable
+from applier.apply.origin import FLUSHED, FlushTracker
+from applier.apply.planner import Planner
+from applier.apply.spool import SpoolSet
+from applier.lsn import Lsn
+from applier.protocol import Column, Delete, Insert, Relation, TupleData, Update
+
+
+def _rm(replident: str = "d", partitioned: bool = False) -> RelMap:
+    cols = (Column(1, "id", 23, -1), Column(0, "j", 114, -1), Column(0, "big", 25, -1))
+    rel = Relation(None, 1, "s", "t", replident, cols)
+    tcols = {
+        "id": TargetColumn("id", 23, "integer", True, False),
+        "j": TargetColumn("j", 114, "json", False, False),
+        "big": TargetColumn("big", 25, "text", True, False),
+    }
+    target = TargetTable(9, "s", "t", "p" if partitioned else "r", tcols)
+    return RelMap(rel, 7, True, target, tuple(tcols.values()), (0,))
+
+
+def test_insert_passes_bytes_through() -> None:
+    stmt, params, fmts = Planner().insert(_rm(), Insert(None, 1, TupleData.text(b"1", b"{}", None)))
+    assert stmt.query == b'INSERT INTO "s"."t" ("id", "j", "big") VALUES ($1, $2, $3)'
+    assert stmt.types == (23, 114, 25)
+    assert params == [b"1", b"{}", None] and fmts is None
+
+
+def test_update_leaves_unchanged_toast_out_and_uses_old_key() -> None:
+    new = TupleData(b"ttu", (b"2", b"{}", None))
+    old = TupleData(b"tnn", (b"1", None, None))
+    stmt, params, _ = Planner().update(_rm(), Update(None, 1, old, "K", new))
+    assert stmt.query == b'UPDATE "s"."t" SET "id" = $1, "j" = $2 WHERE "id" = $3'
+    assert params == [b"2", b"{}", b"1"]
+
+
+def test_full_identity_one_row_text_compare_for_json() -> None:
+    old = TupleData.text(b"1", b"{}", None)
+    stmt, params, _ = Planner().delete(_rm("f"), Delete(None, 1, old, "O"))
+    q = stmt.query.decode()
+    assert "ctid = (SELECT ctid FROM" in q and "LIMIT 1" in q
+    assert '"j"::pg_catalog.text IS NOT DISTINCT FROM $2::pg_catalog.text' in q
+    assert params == [b"1", b"{}", None]
+    pstmt, _, _ = Planner().delete(_rm("f", partitioned=True), Delete(None, 1, old, "O"))
+    assert b"tableoid" in pstmt.query
+
+
+def test_truncate_options() -> None:
+    q = Planner.truncate([_rm(), _rm(partitioned=True)], cascade=True, restart_identity=True)
+    assert q == b'TRUNCATE ONLY "s"."t", "s"."t" RESTART IDENTITY CASCADE'
+
+
+def test_spool_subxact_abort_in_memory_and_on_disk(tmp_path: Path) -> None:
+    for limit in (10**9, 1):
+        spools = SpoolSet(tmp_path, "o", limit)
+        sp = spools.open(100, True)
+        ins = [Insert(x, 1, TupleData.text(str(i).encode())) for i, x in
+               enumerate([100, 100, 101, 101, 102, 100])]  # fmt: skip
+        for m in ins[:4]:
+            spools.add(sp, m, m.xid)
+        spools.abort(100, 101)
+        for m in ins[4:]:
+            spools.add(sp, m, m.xid)
+        assert [m.new.values[0] for m in sp] == [b"0", b"1", b"4", b"5"]  # type: ignore[union-attr]
+        assert sp.on_disk == (limit == 1)
+        spools.abort(100, 100)
+        assert spools.get(100) is None and not list(tmp_path.glob("*.spool"))
+
+
+def test_flush_tracker_waits_for_local_flush() -> None:
+    ft = FlushTracker()
+    ft.store(Lsn(100), Lsn(1000))
+    ft.store(Lsn(200), FLUSHED)  # empty txn behind a pending one waits for it
+    ft.store(Lsn(300), Lsn(3000))
+    assert ft.release(Lsn(999)) == 0
+    assert ft.release(Lsn(1000)) == 200
+    assert ft.release(Lsn(5000)) == 300 and not ft.pending
