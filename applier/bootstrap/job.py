@@ -269,11 +269,14 @@ def copy_under_new_slot(
         assert info.snapshot_name is not None
         # From here until every task is done, `repl` must stay idle and open.
         run = PriorRun(run_id, "copy", str(info.consistent_point), None, [])
-        created = _dump_and_create(
-            cfg.source.conninfo(), src, tgt, plan, prior, info.snapshot_name, run
-        )
-        resolve_targets(tgt, plan, cfg.bootstrap.slice_size)
-        record_copy_phase(tgt, slot, run, info.snapshot_name, plan, created)
+        # Created tables and the record saying so commit together: a crash in
+        # between cannot leave tables that a rerun takes for the user's own.
+        with tgt.transaction():
+            created = _dump_and_create(
+                cfg.source.conninfo(), src, tgt, plan, prior, info.snapshot_name, run
+            )
+            resolve_targets(tgt, plan, cfg.bootstrap.slice_size)
+            record_copy_phase(tgt, slot, run, info.snapshot_name, plan, created)
         _run_copy(cfg, session, tgt, plan, run_id, info.snapshot_name, quiet)
         set_phase(tgt, slot, "post_data")
         run.phase = "post_data"
