@@ -113,6 +113,11 @@ class Planner:
         new = change.new
         old = change.old if change.old is not None else new
         new_shape = _present(new.kinds)
+        if change.old is None and rm.key:
+            # No old key part: the key columns did not change, so they stay
+            # out of SET. Besides saving work, a GENERATED ALWAYS identity key
+            # could not be SET at all (SQLSTATE 428C9).
+            new_shape = self._unchanged_key_shape(rm, new_shape)
         old_shape = self._where_shape(rm, old, change.old is not None)
         stmt = self._cache.get((rm.version, UPDATE, new_shape, old_shape))
         if stmt is None:
@@ -125,6 +130,15 @@ class Planner:
             else _fmt(new, stmt.new_idx) + _fmt(old, stmt.where_idx)
         )
         return stmt, p1 + p2, fmts
+
+    @staticmethod
+    def _unchanged_key_shape(rm: RelMap, shape: bytes) -> bytes:
+        masked = bytearray(shape)
+        for i in rm.key:
+            masked[i] = 0
+        # A table of key columns only keeps them in SET (a no-op update that
+        # still proves the row exists).
+        return bytes(masked) if any(masked) else shape
 
     def delete(self, rm: RelMap, change: Delete) -> tuple[Stmt, Params, Formats]:
         self._check_identity(rm, "DELETE")
@@ -182,7 +196,10 @@ class Planner:
     def _build_insert(self, rm: RelMap, shape: bytes) -> Stmt:
         idx = tuple(i for i, p in enumerate(shape) if p)
         cols = [sql.Identifier(rm.columns[i].name) for i in idx]
-        q = sql.SQL("INSERT INTO {} ({}) VALUES ({})").format(
+        # OVERRIDING SYSTEM VALUE: the source already chose the value of a
+        # GENERATED ALWAYS identity column; without it the target refuses the
+        # row (SQLSTATE 428C9). It is a no-op for tables without identity.
+        q = sql.SQL("INSERT INTO {} ({}) OVERRIDING SYSTEM VALUE VALUES ({})").format(
             _qualified(rm),
             sql.SQL(", ").join(cols),
             sql.SQL(", ").join(_ph(n) for n in range(1, len(idx) + 1)),

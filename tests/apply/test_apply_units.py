@@ -26,7 +26,9 @@ def _rm(replident: str = "d", partitioned: bool = False) -> RelMap:
 
 def test_insert_passes_bytes_through() -> None:
     stmt, params, fmts = Planner().insert(_rm(), Insert(None, 1, TupleData.text(b"1", b"{}", None)))
-    assert stmt.query == b'INSERT INTO "s"."t" ("id", "j", "big") VALUES ($1, $2, $3)'
+    assert stmt.query == (
+        b'INSERT INTO "s"."t" ("id", "j", "big") OVERRIDING SYSTEM VALUE VALUES ($1, $2, $3)'
+    )
     assert stmt.types == (23, 114, 25)
     assert params == [b"1", b"{}", None] and fmts is None
 
