@@ -156,3 +156,11 @@ def test_truncated_xlogdata_header_is_a_decode_error() -> None:
         stream.read(0)
     assert info.value.msg_type == "w"
     assert info.value.offset == 9
+
+
+def test_xlogdata_without_payload_is_a_decode_error() -> None:
+    stream, _ = _stream(1, [xlogdata(5, 5, 0, b"")])
+    with pytest.raises(DecodeError) as info:
+        stream.read(0)
+    assert info.value.offset == 0
+    assert info.value.context["lsn"] == 5
