@@ -89,9 +89,16 @@ class SourcePlan:
     tables: list[TableSpec]
 
 
-def cut_slices(blocks: int, heap_bytes: int, slice_size: int) -> list[Slice]:
-    """Cut ``blocks`` into about ``heap_bytes / slice_size`` contiguous, open-ended ranges."""
+def cut_slices(blocks: int, heap_bytes: int, slice_size: int, workers: int = 1) -> list[Slice]:
+    """Cut ``blocks`` into about ``heap_bytes / slice_size`` contiguous, open-ended ranges.
+
+    A table of more than one slice gets a multiple of ``workers`` slices (the
+    Spark task slots), so its last wave keeps every slot busy instead of
+    leaving one slice to run alone at the end.
+    """
     n = max(1, math.ceil(heap_bytes / max(slice_size, 1)))
+    if n > 1 and workers > 1:
+        n = math.ceil(n / workers) * workers
     n = min(n, max(blocks, 1))
     if n == 1:
         return [Slice(0, None, None)]
