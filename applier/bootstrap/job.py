@@ -217,7 +217,7 @@ def _truncate(tgt: Conn, tables: list[tuple[str, str]]) -> None:
     log.info("target tables truncated", extra={"ctx": {"tables": len(tables)}})
 
 
-def resolve_targets(tgt: Conn, plan: SourcePlan, slice_size: int) -> None:
+def resolve_targets(tgt: Conn, plan: SourcePlan, slice_size: int, workers: int = 1) -> None:
     """Pick each heap's target table (same name, else its root), columns, format, slices."""
     for t in plan.tables:
         t.dst = (t.schema, t.name)
@@ -233,7 +233,7 @@ def resolve_targets(tgt: Conn, plan: SourcePlan, slice_size: int) -> None:
                 hint="add the columns on the target (same types as on the source) and rerun",
             )
         t.binary = all(dst_cols[c.name] == c.type_name for c in t.columns)
-        t.slices = cut_slices(t.blocks, t.heap_bytes, slice_size)
+        t.slices = cut_slices(t.blocks, t.heap_bytes, slice_size, workers)
 
 
 # -- the copy -------------------------------------------------------------------------
@@ -252,7 +252,9 @@ def copy_under_new_slot(
 
     slot = cfg.source.slot
     interrupted = prior is not None and prior.phase in ("starting", "copy", "post_data")
-    session = _spark(cfg)
+    # The JVM boots (seconds, more on a busy machine) while the slot, the
+    # schema dump and the target tables are made.
+    spark = _SparkStarter(cfg)
     repl = ReplicationConnection.open(cfg.source.conninfo(), application_name="applier-bootstrap")
     try:
         if repl.slot_exists(slot):
@@ -275,7 +277,8 @@ def copy_under_new_slot(
             created = _dump_and_create(
                 cfg.source.conninfo(), src, tgt, plan, prior, info.snapshot_name, run
             )
-            resolve_targets(tgt, plan, cfg.bootstrap.slice_size)
+            session = spark.session()
+            resolve_targets(tgt, plan, cfg.bootstrap.slice_size, _task_slots(session))
             record_copy_phase(tgt, slot, run, info.snapshot_name, plan, created)
         _run_copy(cfg, session, tgt, plan, run_id, info.snapshot_name, quiet)
         set_phase(tgt, slot, "post_data")
@@ -283,7 +286,7 @@ def copy_under_new_slot(
         return run
     finally:
         repl.close()
-        _stop_spark(session)
+        spark.stop()
 
 
 def _dump_and_create(
@@ -352,6 +355,7 @@ def _run_copy(
 ) -> None:  # fmt: skip
     tasks = build_tasks(cfg, plan, run_id, snapshot)
     outcome: dict[str, Any] = {}
+    started = time.monotonic()
 
     def job() -> None:
         try:
@@ -380,7 +384,13 @@ def _run_copy(
     progress.print_summary()
     log.info(
         "copy done",
-        extra={"ctx": {"slices": len(results), "rows": sum(r.rows for r in results)}},
+        extra={
+            "ctx": {
+                "slices": len(results),
+                "rows": sum(r.rows for r in results),
+                "seconds": round(time.monotonic() - started, 1),
+            }
+        },
     )
 
 
@@ -400,17 +410,65 @@ def spark_failure(exc: BaseException) -> ApplierError:
     )
 
 
+class _SparkStarter:
+    """Builds the SparkSession in a thread; :meth:`session` waits for it."""
+
+    def __init__(self, cfg: Config) -> None:
+        self._cfg = cfg
+        self._session: Any = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="spark-start", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._session = _spark(self._cfg)
+        except BaseException as e:  # re-raised by session()
+            self._error = e
+
+    def session(self) -> Any:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._session
+
+    def stop(self) -> None:
+        self._thread.join()
+        if self._session is not None:
+            _stop_spark(self._session)
+
+
 def _spark(cfg: Config) -> Any:
     from .spark import build_session
 
+    started = time.monotonic()
     try:
-        return build_session(cfg.bootstrap)
+        session = build_session(cfg.bootstrap)
     except Exception as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise BootstrapError(
             f"cannot start Spark (master {cfg.bootstrap.spark_master}): {first}",
             hint="check bootstrap.spark_master / spark_conf, Java and pyspark",
         ) from None
+    log.info(
+        "spark started",
+        extra={
+            "ctx": {
+                "master": cfg.bootstrap.spark_master,
+                "parallelism": session.sparkContext.defaultParallelism,
+                "seconds": round(time.monotonic() - started, 1),
+            }
+        },
+    )
+    return session
+
+
+def _task_slots(session: Any) -> int:
+    """How many copy tasks Spark runs at once (cores of local[N], executors' cores)."""
+    try:
+        return max(1, int(session.sparkContext.defaultParallelism))
+    except Exception:  # a session without the usual context: no alignment
+        return 1
 
 
 def _stop_spark(session: Any) -> None:
@@ -429,6 +487,7 @@ def finish(cfg: Config, tgt: Conn, run: PriorRun) -> int:
         started = time.monotonic()
         # The DDL and the forgetting of it commit together: a rerun never runs it twice.
         with tgt.transaction():
+            _index_build_settings(tgt)
             ddl.run_script(tgt, run.post_data_sql, "indexes and constraints")
             tgt.execute(
                 "UPDATE applier.bootstrap_run SET post_data_sql = NULL WHERE slot = %s",
@@ -444,6 +503,21 @@ def finish(cfg: Config, tgt: Conn, run: PriorRun) -> int:
         extra={"ctx": {"origin": cfg.origin, "lsn": run.consistent_lsn, "sequences": nseq}},
     )
     return 0
+
+
+#: maintenance_work_mem for the post-data DDL (unless the target's is higher):
+#: a primary key on tens of millions of rows then sorts in memory instead of
+#: spilling (what pg_restore's documentation advises for a load).
+_INDEX_MEM_KB = 1024 * 1024
+
+
+def _index_build_settings(tgt: Conn) -> None:
+    """Settings local to the post-data transaction that speed up index builds."""
+    row = tgt.execute(
+        "SELECT setting::bigint FROM pg_settings WHERE name = 'maintenance_work_mem'"
+    ).fetchone()
+    if row is not None and int(row[0]) < _INDEX_MEM_KB:
+        tgt.execute(f"SET LOCAL maintenance_work_mem = '{_INDEX_MEM_KB}kB'")
 
 
 def _require_slot(cfg: Config, run: PriorRun) -> None:
