@@ -80,6 +80,45 @@ rows are in the prepared transaction), and a Commit Prepared whose GID is not
 prepared (we committed it before the crash) or whose end LSN is behind the
 progress is skipped.
 
+Group commit
+============
+
+Several consecutive source transactions may share one target transaction
+(``[apply] group_commit``: at most that many; 1 turns it off; left out, up to
+:data:`DEFAULT_GROUP_COMMIT`). At a Commit the target transaction stays open
+while (a) the group is below its count, (b) more messages are already in hand:
+the worker commits the open group after each batch the stream returned, so a
+group never waits for the network and latency stays that of one batch (a batch
+that ends inside a transaction leaves the group open until that transaction's
+Commit: its rows are in the target transaction already, and committing them
+stamped with the previous transaction's position would apply them twice after a
+restart), and (c)
+the transaction ends beyond ``no_group_until`` (below). The group commits with
+the origin stamped with its LAST transaction's (end_lsn, commit_ts): all of its
+source transactions become visible, and the origin moves past all of them, in
+one atomic commit, so exactly-once holds as for a single transaction (after a
+crash the origin is either before the group or past all of it). The flush
+tracker gets one pair per group; an empty transaction inside an open group
+joins it (its position is not confirmed before the group commits).
+
+Not grouped (the group is committed first, and they commit alone): streamed
+transactions (Stream Commit/Prepare: large by definition), two-phase
+(Begin Prepare .. Prepare, Commit/Rollback Prepared: PREPARE TRANSACTION names
+one source transaction, and their prepared-GID checks are queries outside a
+transaction). TRUNCATE is grouped: it is transactional on PostgreSQL; it only
+holds its ACCESS EXCLUSIVE lock until the group commits, bounded as above.
+Skipped (already applied) transactions come before any group by LSN order.
+
+When anything fails while a group holds earlier transactions (a row, the
+COMMIT, a schema mismatch), the error's context may name the wrong
+transaction: the target transaction is rolled back and the origin's session
+values reset (as for any failure), the session starts over from the origin
+(which is before the group), and every transaction up to the last position
+received is applied one by one; the failing one then fails alone, with its own
+LSN/xid/table/key, after committing those before it. Rows that UPDATE/DELETE
+did not find may be counted twice in that case. ``group_commit = 1`` behaves
+exactly as before.
+
 Faults
 ======
 
@@ -108,8 +147,6 @@ Rejected
 * A receiver thread: the kernel socket buffer already overlaps receiving with
   applying, the pipeline overlaps applying with the target's work, and a
   thread would only add GIL contention (measured in bench/README-apply.md).
-* Group commit (several source transactions per target transaction): not
-  implemented; ``group_commit`` > 1 is accepted and treated as 1.
 """
 
 from __future__ import annotations
@@ -233,6 +270,8 @@ class Applier:
         catalog: Catalog,
         spools: SpoolSet,
         progress: Lsn,
+        group_limit: int = 1,
+        no_group_until: Lsn = FLUSHED,
     ) -> None:
         self.cfg = cfg
         self.session = session
@@ -254,6 +293,15 @@ class Applier:
         self.last_commit_lsn: Lsn | None = None
         self.last_commit_ts: int | None = None
         self.gid_prefix = f"applier_{cfg.origin}_"
+        #: Group commit: at most this many source transactions per target transaction.
+        self.group_limit = max(1, group_limit)
+        #: Transactions up to this source position are applied one by one (after a
+        #: failed group, so the error names the exact transaction).
+        self.no_group_until = no_group_until
+        #: Source transactions ended but not yet committed: they share the open target
+        #: transaction, which commits with the last one's (end_lsn, commit_ts).
+        self.group_txns = 0
+        self.group_end: tuple[Lsn, int] = (Lsn(0), 0)
         #: Per-table policy for rows that UPDATE/DELETE did not find (default: warn, count).
         self.missing_row_policies: dict[str, MissingRowPolicy] = {}
         session.on_missing = self._missing_row
@@ -312,27 +360,50 @@ class Applier:
     def on_commit(self, lsn: Lsn, m: Commit) -> None:
         assert self.txn is not None
         self.state = IDLE
-        self._end_txn(m.end_lsn, m.commit_ts)
+        self._end_txn(m.end_lsn, m.commit_ts, groupable=True)
 
-    def _end_txn(self, end_lsn: Lsn, commit_ts: int) -> None:
+    def _end_txn(self, end_lsn: Lsn, commit_ts: int, groupable: bool = False) -> None:
         txn = self.txn
         assert txn is not None
         self.txn = None
         if txn.skip or end_lsn <= self.progress:
+            self.commit_group()  # never open here (LSN order), but never roll one back
             self.session.rollback()
             self.skipped_txns += 1
             self.flush.store(end_lsn, FLUSHED)
             return
         if self.session.in_txn:
+            # An empty transaction inside an open group joins it (its position must
+            # not be confirmed before the group's commit).
+            if (
+                groupable
+                and self.group_txns + 1 < self.group_limit
+                and end_lsn > self.no_group_until
+            ):
+                self.group_txns += 1
+                self.group_end = (end_lsn, commit_ts)
+                return
             local = self.session.commit(end_lsn, commit_ts)
-            self._committed(end_lsn, commit_ts, local)
+            self._committed(end_lsn, commit_ts, local, self.group_txns + 1)
         else:
             self.flush.store(end_lsn, FLUSHED)  # empty for us: nothing to wait for
 
-    def _committed(self, end_lsn: Lsn, ts: int, local: Lsn) -> None:
+    def commit_group(self) -> None:
+        """Commit the open group (if any), stamped with its last transaction's position.
+
+        Only between transactions: a batch may end inside one, whose rows are already
+        in the open target transaction; the group then commits at its Commit.
+        """
+        if self.group_txns and self.txn is None:
+            end_lsn, ts = self.group_end
+            local = self.session.commit(end_lsn, ts)
+            self._committed(end_lsn, ts, local, self.group_txns)
+
+    def _committed(self, end_lsn: Lsn, ts: int, local: Lsn, txns: int = 1) -> None:
+        self.group_txns = 0
         self.progress = Lsn(max(self.progress, end_lsn))
         self.flush.store(end_lsn, local)
-        self.applied_txns += 1
+        self.applied_txns += txns
         self.last_commit_lsn = end_lsn
         self.last_commit_ts = ts
 
@@ -518,6 +589,7 @@ class Applier:
                 self.dispatch(commit_lsn, msg)
 
     def on_stream_commit(self, lsn: Lsn, m: StreamCommit) -> None:
+        self.commit_group()
         sp = self.spools.get(m.xid)
         log.debug(
             "streamed transaction commits",
@@ -547,6 +619,7 @@ class Applier:
         self.spools.abort(m.xid, m.subxid)
 
     def on_stream_prepare(self, lsn: Lsn, m: StreamPrepare) -> None:
+        self.commit_group()
         gid = self.gid(m.xid)
         if m.end_lsn <= self.progress or self.is_prepared(gid):
             self.spools.discard(m.xid)
@@ -574,6 +647,7 @@ class Applier:
         )
 
     def on_begin_prepare(self, lsn: Lsn, m: BeginPrepare) -> None:
+        self.commit_group()
         gid = self.gid(m.xid)
         skip = m.end_lsn <= self.progress or self.is_prepared(gid)
         if skip:
@@ -599,6 +673,7 @@ class Applier:
         self._committed(end_lsn, prepare_ts, local)
 
     def on_commit_prepared(self, lsn: Lsn, m: CommitPrepared) -> None:
+        self.commit_group()
         gid = self.gid(m.xid)
         if m.end_lsn <= self.progress or not self.is_prepared(gid):
             log.info("COMMIT PREPARED skipped: not prepared here", extra={"ctx": {"gid": gid}})
@@ -608,6 +683,7 @@ class Applier:
         self._committed(m.end_lsn, m.commit_ts, local)
 
     def on_rollback_prepared(self, lsn: Lsn, m: RollbackPrepared) -> None:
+        self.commit_group()
         gid = self.gid(m.xid)
         if m.rollback_end_lsn <= self.progress or not self.is_prepared(gid):
             self.flush.store(m.rollback_end_lsn, FLUSHED)
@@ -622,6 +698,7 @@ class Applier:
         """Roll back what is in hand (stop or error); the stream resends it next time."""
         self.txn = None
         self.state = IDLE
+        self.group_txns = 0
         self.session.rollback()
 
 
@@ -632,6 +709,63 @@ def source_conninfo(cfg: Config) -> str:
     opts = str(params.get("options") or "")
     ours = "-c datestyle=ISO -c intervalstyle=postgres -c extra_float_digits=3 -c timezone=UTC"
     return make_conninfo(base, options=f"{opts} {ours}".strip(), client_encoding="UTF8")
+
+
+#: Group commit when ``[apply] group_commit`` is not set: up to this many source
+#: transactions per target transaction (see "Group commit" above).
+DEFAULT_GROUP_COMMIT = 100
+
+
+def group_limit(cfg: Config) -> int:
+    """``group_commit`` as configured; :data:`DEFAULT_GROUP_COMMIT` when left out."""
+    if "group_commit" in cfg.apply.model_fields_set:
+        return cfg.apply.group_commit
+    return DEFAULT_GROUP_COMMIT
+
+
+class _Regroup(Exception):
+    """A group failed: start over from the origin, applying its transactions one by one."""
+
+
+def _script_head() -> str | None:
+    """The single alembic head of the migrations we ship, read without importing alembic."""
+    import re
+
+    here = Path(__file__).resolve().parents[1]
+    for d in (here / "_migrations", here.parent / "migrations"):
+        if (d / "env.py").exists():
+            revs: set[str] = set()
+            downs: set[str] = set()
+            for f in (d / "versions").glob("*.py"):
+                text = f.read_text()
+                r = re.search(r"^revision\s*(?::[^=]*)?=\s*['\"]([^'\"]+)['\"]", text, re.M)
+                if r is None:
+                    return None
+                revs.add(r.group(1))
+                line = re.search(r"^down_revision\s*(?::[^=]*)?=\s*(.*)$", text, re.M)
+                if line is None:
+                    return None
+                downs.update(re.findall(r"['\"]([^'\"]+)['\"]", line.group(1)))
+            heads = revs - downs
+            return heads.pop() if len(heads) == 1 else None
+    return None
+
+
+def _schema_at_head(conn: psycopg.Connection[Any]) -> bool:
+    """Whether the target's applier schema is at our head already (skips alembic)."""
+    head = _script_head()
+    if head is None:
+        return False
+    try:
+        row = conn.execute(
+            "SELECT pg_catalog.to_regclass('applier.alembic_version') IS NOT NULL"
+        ).fetchone()
+        if not row or not row[0]:
+            return False
+        rows = conn.execute("SELECT version_num FROM applier.alembic_version").fetchall()
+    except psycopg.Error:
+        return False
+    return [r[0] for r in rows] == [head]
 
 
 def _retryable(exc: BaseException) -> bool:
@@ -654,6 +788,9 @@ class Worker:
         # Counters that survive reconnects.
         self._applied = 0
         self._skipped = 0
+        self.group_limit = group_limit(cfg)
+        #: After a failed group: apply one by one up to this source position.
+        self.no_group_until = Lsn(0)
 
     def _sleep(self, seconds: float) -> None:
         self._stop_event.wait(seconds)
@@ -679,12 +816,11 @@ class Worker:
                 }
             },
         )
-        if cfg.apply.group_commit > 1:
-            log.warning("group_commit > 1 is not implemented; applying one transaction at a time")
-        from applier.schema import upgrade_target
-
-        upgrade_target(cfg.target.conninfo())
         status_conn = connect(cfg.target.conninfo(), "applier status")
+        if not _schema_at_head(status_conn):
+            from applier.schema import upgrade_target
+
+            upgrade_target(cfg.target.conninfo())
         self.status = WorkerState(status_conn, cfg.origin, cfg.source.slot)
         self.status.started()
 
@@ -707,8 +843,12 @@ class Worker:
         try:
             for attempt in retrying:
                 with attempt:
-                    if not self.stopping:
-                        self._session()
+                    while not self.stopping:
+                        try:
+                            self._session()
+                            break
+                        except _Regroup:
+                            continue
         except ApplierError as e:
             log.error("applier run stopped on an error: %s", e)
             self.status.failed(e)
@@ -775,10 +915,32 @@ class Worker:
                 else "starting at the slot's position",
                 extra={"ctx": {"lsn": progress, "origin": cfg.origin}},
             )
-            applier = Applier(cfg, session, Catalog(catalog_conn), spools, progress)
+            applier = Applier(
+                cfg,
+                session,
+                Catalog(catalog_conn),
+                spools,
+                progress,
+                self.group_limit,
+                self.no_group_until,
+            )
             applier.applied_txns, applier.skipped_changes = self._applied, self._skipped
             self.applier = applier
-            self._loop(stream, applier, catalog_conn)
+            try:
+                self._loop(stream, applier, catalog_conn)
+            except (ApplyError, SchemaMismatch) as e:
+                if not applier.group_txns:
+                    raise
+                # Some earlier transaction of the open group may be the culprit, and
+                # the error's context may name the wrong one: roll back (finally
+                # below), restream from the origin and apply one by one up to here.
+                self.no_group_until = Lsn(max(stream.last_received, self.no_group_until))
+                log.warning(
+                    "a group of transactions failed; applying them one by one: %s",
+                    e,
+                    extra={"ctx": {"txns": applier.group_txns + 1, "until": self.no_group_until}},
+                )
+                raise _Regroup() from e
         except psycopg.OperationalError as e:
             raise TransientError(f"connection problem: {str(e).strip()}") from None
         finally:
@@ -815,6 +977,8 @@ class Worker:
                     break
             if self.stopping:
                 break
+            # The group ends with the messages in hand: nothing waits for more.
+            applier.commit_group()
             self._confirm(stream, applier, catalog_conn)
             now = time.monotonic()
             if now - last_beat >= interval:
