@@ -1,4 +1,4 @@
-"""Stream benchmark: is the decoder at least 3x faster than the publisher emits a backlog?
+"""Stream benchmark: can LogicalStream receive + decode faster than the publisher emits a backlog?
 
 Usage::
 
@@ -21,7 +21,13 @@ What it does, on a throwaway cluster (``applier.localpg.local_cluster``):
 
 Runs (a)-(c) never advance the measured slot beyond its copy (LogicalStream uses
 ``report_flush=False``); each pg_recvlogical run consumes its own copy. Figures
-are medians of ``--runs`` runs; the ratio that matters is (d) / (a).
+are medians of ``--runs`` runs, wall time and CPU time (this process's user +
+system time for (b)-(d), pg_recvlogical's own for (a)).
+
+Nobody can receive faster than the walsender sends, so (c)'s wall-clock rate
+is at most ~(a)'s. What says whether the client keeps up with headroom is its
+*CPU capacity*: messages per second of the client's own CPU time, compared
+with (a)'s wall-clock rate (goal: >= 1.5x).
 """
 
 from __future__ import annotations
