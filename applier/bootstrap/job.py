@@ -99,8 +99,13 @@ def run_bootstrap(cfg: Config, *, recreate_slot: bool, truncate: bool, quiet: bo
         ours = prior.tables if prior and prior.phase != "done" else []
         plan = discover(src, cfg)
         prepare_target(src, tgt, plan, ours=ours, truncate=truncate)
-        run = copy_under_new_slot(cfg, src, tgt, plan, prior, recreate_slot, quiet)
-        return finish(cfg, tgt, run)
+        stopping: list[threading.Thread] = []
+        try:
+            run = copy_under_new_slot(cfg, src, tgt, plan, prior, recreate_slot, quiet, stopping)
+            return finish(cfg, tgt, run)
+        finally:
+            for t in stopping:  # Spark stopped while the post-data DDL ran
+                t.join()
 
 
 # -- bookkeeping ----------------------------------------------------------------
@@ -247,7 +252,10 @@ def copy_under_new_slot(
     prior: PriorRun | None,
     recreate_slot: bool,
     quiet: bool,
+    stopping: list[threading.Thread] | None = None,
 ) -> PriorRun:
+    """Slot, schema, copy. Spark is stopped on return: in a thread appended to
+    ``stopping`` when given (the caller joins it), else before returning."""
     from ..stream.replconn import ReplicationConnection
 
     slot = cfg.source.slot
@@ -286,7 +294,11 @@ def copy_under_new_slot(
         return run
     finally:
         repl.close()
-        spark.stop()
+        if stopping is None:
+            spark.stop()
+        else:
+            stopping.append(threading.Thread(target=spark.stop, name="spark-stop", daemon=True))
+            stopping[-1].start()
 
 
 def _dump_and_create(
