@@ -128,8 +128,9 @@ class ApplyConfig(_Section):
     timeout: float = Field(
         default=60.0, gt=0, description="seconds of server silence before reconnecting"
     )
+    # 100: see "Group commit" in applier/apply/worker.py and bench/README-apply.md.
     group_commit: int = Field(
-        default=1, ge=1, description="source transactions per target transaction"
+        default=100, ge=1, description="at most this many source txns per target txn; 1 = off"
     )
 
     @field_validator("memory_limit", mode="before")

@@ -84,8 +84,8 @@ Group commit
 ============
 
 Several consecutive source transactions may share one target transaction
-(``[apply] group_commit``: at most that many; 1 turns it off; left out, up to
-:data:`DEFAULT_GROUP_COMMIT`). At a Commit the target transaction stays open
+(``[apply] group_commit``: at most that many, 100 by default; 1 turns it off).
+At a Commit the target transaction stays open
 while (a) the group is below its count, (b) more messages are already in hand:
 the worker commits the open group after each batch the stream returned, so a
 group never waits for the network and latency stays that of one batch (a batch
@@ -712,18 +712,6 @@ def source_conninfo(cfg: Config) -> str:
     return make_conninfo(base, options=f"{opts} {ours}".strip(), client_encoding="UTF8")
 
 
-#: Group commit when ``[apply] group_commit`` is not set: up to this many source
-#: transactions per target transaction (see "Group commit" above).
-DEFAULT_GROUP_COMMIT = 100
-
-
-def group_limit(cfg: Config) -> int:
-    """``group_commit`` as configured; :data:`DEFAULT_GROUP_COMMIT` when left out."""
-    if "group_commit" in cfg.apply.model_fields_set:
-        return cfg.apply.group_commit
-    return DEFAULT_GROUP_COMMIT
-
-
 class _Regroup(Exception):
     """A group failed: start over from the origin, applying its transactions one by one."""
 
@@ -789,7 +777,7 @@ class Worker:
         # Counters that survive reconnects.
         self._applied = 0
         self._skipped = 0
-        self.group_limit = group_limit(cfg)
+        self.group_limit = cfg.apply.group_commit
         #: After a failed group: apply one by one up to this source position.
         self.no_group_until = Lsn(0)
 
