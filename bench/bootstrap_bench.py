@@ -131,7 +131,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=20_000_000)
     ap.add_argument("--target-version", type=int, default=15, choices=[15, 18])
-    ap.add_argument("--slice-size", default="64MB")
+    ap.add_argument("--slice-size", default="256MB")  # the config default
     ap.add_argument("--spark-master", default="local[2]")
     ap.add_argument("--runs", type=int, default=1, help="interleaved repetitions (medians)")
     args = ap.parse_args()
