@@ -512,20 +512,13 @@ class Applier:
             self.session.execute(stmt, params, fmts, ChangeCtx(lsn, self._xid(), rm, m))
 
     def on_update(self, lsn: Lsn, m: Update) -> None:
-        if self.state is STREAM:
-            self._spool(m)
-            return
-        rm = self._target(lsn, m.relation_oid)
-        if rm is not None:
-            ctx = ChangeCtx(lsn, self._xid(), rm, m)
-            try:
-                stmt, params, fmts = self.planner.update(rm, m)
-            except ApplyError as e:
-                e.context.update(ctx.describe())
-                raise
-            self.session.execute(stmt, params, fmts, ctx)
+        self._keyed_change(lsn, m, self.planner.update)
 
     def on_delete(self, lsn: Lsn, m: Delete) -> None:
+        self._keyed_change(lsn, m, self.planner.delete)
+
+    def _keyed_change(self, lsn: Lsn, m: Any, plan: Callable[[RelMap, Any], Any]) -> None:
+        """UPDATE/DELETE: planning can refuse (REPLICA IDENTITY NOTHING), with context."""
         if self.state is STREAM:
             self._spool(m)
             return
@@ -533,7 +526,7 @@ class Applier:
         if rm is not None:
             ctx = ChangeCtx(lsn, self._xid(), rm, m)
             try:
-                stmt, params, fmts = self.planner.delete(rm, m)
+                stmt, params, fmts = plan(rm, m)
             except ApplyError as e:
                 e.context.update(ctx.describe())
                 raise
