@@ -10,19 +10,20 @@ version table lives in the ``applier`` schema beside our tables.
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
-from alembic import command
-from alembic.config import Config as AlembicConfig
-from alembic.script import ScriptDirectory
-from sqlalchemy import create_engine
-from sqlalchemy.pool import NullPool
 
 from .config import Config, redact_dsn
 from .errors import ApplierError, ConfigError
 
+if TYPE_CHECKING:
+    from alembic.config import Config as AlembicConfig
+
+# alembic and SQLAlchemy are imported only where a migration really runs:
+# `applier run` checks schema_at_head() first and usually skips them (start-up).
 log = logging.getLogger(__name__)
 
 SCHEMA = "applier"
@@ -39,17 +40,61 @@ def migrations_dir() -> Path:
 
 
 def alembic_config() -> AlembicConfig:
+    from alembic.config import Config as AlembicConfig
+
     cfg = AlembicConfig()
     cfg.set_main_option("script_location", str(migrations_dir()))
     return cfg
 
 
 def heads() -> list[str]:
+    from alembic.script import ScriptDirectory
+
     return list(ScriptDirectory.from_config(alembic_config()).get_heads())
+
+
+def script_head() -> str | None:
+    """The single head of the shipped migrations, read from the files without alembic.
+
+    None when it cannot tell (then callers fall back to running alembic).
+    """
+    revs: set[str] = set()
+    downs: set[str] = set()
+    for f in (migrations_dir() / "versions").glob("*.py"):
+        text = f.read_text()
+        rev = re.search(r"^revision\s*(?::[^=]*)?=\s*['\"]([^'\"]+)['\"]", text, re.M)
+        down = re.search(r"^down_revision\s*(?::[^=]*)?=\s*(.*)$", text, re.M)
+        if rev is None or down is None:
+            return None
+        revs.add(rev.group(1))
+        downs.update(re.findall(r"['\"]([^'\"]+)['\"]", down.group(1)))
+    found = revs - downs
+    return found.pop() if len(found) == 1 else None
+
+
+def schema_at_head(conn: psycopg.Connection[Any]) -> bool:
+    """Whether the target's applier schema is at our head already (no alembic needed)."""
+    head = script_head()
+    if head is None:
+        return False
+    try:
+        row = conn.execute(
+            "SELECT pg_catalog.to_regclass('applier.alembic_version') IS NOT NULL"
+        ).fetchone()
+        if not row or not row[0]:
+            return False
+        rows = conn.execute("SELECT version_num FROM applier.alembic_version").fetchall()
+    except psycopg.Error:
+        return False
+    return [r[0] for r in rows] == [head]
 
 
 def upgrade_target(conninfo: str) -> None:
     """Bring the target's ``applier`` schema to head (idempotent)."""
+    from alembic import command
+    from sqlalchemy import create_engine
+    from sqlalchemy.pool import NullPool
+
     # A creator keeps the conninfo (and any password in it) out of a URL.
     engine = create_engine(
         "postgresql+psycopg://", creator=lambda: _connect(conninfo), poolclass=NullPool

@@ -179,7 +179,6 @@ from applier.errors import (
     ApplyError,
     ProtocolError,
     SchemaMismatch,
-    SourceError,
     TransientError,
 )
 from applier.lsn import Lsn, now_pg_timestamp
@@ -205,6 +204,7 @@ from applier.protocol import (
     Type,
     Update,
 )
+from applier.schema import schema_at_head, upgrade_target
 
 from . import mapping
 from .mapping import Catalog, RelMap
@@ -709,52 +709,9 @@ class _Regroup(Exception):
     """A group failed: start over from the origin, applying its transactions one by one."""
 
 
-def _script_head() -> str | None:
-    """The single alembic head of the migrations we ship, read without importing alembic."""
-    import re
-
-    here = Path(__file__).resolve().parents[1]
-    for d in (here / "_migrations", here.parent / "migrations"):
-        if (d / "env.py").exists():
-            revs: set[str] = set()
-            downs: set[str] = set()
-            for f in (d / "versions").glob("*.py"):
-                text = f.read_text()
-                r = re.search(r"^revision\s*(?::[^=]*)?=\s*['\"]([^'\"]+)['\"]", text, re.M)
-                if r is None:
-                    return None
-                revs.add(r.group(1))
-                line = re.search(r"^down_revision\s*(?::[^=]*)?=\s*(.*)$", text, re.M)
-                if line is None:
-                    return None
-                downs.update(re.findall(r"['\"]([^'\"]+)['\"]", line.group(1)))
-            heads = revs - downs
-            return heads.pop() if len(heads) == 1 else None
-    return None
-
-
-def _schema_at_head(conn: psycopg.Connection[Any]) -> bool:
-    """Whether the target's applier schema is at our head already (skips alembic)."""
-    head = _script_head()
-    if head is None:
-        return False
-    try:
-        row = conn.execute(
-            "SELECT pg_catalog.to_regclass('applier.alembic_version') IS NOT NULL"
-        ).fetchone()
-        if not row or not row[0]:
-            return False
-        rows = conn.execute("SELECT version_num FROM applier.alembic_version").fetchall()
-    except psycopg.Error:
-        return False
-    return [r[0] for r in rows] == [head]
-
-
 def _retryable(exc: BaseException) -> bool:
     if isinstance(exc, TransientError):
         return True
-    if isinstance(exc, SourceError) and exc.context.get("sqlstate") == "55006":
-        return True  # the slot is still held by the previous walsender
     return isinstance(exc, ApplierError) and is_transient_sqlstate(exc.context.get("sqlstate"))
 
 
@@ -799,9 +756,7 @@ class Worker:
             },
         )
         status_conn = connect(cfg.target.conninfo(), "applier status")
-        if not _schema_at_head(status_conn):
-            from applier.schema import upgrade_target
-
+        if not schema_at_head(status_conn):
             upgrade_target(cfg.target.conninfo())
         self.status = WorkerState(status_conn, cfg.origin, cfg.source.slot)
         self.status.started()

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import Pair
 
-from applier.schema import current_revision, heads, upgrade_target
+from applier.schema import current_revision, heads, schema_at_head, script_head, upgrade_target
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -53,3 +53,11 @@ def test_wheel_ships_the_migrations(tmp_path: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     assert "applier/_migrations/env.py" in names
     assert any(n.startswith("applier/_migrations/versions/0001") for n in names)
+
+
+def test_script_head_agrees_with_alembic_and_target_check(pair: Pair) -> None:
+    assert script_head() == heads()[0]
+    with pair.sub_conn() as conn:
+        assert not schema_at_head(conn)
+        upgrade_target(pair.sub_dsn)
+        assert schema_at_head(conn)
