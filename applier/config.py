@@ -132,6 +132,10 @@ class ApplyConfig(_Section):
     group_commit: int = Field(
         default=100, ge=1, description="at most this many source txns per target txn; 1 = off"
     )
+    # See applier/apply/copyrun.py: a run this long pays for leaving the pipeline.
+    copy_threshold: int = Field(
+        default=64, ge=0, description="runs of this many INSERTs into one table use COPY; 0 = off"
+    )
 
     @field_validator("memory_limit", mode="before")
     @classmethod

@@ -65,6 +65,8 @@ class TargetTable:
     name: str
     relkind: str  # 'r' table, 'p' partitioned table
     columns: dict[str, TargetColumn]
+    #: Row-level security enabled: COPY FROM refuses such tables where RLS applies.
+    rls: bool = False
 
     @property
     def partitioned(self) -> bool:
@@ -159,7 +161,8 @@ class Catalog:
         rows = self.conn.execute(
             """
             SELECT c.oid, c.relkind::text, a.attname, a.atttypid,
-                   pg_catalog.format_type(a.atttypid, a.atttypmod), a.attgenerated <> ''
+                   pg_catalog.format_type(a.atttypid, a.atttypmod), a.attgenerated <> '',
+                   c.relrowsecurity
               FROM pg_catalog.pg_class c
               JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
               LEFT JOIN pg_catalog.pg_attribute a
@@ -178,7 +181,7 @@ class Catalog:
             for r in rows
             if r[2] is not None
         }
-        return TargetTable(int(rows[0][0]), schema, name, str(rows[0][1]), cols)
+        return TargetTable(int(rows[0][0]), schema, name, str(rows[0][1]), cols, bool(rows[0][6]))
 
     def _type(self, oid: int) -> tuple[str, int, int, int, str, bool, str, str]:
         t = self._types.get(oid)

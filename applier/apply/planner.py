@@ -73,6 +73,9 @@ class Stmt:
     modifies: bool
     #: Whether every column is used in order (insert fast path).
     all_new: bool
+    #: INSERT only: ``COPY ... FROM STDIN`` for the same columns (b"" when the
+    #: target cannot take COPY); see :mod:`applier.apply.copyrun`.
+    copy: bytes = b""
 
 
 def _ph(n: int) -> sql.SQL:
@@ -204,6 +207,15 @@ class Planner:
             sql.SQL(", ").join(cols),
             sql.SQL(", ").join(_ph(n) for n in range(1, len(idx) + 1)),
         )
+        # COPY writes identity columns like OVERRIDING SYSTEM VALUE. It refuses
+        # tables where row-level security applies, so those keep INSERT.
+        copy = b""
+        if rm.target is not None and not rm.target.rls:
+            copy = (
+                sql.SQL("COPY {} ({}) FROM STDIN")
+                .format(_qualified(rm), sql.SQL(", ").join(cols))
+                .as_bytes(None)
+            )
         stmt = Stmt(
             self._name(rm, INSERT),
             q.as_bytes(None),
@@ -212,6 +224,7 @@ class Planner:
             (),
             False,
             len(idx) == len(rm.columns),
+            copy,
         )
         self._cache[(rm.version, INSERT, shape, b"")] = stmt
         return stmt

@@ -27,6 +27,10 @@ UPDATE/DELETE that hit no row is attributed to its change (LSN, table, key)
 without a round trip per row. The queue is bounded so a huge transaction
 cannot run away with memory when the target is slower than the stream.
 
+Runs of INSERTs into one table leave the pipeline for ``COPY ... FROM STDIN``
+(:mod:`applier.apply.copyrun`); every other call ends the run in hand first,
+so statements reach the target in source order.
+
 After ANY failure the transaction is rolled back and
 ``pg_replication_origin_xact_reset()`` is called: the session's origin
 LSN/timestamp survive a ROLLBACK and would otherwise stamp the next commit.
@@ -47,6 +51,7 @@ from applier.config import redact_dsn
 from applier.errors import ApplierError, ApplyError, ConnectionLost
 from applier.lsn import Lsn, pg_timestamp
 
+from .copyrun import CHUNK, NO_COPY, Run, copy_query, error_line, row_format
 from .planner import Formats, Params, Stmt
 
 log = logging.getLogger("applier.apply")
@@ -105,8 +110,13 @@ def connect(conninfo: str, application_name: str, **kw: Any) -> psycopg.Connecti
 class TargetSession:
     """The apply connection; one open target transaction at most."""
 
-    def __init__(self, conninfo: str, origin: str, synchronous_commit: str) -> None:
+    def __init__(
+        self, conninfo: str, origin: str, synchronous_commit: str, copy_threshold: int = 64
+    ) -> None:
         self.origin = origin
+        #: Runs of at least this many INSERTs go out as COPY (0: never).
+        self.copy_threshold = copy_threshold
+        self._run: Run | None = None
         self.conn = connect(conninfo, "applier apply")
         self.pg = self.conn.pgconn
         self.flush_wait = synchronous_commit == "off"
@@ -162,6 +172,8 @@ class TargetSession:
 
     def execute(self, stmt: Stmt, params: Params, formats: Formats, ctx: Any) -> None:
         """Queue one prepared statement; ``ctx`` identifies the change in errors."""
+        if self._run is not None:
+            self._end_run()
         pg = self.pg
         try:
             if stmt.name not in self._prepared:
@@ -176,12 +188,141 @@ class TargetSession:
 
     def execute_sql(self, query: bytes, ctx: Any) -> None:
         """Queue one unprepared statement without parameters (TRUNCATE)."""
+        if self._run is not None:
+            self._end_run()
         try:
             self.pg.send_query_params(query, None)
         except psycopg.OperationalError as e:
             raise _lost(e) from None
         self._q.append((_ROW, ctx))
         self._after_send()
+
+    # -- runs of INSERTs as COPY (see applier.apply.copyrun) ------------------------
+
+    def insert(self, stmt: Stmt, params: Params, formats: Formats, ctx: Any) -> None:
+        """Queue one INSERT; ``ctx`` (with ``lsn`` and ``xid``) identifies it in errors."""
+        fmt = row_format(params, formats)
+        run = self._run
+        if run is None or run.stmt is not stmt or run.fmt != fmt:
+            if run is not None:
+                self._end_run()
+            if not stmt.copy or fmt == NO_COPY or self.copy_threshold <= 0:
+                self.execute(stmt, params, formats, ctx)
+                return
+            run = self._run = Run(stmt, fmt)
+        if run.copying:
+            run.add(params, ctx.lsn, ctx.xid)
+            if len(run.buf) >= CHUNK:
+                self._copy_put(run, run.take())
+        else:
+            run.pending.append((params, formats, ctx))
+            if len(run.pending) >= self.copy_threshold:
+                self._copy_begin(run)
+
+    def _end_run(self, abort: bool = False) -> None:
+        """Send the run in hand: the rest of its COPY, or its rows as INSERTs."""
+        run, self._run = self._run, None
+        if run is None:
+            return
+        if run.copying:
+            self._copy_end(run, abort)
+        elif not abort:
+            for params, formats, ctx in run.pending:
+                self.execute(run.stmt, params, formats, ctx)
+
+    def _copy_begin(self, run: Run) -> None:
+        # libpq has no COPY in pipeline mode: wait for what is queued, leave the
+        # pipeline, COPY, and enter it again at the end of the run.
+        self._sync()
+        pg = self.pg
+        if self._failure is not None:
+            self._run = None
+            self._reenter_pipeline()
+            self._raise()
+        try:
+            pg.send_query(copy_query(run.stmt, run.fmt))
+            res = self._next_result()
+        except psycopg.OperationalError as e:
+            raise _lost(e) from None
+        if res is None or res.status != ExecStatus.COPY_IN:
+            self._run = None
+            self._collect(res)
+            self._failure = (res, run.pending[0][2]) if res is not None else None
+            self._reenter_pipeline()
+            if self._failure is not None:
+                self._raise()
+            raise ConnectionLost("the target did not start the COPY")
+        run.start()
+        self._copy_put(run, run.take())
+
+    def _copy_put(self, run: Run, data: bytes) -> None:
+        pg = self.pg
+        try:
+            while pg.put_copy_data(data) == 0:
+                self._wait_socket(write=True)
+            # Back-pressure: libpq's buffer would grow without bound in
+            # non-blocking mode; hold it to what the socket takes.
+            while pg.flush():
+                self._wait_socket(write=True)
+        except psycopg.OperationalError as e:
+            if pg.status != pq.ConnStatus.OK:
+                raise _lost(e) from None
+            # The server ended the COPY with an error: collect and report it.
+            self._run = None
+            self._copy_failed(run, self._collect(None))
+
+    def _copy_end(self, run: Run, abort: bool) -> None:
+        pg = self.pg
+        try:
+            if not abort:
+                self._copy_put(run, run.take(last=True))
+            while pg.put_copy_end(b"applier: rolled back" if abort else None) == 0:
+                self._wait_socket(write=True)
+            error = self._collect(None)
+        except psycopg.OperationalError as e:
+            raise _lost(e) from None
+        if abort:
+            self._reenter_pipeline()
+        else:
+            self._copy_failed(run, error)
+
+    def _copy_failed(self, run: Run, error: pq.abc.PGresult | None) -> None:
+        self._reenter_pipeline()
+        if error is not None:
+            ctx_b = error.error_field(pq.DiagnosticField.CONTEXT)
+            line = error_line(ctx_b.decode("utf-8", "replace") if ctx_b else None)
+            self._failure = (error, _CopyCtx(run, line))
+            self._raise()
+
+    def _collect(self, first: pq.abc.PGresult | None) -> pq.abc.PGresult | None:
+        """Read results until libpq has no more; return the first error."""
+        error = first if first is not None and first.status == ExecStatus.FATAL_ERROR else None
+        while (res := self._next_result()) is not None:
+            if error is None and res.status == ExecStatus.FATAL_ERROR:
+                error = res
+        return error
+
+    def _next_result(self) -> pq.abc.PGresult | None:
+        pg = self.pg
+        while True:
+            pending = pg.flush()
+            pg.consume_input()
+            if not pg.is_busy():
+                return pg.get_result()
+            self._wait_socket(write=bool(pending))
+
+    def _wait_socket(self, write: bool) -> None:
+        pg = self.pg
+        self._sel.modify(pg.socket, selectors.EVENT_READ | (selectors.EVENT_WRITE if write else 0))
+        for _key, events in self._sel.select(1.0):
+            if events & selectors.EVENT_READ:
+                pg.consume_input()  # notices, or the error that ends the COPY
+
+    def _reenter_pipeline(self) -> None:
+        try:
+            self.pg.enter_pipeline_mode()
+        except psycopg.OperationalError as e:
+            raise _lost(e) from None
 
     def _after_send(self) -> None:
         self._sent += 1
@@ -281,6 +422,7 @@ class TargetSession:
     def commit(self, end_lsn: Lsn, commit_ts: int) -> Lsn:
         """Stamp the origin and commit; return the local commit LSN to wait for (0: durable)."""
         assert self.in_txn
+        self._end_run()
         self._origin_setup(end_lsn, commit_ts)
         self._send_ctl(b"COMMIT", "COMMIT")
         if self.flush_wait:
@@ -293,6 +435,7 @@ class TargetSession:
     def prepare(self, gid: str, end_lsn: Lsn, prepare_ts: int) -> Lsn:
         """Stamp the origin and PREPARE TRANSACTION ``gid``."""
         assert self.in_txn
+        self._end_run()
         self._origin_setup(end_lsn, prepare_ts)
         self._send_ctl(b"PREPARE TRANSACTION " + _literal(gid), "PREPARE TRANSACTION")
         if self.flush_wait:
@@ -336,6 +479,7 @@ class TargetSession:
         if not self.in_txn:
             return
         try:
+            self._end_run(abort=True)
             self._sync()
         finally:
             self.in_txn = False
@@ -368,6 +512,23 @@ class TargetSession:
         sel = getattr(self, "_sel", None)
         if sel is not None:
             sel.close()
+
+
+class _CopyCtx:
+    """Error context of a COPY run: the change on the failing line."""
+
+    def __init__(self, run: Run, line: int | None) -> None:
+        self.run = run
+        self.line = line
+
+    def describe(self) -> dict[str, Any]:
+        first = getattr(self.run.first_ctx, "describe", None)
+        out: dict[str, Any] = dict(first()) if callable(first) else {}
+        out.pop("key", None)  # the first row's; the server's DETAIL names the failing key
+        out.update(self.run.where(self.line))
+        if self.line is not None:
+            out["copy_line"] = self.line
+        return out
 
 
 def _literal(text: str) -> bytes:

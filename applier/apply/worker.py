@@ -63,7 +63,9 @@ Streamed transactions
 
 See :mod:`applier.apply.spool`: spooled per top-level xid (memory up to
 ``memory_limit``, then disk), subtransaction aborts truncate, Stream Commit
-replays in one target transaction, Stream Abort discards. Streams are
+replays in one target transaction, Stream Abort discards. The stream hands
+changes inside stream blocks over undecoded (``StreamedChange``): they are
+spooled as the bytes received and decoded once, at replay. Streams are
 applied serially also with ``streaming = parallel`` (then the Stream Abort
 carries its LSN, which we do not need).
 
@@ -197,12 +199,14 @@ from applier.protocol import (
     RollbackPrepared,
     StreamAbort,
     StreamCommit,
+    StreamedChange,
     StreamPrepare,
     StreamStart,
     StreamStop,
     Truncate,
     Type,
     Update,
+    decode_streamed,
 )
 from applier.schema import schema_at_head, upgrade_target
 
@@ -225,7 +229,9 @@ class State(enum.Enum):
 
 
 IDLE, TXN, PREPARE, STREAM = State.IDLE, State.TXN, State.PREPARE, State.STREAM
-_CHANGE_STATES = frozenset({TXN, PREPARE, STREAM})
+_CHANGE_STATES = frozenset({TXN, PREPARE})
+#: In a stream block, changes and the schema they see arrive as StreamedChange.
+_NOT_STREAM = frozenset({IDLE, TXN, PREPARE})
 _ANY = frozenset(State)
 
 
@@ -311,8 +317,9 @@ class Applier:
             Begin: (frozenset({IDLE}), self.on_begin),
             Commit: (frozenset({TXN}), self.on_commit),
             Origin: (frozenset({TXN, PREPARE}), self.on_origin),
-            Relation: (_ANY, self.on_relation),
-            Type: (_ANY, self.on_type),
+            Relation: (_NOT_STREAM, self.on_relation),
+            Type: (_NOT_STREAM, self.on_type),
+            StreamedChange: (frozenset({STREAM}), self.on_streamed_change),
             Insert: (_CHANGE_STATES, self.on_insert),
             Update: (_CHANGE_STATES, self.on_update),
             Delete: (_CHANGE_STATES, self.on_delete),
@@ -420,16 +427,10 @@ class Applier:
     # -- schema ----------------------------------------------------------------------
 
     def on_relation(self, lsn: Lsn, m: Relation) -> None:
-        if self.state is STREAM:
-            self._spool(m)
-            return
         self.relations[m.oid] = m
         self.relmaps.pop(m.oid, None)
 
     def on_type(self, lsn: Lsn, m: Type) -> None:
-        if self.state is STREAM:
-            self._spool(m)
-            return
         # pgoutput writes pg_catalog as the empty string.
         self.types[m.oid] = (m.namespace or "pg_catalog", m.name)
 
@@ -485,9 +486,9 @@ class Applier:
 
     # -- changes -----------------------------------------------------------------------
 
-    def _spool(self, m: PgOutputMessage) -> None:
+    def on_streamed_change(self, lsn: Lsn, m: StreamedChange) -> None:
         assert self.spool is not None
-        self.spools.add(self.spool, m, getattr(m, "xid", None))
+        self.spools.add(self.spool, m.data, m.xid)
 
     def _target(self, lsn: Lsn, oid: int) -> RelMap | None:
         txn = self.txn
@@ -503,13 +504,10 @@ class Applier:
         return rm
 
     def on_insert(self, lsn: Lsn, m: Insert) -> None:
-        if self.state is STREAM:
-            self._spool(m)
-            return
         rm = self._target(lsn, m.relation_oid)
         if rm is not None:
             stmt, params, fmts = self.planner.insert(rm, m)
-            self.session.execute(stmt, params, fmts, ChangeCtx(lsn, self._xid(), rm, m))
+            self.session.insert(stmt, params, fmts, ChangeCtx(lsn, self._xid(), rm, m))
 
     def on_update(self, lsn: Lsn, m: Update) -> None:
         self._keyed_change(lsn, m, self.planner.update)
@@ -519,9 +517,6 @@ class Applier:
 
     def _keyed_change(self, lsn: Lsn, m: Any, plan: Callable[[RelMap, Any], Any]) -> None:
         """UPDATE/DELETE: planning can refuse (REPLICA IDENTITY NOTHING), with context."""
-        if self.state is STREAM:
-            self._spool(m)
-            return
         rm = self._target(lsn, m.relation_oid)
         if rm is not None:
             ctx = ChangeCtx(lsn, self._xid(), rm, m)
@@ -533,9 +528,6 @@ class Applier:
             self.session.execute(stmt, params, fmts, ctx)
 
     def on_truncate(self, lsn: Lsn, m: Truncate) -> None:
-        if self.state is STREAM:
-            self._spool(m)
-            return
         txn = self.txn
         assert txn is not None
         if txn.skip:
@@ -579,8 +571,8 @@ class Applier:
         self.state = TXN
         self._start_txn(xid, commit_lsn, False, gid)
         if spool is not None:
-            for msg in spool:
-                self.dispatch(commit_lsn, msg)
+            for data in spool:
+                self.dispatch(commit_lsn, decode_streamed(data))
 
     def on_stream_commit(self, lsn: Lsn, m: StreamCommit) -> None:
         self.commit_group()
@@ -820,7 +812,9 @@ class Worker:
         spools.clear_stale()
         try:
             ensure_origin(catalog_conn, cfg.origin)
-            session = TargetSession(target_ci, cfg.origin, cfg.apply.synchronous_commit)
+            session = TargetSession(
+                target_ci, cfg.origin, cfg.apply.synchronous_commit, cfg.apply.copy_threshold
+            )
             progress = origin_progress(session.conn, cfg.origin)
             repl = ReplicationConnection.open(source_conninfo(cfg), application_name="applier")
             if not repl.slot_exists(cfg.source.slot):
@@ -837,6 +831,7 @@ class Worker:
                     two_phase=cfg.apply.two_phase,
                     status_interval=cfg.apply.status_interval,
                     timeout=cfg.apply.timeout,
+                    defer_streamed=True,
                 ),
             )
             log.info(

@@ -18,7 +18,7 @@ from .copydata import (
     standby_status_update,
     xlogdata,
 )
-from .decoder import MESSAGE_NAMES, MIN_PROTO_VERSION, PgOutputDecoder
+from .decoder import MESSAGE_NAMES, MIN_PROTO_VERSION, PgOutputDecoder, decode_streamed
 from .encoder import encode, encode_tuple
 from .messages import (
     ALL_MESSAGE_TYPES,
@@ -43,6 +43,7 @@ from .messages import (
     RollbackPrepared,
     StreamAbort,
     StreamCommit,
+    StreamedChange,
     StreamPrepare,
     StreamStart,
     StreamStop,
@@ -82,11 +83,13 @@ __all__ = [
     "StreamPrepare",
     "StreamStart",
     "StreamStop",
+    "StreamedChange",
     "Truncate",
     "TupleData",
     "Type",
     "Update",
     "XLogData",
+    "decode_streamed",
     "encode",
     "encode_tuple",
     "keepalive",

@@ -84,6 +84,7 @@ from .messages import (
     RollbackPrepared,
     StreamAbort,
     StreamCommit,
+    StreamedChange,
     StreamPrepare,
     StreamStart,
     StreamStop,
@@ -94,7 +95,7 @@ from .messages import (
     fast_constructor,
 )
 
-__all__ = ["MESSAGE_NAMES", "MIN_PROTO_VERSION", "PgOutputDecoder"]
+__all__ = ["MESSAGE_NAMES", "MIN_PROTO_VERSION", "PgOutputDecoder", "decode_streamed"]
 
 #: Human names of the message tags, for errors.
 MESSAGE_NAMES: dict[str, str] = {
@@ -524,6 +525,30 @@ _ROW_BODIES: dict[str, _RowBody] = {
     "M": _message,
 }
 
+#: The tags whose in-stream messages ``defer_streamed`` keeps as bytes.
+DEFERRED_TAGS = "RYIUDT"
+_STREAMED_BODIES: dict[int, _Handler] = {
+    ord(tag): _with_xid(_ROW_BODIES[tag], tag) for tag in DEFERRED_TAGS
+}
+
+
+def _defer(tag: str) -> _Handler:
+    def handler(data: bytes) -> StreamedChange:
+        if len(data) < 5:
+            _need(data, 1, (("xid", 4),), tag)
+        return StreamedChange(_U32.unpack_from(data, 1)[0], data)
+
+    return handler
+
+
+def decode_streamed(data: bytes) -> PgOutputMessage:
+    """Decode the bytes of a :class:`StreamedChange` (as inside its stream block)."""
+    handler = _STREAMED_BODIES.get(data[0]) if data else None
+    if handler is None:
+        raise DecodeError("not a deferred streamed change", offset=0)
+    return handler(data)
+
+
 _PLAIN: dict[str, _Handler] = {
     "B": _begin,
     "C": _commit,
@@ -566,13 +591,28 @@ class PgOutputDecoder:
     both forms at protocol 4 and tells them apart by length.
     """
 
-    __slots__ = ("_plain", "_stream", "_table", "proto_version", "streaming_parallel")
+    __slots__ = (
+        "_plain",
+        "_stream",
+        "_table",
+        "defer_streamed",
+        "proto_version",
+        "streaming_parallel",
+    )
 
-    def __init__(self, proto_version: int = 1, *, streaming_parallel: bool | None = None) -> None:
+    def __init__(
+        self,
+        proto_version: int = 1,
+        *,
+        streaming_parallel: bool | None = None,
+        defer_streamed: bool = False,
+    ) -> None:
         if proto_version not in (1, 2, 3, 4):
             raise ValueError(f"unsupported pgoutput proto_version {proto_version}")
         self.proto_version = proto_version
         self.streaming_parallel = streaming_parallel
+        #: Return in-stream changes as :class:`StreamedChange` (checked at replay).
+        self.defer_streamed = defer_streamed
         self._plain = self._build_table(in_stream=False)
         self._stream = self._build_table(in_stream=True)
         self._table = self._plain
@@ -624,7 +664,8 @@ class PgOutputDecoder:
         handlers.update(S=self._stream_start, E=self._stream_stop, A=self._stream_abort)
         if in_stream:
             for tag, body in _ROW_BODIES.items():
-                handlers[tag] = _with_xid(body, tag)
+                defer = self.defer_streamed and tag in DEFERRED_TAGS
+                handlers[tag] = _defer(tag) if defer else _with_xid(body, tag)
             handlers["S"] = _refuse("S", "Stream Start inside a stream block")
             for tag in "cAp":
                 handlers[tag] = _refuse(tag, "not allowed inside a stream block")

@@ -31,6 +31,7 @@ from .messages import (
     RollbackPrepared,
     StreamAbort,
     StreamCommit,
+    StreamedChange,
     StreamPrepare,
     StreamStart,
     StreamStop,
@@ -195,6 +196,8 @@ def _check_allowed(msg: PgOutputMessage, proto_version: int, in_stream: bool) ->
 
 def encode(msg: PgOutputMessage, proto_version: int = 1, in_stream: bool = False) -> bytes:
     """The bytes a walsender would send for ``msg``; raise ValueError if it could not."""
+    if isinstance(msg, StreamedChange):
+        return msg.data  # still the bytes it was received as
     _check_allowed(msg, proto_version, in_stream)
     head = msg.tag.encode()
     xid = getattr(msg, "xid", None) if msg.tag in _XID_TAGS else None

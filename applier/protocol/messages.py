@@ -408,6 +408,26 @@ class StreamPrepare:
         return pg_timestamp(self.prepare_ts)
 
 
+@dataclass(frozen=True, slots=True)
+class StreamedChange:
+    """A Relation/Type/Insert/Update/Delete/Truncate inside a stream block, undecoded.
+
+    Only from ``PgOutputDecoder(defer_streamed=True)``: a streamed change is not
+    applied before its Stream Commit, so the apply worker keeps the bytes (which
+    are compact and need no serialisation to spool) and decodes them at replay
+    with :func:`applier.protocol.decoder.decode_streamed`. ``data`` is the whole
+    message, tag and xid included.
+    """
+
+    kind: ClassVar[str] = "streamed_change"
+    xid: int
+    data: bytes
+
+    @property
+    def tag(self) -> str:
+        return chr(self.data[0])
+
+
 PgOutputMessage = (
     Begin
     | Commit
@@ -428,6 +448,7 @@ PgOutputMessage = (
     | CommitPrepared
     | RollbackPrepared
     | StreamPrepare
+    | StreamedChange
 )
 
 #: Every message class, in the order of the protocol chapter.

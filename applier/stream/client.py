@@ -122,6 +122,8 @@ class StreamOptions:
     status_interval: float = 10.0
     timeout: float = 60.0  # seconds of server silence -> ServerTimeout
     report_flush: bool = True  # False: flush/apply reported as 0/0, the slot never advances
+    #: Changes inside stream blocks come as StreamedChange bytes (the apply worker spools them).
+    defer_streamed: bool = False
 
 
 @dataclass(frozen=True)
@@ -225,7 +227,9 @@ class LogicalStream:
         self.streaming: str = neg.streaming
         self.two_phase: bool = neg.two_phase
         self.decoder = PgOutputDecoder(
-            neg.proto_version, streaming_parallel=neg.streaming == "parallel"
+            neg.proto_version,
+            streaming_parallel=neg.streaming == "parallel",
+            defer_streamed=options.defer_streamed,
         )
         self.last_received: Lsn = Lsn(0)
         self._confirmed = Lsn(0)

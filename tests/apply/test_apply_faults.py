@@ -17,6 +17,7 @@ PGBENCH_SCRIPT = """
 \\set bid random(1, 1 * :scale)
 \\set tid random(1, 10 * :scale)
 \\set delta random(-5000, 5000)
+\\set bulk random(0, 9)
 BEGIN;
 UPDATE pgbench_accounts SET abalance = abalance + :delta WHERE aid = :aid;
 UPDATE pgbench_tellers SET tbalance = tbalance + :delta WHERE tid = :tid;
@@ -24,10 +25,16 @@ UPDATE pgbench_branches SET bbalance = bbalance + :delta WHERE bid = :bid;
 INSERT INTO pgbench_history (tid, bid, aid, delta, mtime)
   VALUES (:tid, :bid, :aid, :delta, CURRENT_TIMESTAMP);
 INSERT INTO txlog VALUES (txid_current(), :client_id);
+\\if :bulk = 0
+INSERT INTO bulk SELECT txid_current(), g, repeat(E'a\\tb\\\\', g % 3)
+  FROM generate_series(1, 80) g;
+\\endif
 END;
 """
 
-TABLES = ["pgbench_accounts", "pgbench_branches", "pgbench_tellers", "txlog"]
+# bulk: one transaction in ten also inserts 80 rows at once, which the worker
+# sends as a COPY run (applier/apply/copyrun.py); its key catches duplicates.
+TABLES = ["pgbench_accounts", "pgbench_branches", "pgbench_tellers", "txlog", "bulk"]
 
 
 def _pgbench_setup(pair: Pair) -> None:
@@ -38,7 +45,10 @@ def _pgbench_setup(pair: Pair) -> None:
              "-p", str(cluster.port), "-U", "postgres", db],
             check=True, capture_output=True,
         )  # fmt: skip
-    pair.both("CREATE TABLE txlog (txid bigint PRIMARY KEY, client int)")
+    pair.both(
+        "CREATE TABLE txlog (txid bigint PRIMARY KEY, client int);"
+        "CREATE TABLE bulk (txid bigint, g int, v text, PRIMARY KEY (txid, g))"
+    )
     # Start the target from the same data: copy the initial rows over.
     for t in ("pgbench_accounts", "pgbench_branches", "pgbench_tellers"):
         pair.sub_exec(f"TRUNCATE {t}")

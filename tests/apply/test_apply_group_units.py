@@ -27,6 +27,8 @@ class FakeSession:
         assert self.in_txn
         self.rows.append(params[0])
 
+    insert = execute
+
     def commit(self, end_lsn: Lsn, ts: int) -> Lsn:
         assert self.in_txn
         self.commits.append((int(end_lsn), self.rows))

@@ -9,7 +9,16 @@ from applier.apply.origin import FLUSHED, FlushTracker
 from applier.apply.planner import Planner
 from applier.apply.spool import SpoolSet
 from applier.lsn import Lsn
-from applier.protocol import Column, Delete, Insert, Relation, TupleData, Update
+from applier.protocol import (
+    Column,
+    Delete,
+    Insert,
+    Relation,
+    TupleData,
+    Update,
+    decode_streamed,
+    encode,
+)
 
 
 def _rm(replident: str = "d", partitioned: bool = False) -> RelMap:
@@ -64,11 +73,13 @@ def test_spool_subxact_abort_in_memory_and_on_disk(tmp_path: Path) -> None:
         ins = [Insert(x, 1, TupleData.text(str(i).encode())) for i, x in
                enumerate([100, 100, 101, 101, 102, 100])]  # fmt: skip
         for m in ins[:4]:
-            spools.add(sp, m, m.xid)
+            spools.add(sp, encode(m, 2, in_stream=True), m.xid)
         spools.abort(100, 101)
         for m in ins[4:]:
-            spools.add(sp, m, m.xid)
-        assert [m.new.values[0] for m in sp] == [b"0", b"1", b"4", b"5"]  # type: ignore[union-attr]
+            spools.add(sp, encode(m, 2, in_stream=True), m.xid)
+        got = [decode_streamed(d) for d in sp]
+        assert [m.new.values[0] for m in got] == [b"0", b"1", b"4", b"5"]  # type: ignore[union-attr]
+        assert [m.xid for m in got] == [100, 100, 102, 100]  # type: ignore[union-attr]
         assert sp.on_disk == (limit == 1)
         spools.abort(100, 100)
         assert spools.get(100) is None and not list(tmp_path.glob("*.spool"))

@@ -1,0 +1,153 @@
+"""Runs of INSERTs as ``COPY ... FROM STDIN``: the row encoding, with no I/O.
+
+A prepared INSERT costs the target a Bind/Execute with executor start-up per
+row; COPY costs it one input-function call per value. So consecutive INSERTs
+into one table with the same columns and value format (a *run*) are held back
+by the session; once the run reaches ``[apply] copy_threshold`` rows it is
+sent as one COPY (libpq cannot COPY inside a pipeline: the session syncs and
+leaves pipeline mode first, which costs one round trip, hence the threshold),
+and every further row of the run is appended to that COPY as it arrives. A run
+that ends below the threshold goes out as ordinary prepared INSERTs. Either way
+the rows reach the target in the order the source wrote them, inside the same
+target transaction, so nothing about exactly-once changes.
+
+Values are the protocol's bytes: text values are escaped for COPY's text format
+(``\\``, tab, newline, carriage return; NULL is ``\\N``), binary values
+(``[apply] binary``) go into COPY's binary format as they are, since both are
+what the type's input or receive function reads. A row mixing text and binary
+values cannot be copied and is applied with INSERT.
+
+An error in a COPY names its line; :class:`Run` keeps each row's source LSN and
+xid (not the row) so the error still names the change that failed.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from array import array
+from collections.abc import Sequence
+
+from applier.lsn import Lsn
+
+from .planner import Formats, Params, Stmt
+
+TEXT, BINARY, NO_COPY = 0, 1, -1
+
+#: Hand rows to libpq in chunks of about this size.
+CHUNK = 256 * 1024
+
+BINARY_HEADER = b"PGCOPY\n\xff\r\n\x00" + struct.pack(">ii", 0, 0)
+BINARY_TRAILER = struct.pack(">h", -1)
+_NULL_TEXT = b"\\N"
+_NULL_BINARY = struct.pack(">i", -1)
+_INT16 = struct.Struct(">h")
+_INT32 = struct.Struct(">i")
+_LINE = re.compile(r"\bline (\d+)")
+
+
+def row_format(params: Params, fmts: Formats) -> int:
+    """TEXT or BINARY when every non-NULL value has that format, else NO_COPY."""
+    if fmts is None:
+        return TEXT
+    # NULLs are always format 0: all non-NULL values are binary exactly when the
+    # zero formats are the NULLs.
+    return BINARY if fmts.count(0) == params.count(None) else NO_COPY
+
+
+def _escape(v: bytes) -> bytes:
+    if b"\\" in v:
+        v = v.replace(b"\\", b"\\\\")
+    if b"\t" in v:
+        v = v.replace(b"\t", b"\\t")
+    if b"\n" in v:
+        v = v.replace(b"\n", b"\\n")
+    if b"\r" in v:
+        v = v.replace(b"\r", b"\\r")
+    return v
+
+
+def text_row(params: Sequence[bytes | None]) -> bytes:
+    """One line of COPY text format."""
+    if None not in params:
+        line = b"\t".join(params)  # type: ignore[arg-type]
+        # Fast path: no value holds a tab, newline, CR or backslash.
+        if (
+            line.count(b"\t") == len(params) - 1
+            and b"\\" not in line
+            and b"\n" not in line
+            and b"\r" not in line
+        ):
+            return line + b"\n"
+    return b"\t".join([_NULL_TEXT if v is None else _escape(v) for v in params]) + b"\n"
+
+
+def binary_row(params: Sequence[bytes | None]) -> bytes:
+    """One tuple of COPY binary format."""
+    parts = [_INT16.pack(len(params))]
+    for v in params:
+        if v is None:
+            parts.append(_NULL_BINARY)
+        else:
+            parts.append(_INT32.pack(len(v)))
+            parts.append(v)
+    return b"".join(parts)
+
+
+def copy_query(stmt: Stmt, fmt: int) -> bytes:
+    return stmt.copy + (b" (FORMAT binary)" if fmt == BINARY else b"")
+
+
+def error_line(context: str | None) -> int | None:
+    """The 1-based COPY line an error's CONTEXT names (``COPY t, line 3, ...``)."""
+    m = _LINE.search(context or "")
+    return int(m.group(1)) if m else None
+
+
+class Run:
+    """Consecutive INSERTs of one statement and format: held back, then copied."""
+
+    __slots__ = ("buf", "copying", "first_ctx", "fmt", "lsns", "pending", "stmt", "xids")
+
+    def __init__(self, stmt: Stmt, fmt: int) -> None:
+        self.stmt = stmt
+        self.fmt = fmt
+        #: Rows held back until the run is long enough for COPY.
+        self.pending: list[tuple[Params, Formats, object]] = []
+        self.copying = False
+        self.buf = bytearray()
+        #: Source LSN and xid per copied row, for errors.
+        self.lsns = array("Q")
+        self.xids = array("q")
+        self.first_ctx: object = None
+
+    def start(self) -> None:
+        """Switch to copying: the held-back rows become the COPY's first lines."""
+        self.copying = True
+        if self.fmt == BINARY:
+            self.buf += BINARY_HEADER
+        pending, self.pending = self.pending, []
+        if pending:
+            self.first_ctx = pending[0][2]
+        for params, _fmts, ctx in pending:
+            self.add(params, getattr(ctx, "lsn", 0), getattr(ctx, "xid", None))
+
+    def add(self, params: Params, lsn: int, xid: int | None) -> None:
+        self.buf += binary_row(params) if self.fmt == BINARY else text_row(params)
+        self.lsns.append(lsn)
+        self.xids.append(-1 if xid is None else xid)
+
+    def take(self, last: bool = False) -> bytes:
+        """The encoded rows not yet handed to libpq (with the trailer when ``last``)."""
+        if last and self.fmt == BINARY:
+            self.buf += BINARY_TRAILER
+        data = bytes(self.buf)
+        self.buf.clear()
+        return data
+
+    def where(self, line: int | None) -> dict[str, object]:
+        """The LSN/xid of COPY line ``line`` (1-based), for an error's context."""
+        if line is None or not 1 <= line <= len(self.lsns):
+            return {}
+        xid = self.xids[line - 1]
+        return {"lsn": str(Lsn(self.lsns[line - 1])), "xid": None if xid < 0 else xid}
