@@ -16,7 +16,7 @@ applier/built-in and applier/pg_recvlogical, and the applier's peak RSS.
 from __future__ import annotations
 
 import argparse
-import resource
+import os
 import statistics
 import subprocess
 import sys
@@ -109,28 +109,57 @@ def time_recvlogical(pub: LocalCluster, slot: str, end_lsn: str) -> float:
     return time.monotonic() - t0
 
 
-def time_builtin(pub: LocalCluster, sub: LocalCluster, slot: str, marker: int) -> float:
+def proc_cpu(pid: int | None) -> float:
+    """CPU seconds (user + system) a server process has used so far."""
+    if not pid:
+        return float("nan")
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def walsender_cpu(pub: LocalCluster, slot: str) -> float:
+    rows = sh(pub, f"SELECT active_pid FROM pg_replication_slots WHERE slot_name = '{slot}'")
+    return proc_cpu(rows[0][0] if rows else None)
+
+
+def time_builtin(
+    pub: LocalCluster, sub: LocalCluster, slot: str, marker: int
+) -> tuple[float, dict[str, float]]:
     t0 = time.monotonic()
     sh(sub, f"CREATE SUBSCRIPTION bsub CONNECTION '{pub.dsn(DB)}' PUBLICATION pub "
             f"WITH (copy_data = false, create_slot = false, slot_name = '{slot}', "
             f"streaming = on)")  # fmt: skip
     wait_marker(sub, marker)
     elapsed = time.monotonic() - t0
+    worker = sh(sub, "SELECT pid FROM pg_stat_subscription WHERE subname = 'bsub' "
+                     "AND relid IS NULL")  # fmt: skip
+    cpu = {"apply worker": proc_cpu(worker[0][0] if worker else None),
+           "walsender": walsender_cpu(pub, slot)}  # fmt: skip
     sh(sub, "ALTER SUBSCRIPTION bsub DISABLE")
     sh(sub, "ALTER SUBSCRIPTION bsub SET (slot_name = NONE)")
     sh(sub, "DROP SUBSCRIPTION bsub")
-    return elapsed
+    return elapsed, cpu
 
 
 def time_applier(
     pub: LocalCluster, sub: LocalCluster, slot: str, marker: int, workdir: Path
-) -> tuple[float, int]:
+) -> tuple[float, dict[str, float], int]:
     cfg = workdir / f"{slot}.toml"
     cfg.write_text(
         f'[source]\ndsn = "{pub.dsn(DB)}"\npublications = ["pub"]\nslot = "{slot}"\n'
         f'[target]\ndsn = "{sub.dsn(DB)}"\norigin = "o_{slot}"\n'
         '[apply]\nsynchronous_commit = "off"\n[logging]\nlevel = "info"\n'
     )
+    # The applier schema on the target is set up once per target (as the
+    # built-in subscriber's catalogs exist before CREATE SUBSCRIPTION): not
+    # part of draining the backlog.
+    subprocess.run(
+        [sys.executable, "-m", "applier.cli", "migrate", "--config", str(cfg)],
+        cwd=ROOT, check=True, capture_output=True,
+    )  # fmt: skip
     t0 = time.monotonic()
     proc = subprocess.Popen(
         [sys.executable, "-m", "applier.cli", "run", "--config", str(cfg)],
@@ -138,10 +167,15 @@ def time_applier(
     )  # fmt: skip
     wait_marker(sub, marker)
     elapsed = time.monotonic() - t0
+    backend = sh(sub, "SELECT pid FROM pg_stat_activity WHERE application_name = 'applier apply'")
+    cpu = {"target backend": proc_cpu(backend[0][0] if backend else None),
+           "walsender": walsender_cpu(pub, slot)}  # fmt: skip
     proc.terminate()
-    proc.wait(60)
-    rss_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    return elapsed, rss_kb * 1024
+    # This child's own rusage (RUSAGE_CHILDREN would mix in pgbench and pg_recvlogical).
+    _, _, usage = os.wait4(proc.pid, 0)
+    proc.returncode = 0
+    cpu["applier process"] = usage.ru_utime + usage.ru_stime
+    return elapsed, cpu, usage.ru_maxrss * 1024
 
 
 def bench(pub: LocalCluster, sub: LocalCluster, workload: str, args: argparse.Namespace,
@@ -157,9 +191,11 @@ def bench(pub: LocalCluster, sub: LocalCluster, workload: str, args: argparse.Na
     out: dict[str, float] = {}
     out["pg_recvlogical"] = time_recvlogical(pub, slots[0], end_lsn)
     reset_target(sub, workload)
-    out["builtin"] = time_builtin(pub, sub, slots[1], marker)
+    out["builtin"], cpu = time_builtin(pub, sub, slots[1], marker)
+    out.update({f"cpu built-in {k}": v for k, v in cpu.items()})
     reset_target(sub, workload)
-    out["applier"], rss = time_applier(pub, sub, slots[2], marker, workdir)
+    out["applier"], cpu, rss = time_applier(pub, sub, slots[2], marker, workdir)
+    out.update({f"cpu applier {k}": v for k, v in cpu.items()})
     out["applier_rss_mb"] = rss / 1024**2
     for s in slots:
         sh(pub, f"SELECT pg_drop_replication_slot('{s}')")
@@ -190,6 +226,9 @@ def main() -> None:
             print(f"  applier        {med['applier']:8.2f} s  (peak RSS {rss:.0f} MB)")
             print(f"  applier/built-in       {med['applier'] / med['builtin']:.2f}")
             print(f"  applier/pg_recvlogical {med['applier'] / med['pg_recvlogical']:.2f}")
+            print("  CPU seconds (median):")
+            for k in sorted(k for k in med if k.startswith("cpu ")):
+                print(f"    {k[4:]:32s} {med[k]:6.2f}")
             sys.stdout.flush()
 
 

@@ -95,23 +95,55 @@ class Planner:
 
     def __init__(self) -> None:
         self._cache: dict[tuple[int, str, bytes, bytes], Stmt] = {}
+        #: (mapping version, new kinds, old kinds) -> statement and parameter formats:
+        #: the column kinds decide both, so the hot path is one lookup per change.
+        self._inserts: dict[tuple[int, bytes], tuple[Stmt, Formats]] = {}
+        self._updates: dict[tuple[int, bytes, bytes | None], tuple[Stmt, Formats]] = {}
+        self._deletes: dict[tuple[int, bytes], tuple[Stmt, Formats]] = {}
 
     # -- public ------------------------------------------------------------------
 
     def insert(self, rm: RelMap, change: Insert) -> tuple[Stmt, Params, Formats]:
         new = change.new
-        shape = _present(new.kinds)
-        stmt = self._cache.get((rm.version, INSERT, shape, b""))
-        if stmt is None:
-            stmt = self._build_insert(rm, shape)
+        hit = self._inserts.get((rm.version, new.kinds))
+        if hit is None:
+            stmt = self._build_insert(rm, _present(new.kinds))
+            fmts = _fmt(new, stmt.new_idx) if b"b" in new.kinds else None
+            hit = self._inserts[(rm.version, new.kinds)] = (stmt, fmts)
+        stmt, fmts = hit
+        values = new.values
         if stmt.all_new:
-            params: Params = list(new.values)
-            fmts = new.kinds.translate(_FORMAT) if b"b" in new.kinds else None
-        else:
-            params, fmts = _pick(new, stmt.new_idx)
-        return stmt, params, fmts
+            return stmt, list(values), fmts
+        return stmt, [values[i] for i in stmt.new_idx], fmts
 
     def update(self, rm: RelMap, change: Update) -> tuple[Stmt, Params, Formats]:
+        new, old = change.new, change.old
+        key = (rm.version, new.kinds, None if old is None else old.kinds)
+        hit = self._updates.get(key)
+        if hit is None:
+            hit = self._updates[key] = self._plan_update(rm, change)
+        stmt, fmts = hit
+        nv = new.values
+        ov = nv if old is None else old.values
+        params: Params = [nv[i] for i in stmt.new_idx]
+        params += [ov[i] for i in stmt.where_idx]
+        return stmt, params, fmts
+
+    def delete(self, rm: RelMap, change: Delete) -> tuple[Stmt, Params, Formats]:
+        old = change.old
+        hit = self._deletes.get((rm.version, old.kinds))
+        if hit is None:
+            self._check_identity(rm, "DELETE")
+            stmt = self._cache.get((rm.version, DELETE, b"", self._where_shape(rm, old, True)))
+            if stmt is None:
+                stmt = self._build_delete(rm, self._where_shape(rm, old, True))
+            fmts = _fmt(old, stmt.where_idx) if b"b" in old.kinds else None
+            hit = self._deletes[(rm.version, old.kinds)] = (stmt, fmts)
+        stmt, fmts = hit
+        ov = old.values
+        return stmt, [ov[i] for i in stmt.where_idx], fmts
+
+    def _plan_update(self, rm: RelMap, change: Update) -> tuple[Stmt, Formats]:
         self._check_identity(rm, "UPDATE")
         new = change.new
         old = change.old if change.old is not None else new
@@ -125,14 +157,9 @@ class Planner:
         stmt = self._cache.get((rm.version, UPDATE, new_shape, old_shape))
         if stmt is None:
             stmt = self._build_update(rm, new_shape, old_shape)
-        p1, f1 = _pick(new, stmt.new_idx)
-        p2, f2 = _pick(old, stmt.where_idx)
-        fmts = (
-            None
-            if f1 is None and f2 is None
-            else _fmt(new, stmt.new_idx) + _fmt(old, stmt.where_idx)
-        )
-        return stmt, p1 + p2, fmts
+        binary = b"b" in new.kinds or b"b" in old.kinds
+        fmts = _fmt(new, stmt.new_idx) + _fmt(old, stmt.where_idx) if binary else None
+        return stmt, fmts
 
     @staticmethod
     def _unchanged_key_shape(rm: RelMap, shape: bytes) -> bytes:
@@ -142,16 +169,6 @@ class Planner:
         # A table of key columns only keeps them in SET (a no-op update that
         # still proves the row exists).
         return bytes(masked) if any(masked) else shape
-
-    def delete(self, rm: RelMap, change: Delete) -> tuple[Stmt, Params, Formats]:
-        self._check_identity(rm, "DELETE")
-        old = change.old
-        old_shape = self._where_shape(rm, old, True)
-        stmt = self._cache.get((rm.version, DELETE, b"", old_shape))
-        if stmt is None:
-            stmt = self._build_delete(rm, old_shape)
-        params, fmts = _pick(old, stmt.where_idx)
-        return stmt, params, fmts
 
     @staticmethod
     def truncate(rms: Sequence[RelMap], cascade: bool, restart_identity: bool) -> bytes:
@@ -303,14 +320,6 @@ class Planner:
         stmt = Stmt(self._name(rm, DELETE), query, types, (), where, True, False)
         self._cache[(rm.version, DELETE, b"", old_shape)] = stmt
         return stmt
-
-
-def _pick(tup: TupleData, idx: tuple[int, ...]) -> tuple[Params, Formats]:
-    values = tup.values
-    params: Params = [values[i] for i in idx]
-    if b"b" in tup.kinds:
-        return params, _fmt(tup, idx)
-    return params, None
 
 
 def _fmt(tup: TupleData, idx: tuple[int, ...]) -> bytes:

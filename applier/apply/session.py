@@ -184,7 +184,12 @@ class TargetSession:
         except psycopg.OperationalError as e:
             raise _lost(e) from None
         self._q.append((_MOD if stmt.modifies else _ROW, ctx))
-        self._after_send()
+        # _after_send(), inlined: this runs for every change.
+        self._sent += 1
+        if self._sent % PUMP_EVERY == 0:
+            self._pump(until_empty=False)
+            if self._failure is not None:
+                self._raise()
 
     def execute_sql(self, query: bytes, ctx: Any) -> None:
         """Queue one unprepared statement without parameters (TRUNCATE)."""

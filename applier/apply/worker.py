@@ -227,6 +227,10 @@ class State(enum.Enum):
     PREPARE = "in prepared transaction"
     STREAM = "in stream"
 
+    # Enum hashes by name in Python code; members are singletons, so identity will do
+    # (dispatch checks the state of every message against a frozenset).
+    __hash__ = object.__hash__
+
 
 IDLE, TXN, PREPARE, STREAM = State.IDLE, State.TXN, State.PREPARE, State.STREAM
 _CHANGE_STATES = frozenset({TXN, PREPARE})
@@ -495,7 +499,7 @@ class Applier:
         assert txn is not None
         if txn.skip:
             return None
-        rm = self.relmap(oid, lsn)
+        rm = self.relmaps.get(oid) or self.relmap(oid, lsn)
         if not rm.included:
             self.skipped_changes += 1
             return None
