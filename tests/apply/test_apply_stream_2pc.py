@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 from applykit import Runner, wait_equal, wait_for
 from conftest import Pair
 
@@ -90,3 +91,43 @@ def test_two_phase_restart_between_prepare_and_commit(pair: Pair) -> None:
     wait_equal(pair, ["t"], runner=runner)
     wait_for(lambda: pair.sub_exec(prepared) == [(0,)], what="nothing left prepared")
     assert runner.stop() == 0
+
+
+@pytest.mark.parametrize("any_pair", ["18-18"], indirect=True)
+def test_streaming_parallel_interleaved_transactions(any_pair: Pair) -> None:
+    """streaming = "parallel" (protocol 4): two streamed transactions interleave, one
+    with a subtransaction abort (whose Stream Abort carries its LSN), one aborting."""
+    pair = any_pair
+    _small_decoding_memory(pair)
+    pair.both("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    pair.pub_exec("CREATE PUBLICATION pub FOR ALL TABLES")
+    cfg = pair.write_config(apply={"streaming": "parallel", "memory_limit": "64kB"})
+    runner = Runner(pair, cfg).start().ready()
+    with pair.pub_conn() as a, pair.pub_conn() as b, pair.pub_conn() as c:
+        for conn in (a, b, c):
+            conn.autocommit = True
+            conn.execute("BEGIN")
+        for step in range(4):
+            lo = step * 1000
+            a.execute(f"INSERT INTO t SELECT g, 'a' FROM generate_series({lo + 1}, {lo + 1000}) g")
+            b.execute("SAVEPOINT s")
+            b.execute(
+                f"INSERT INTO t SELECT g, 'b' FROM generate_series({lo + 10001}, {lo + 11000}) g"
+            )
+            if step % 2:
+                b.execute("ROLLBACK TO SAVEPOINT s")
+            else:
+                b.execute("RELEASE SAVEPOINT s")
+            c.execute(
+                f"INSERT INTO t SELECT g, 'c' FROM generate_series({lo + 20001}, {lo + 21000}) g"
+            )
+        c.execute("ROLLBACK")
+        b.execute("COMMIT")
+        a.execute("UPDATE t SET v = 'a2' WHERE id % 3 = 0 AND id <= 4000")
+        a.execute("COMMIT")
+    wait_equal(pair, ["t"], runner=runner, timeout=90)
+    assert pair.sub_exec("SELECT v, count(*) FROM t GROUP BY v ORDER BY v") == [
+        ("a", 2667), ("a2", 1333), ("b", 2000)
+    ]  # fmt: skip
+    assert runner.stop() == 0
+    assert "streamed transaction commits" in runner.log()
