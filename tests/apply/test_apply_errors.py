@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 
+import pytest
 from applykit import Runner, origin_lsn, wait_equal
 from conftest import Pair
 
@@ -94,3 +95,36 @@ def test_column_added_mid_stream(pair: Pair) -> None:
         time.sleep(0.2)
     assert pair.sub_exec("SELECT DISTINCT target_only FROM t") == [(7,)]
     assert runner.stop() == 0
+
+
+@pytest.mark.parametrize("group_commit", [1, 100])
+def test_commit_time_failure_stops_everything_after_it(pair: Pair, group_commit: int) -> None:
+    """A COMMIT that fails (a deferred trigger) while later transactions are already
+    pipelined behind it: none of them may commit (the session's guard), and the error
+    names the failing transaction."""
+    pair.pub_exec("CREATE TABLE t (id int PRIMARY KEY, u int)")
+    # Deferred unique checks do not fire under session_replication_role = replica;
+    # an ENABLE ALWAYS deferred constraint trigger does, at COMMIT.
+    pair.sub_exec(
+        "CREATE TABLE t (id int PRIMARY KEY, u int);"
+        "CREATE FUNCTION no7() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+        "IF NEW.u = 7 THEN RAISE unique_violation USING MESSAGE = 'u = 7 is taken'; END IF; "
+        "RETURN NULL; END $$;"
+        "CREATE CONSTRAINT TRIGGER no7 AFTER INSERT ON t DEFERRABLE INITIALLY DEFERRED "
+        "FOR EACH ROW EXECUTE FUNCTION no7();"
+        "ALTER TABLE t ENABLE ALWAYS TRIGGER no7;"
+        "INSERT INTO t VALUES (100, 0)"
+    )
+    pair.pub_exec("CREATE PUBLICATION pub FOR ALL TABLES")
+    cfg = pair.write_config(apply={"group_commit": group_commit})
+    runner = Runner(pair, cfg).start().ready()
+    assert runner.stop() == 0  # the slot exists: what follows is a backlog
+    pair.pub_exec("INSERT INTO t VALUES (1, 1)")
+    bad_xid = pair.pub_exec("INSERT INTO t VALUES (2, 7) RETURNING txid_current()")[0][0]
+    for i in range(3, 40):
+        pair.pub_exec(f"INSERT INTO t VALUES ({i}, {i * 10 + 1})")
+    runner = Runner(pair, cfg, "applier2.log").start()
+    assert runner.wait(90) == 1
+    line = [ln for ln in runner.log().splitlines() if ln.startswith("applier: error")][-1]
+    assert "23505" in line and f"xid={bad_xid}" in line, line
+    assert pair.sub_exec("SELECT id FROM t ORDER BY id") == [(1,), (100,)]
