@@ -107,7 +107,11 @@ class Planner:
         new = change.new
         hit = self._inserts.get((rm.version, new.kinds))
         if hit is None:
-            stmt = self._build_insert(rm, _present(new.kinds))
+            # Kinds that differ only by NULLs share one statement (and so one COPY run).
+            shape = _present(new.kinds)
+            stmt = self._cache.get((rm.version, INSERT, shape, b"")) or self._build_insert(
+                rm, shape
+            )
             fmts = _fmt(new, stmt.new_idx) if b"b" in new.kinds else None
             hit = self._inserts[(rm.version, new.kinds)] = (stmt, fmts)
         stmt, fmts = hit
@@ -134,9 +138,10 @@ class Planner:
         hit = self._deletes.get((rm.version, old.kinds))
         if hit is None:
             self._check_identity(rm, "DELETE")
-            stmt = self._cache.get((rm.version, DELETE, b"", self._where_shape(rm, old, True)))
+            old_shape = self._where_shape(rm, old, True)
+            stmt = self._cache.get((rm.version, DELETE, b"", old_shape))
             if stmt is None:
-                stmt = self._build_delete(rm, self._where_shape(rm, old, True))
+                stmt = self._build_delete(rm, old_shape)
             fmts = _fmt(old, stmt.where_idx) if b"b" in old.kinds else None
             hit = self._deletes[(rm.version, old.kinds)] = (stmt, fmts)
         stmt, fmts = hit

@@ -42,6 +42,15 @@ def test_insert_passes_bytes_through() -> None:
     assert params == [b"1", b"{}", None] and fmts is None
 
 
+def test_inserts_differing_only_by_nulls_share_one_statement() -> None:
+    """One prepared statement, and one COPY run, whether a value is NULL or not."""
+    planner, rm = Planner(), _rm()
+    a, _, _ = planner.insert(rm, Insert(None, 1, TupleData.text(b"1", b"{}", None)))
+    b, _, _ = planner.insert(rm, Insert(None, 1, TupleData.text(b"2", b"{}", b"x")))
+    assert a is b
+    assert a.copy == b'COPY "s"."t" ("id", "j", "big") FROM STDIN'
+
+
 def test_update_leaves_unchanged_toast_out_and_uses_old_key() -> None:
     new = TupleData(b"ttu", (b"2", b"{}", None))
     old = TupleData(b"tnn", (b"1", None, None))
