@@ -37,25 +37,42 @@ from applier.lsn import Lsn
 
 #: Local LSN meaning "flushed already" (synchronous commit, empty transaction).
 FLUSHED = Lsn(0)
+#: Local LSN of a commit whose result has not come yet: never flushed.
+PENDING = Lsn(2**64 - 1)
 
 
 class FlushTracker:
-    """(remote end_lsn, local commit lsn) pairs in commit order."""
+    """(remote end_lsn, local commit lsn) pairs in commit order.
+
+    A commit sent but not yet answered (the session pipelines commits, see
+    :mod:`applier.apply.session`) is stored at once with an unknown local
+    position, :data:`PENDING`, and resolved when its result arrives; pairs are
+    released strictly in order, so nothing behind an unanswered commit is
+    confirmed before it.
+    """
 
     def __init__(self) -> None:
-        self._pairs: deque[tuple[Lsn, Lsn]] = deque()
+        self._pairs: deque[list[Lsn]] = deque()
         self.flushed_remote = Lsn(0)
 
-    def store(self, remote_end: Lsn, local_end: Lsn) -> None:
+    def store(self, remote_end: Lsn, local_end: Lsn) -> list[Lsn]:
         """Record an applied (or empty) transaction; ``local_end`` 0 when already durable."""
         if local_end == FLUSHED and not self._pairs:
             if remote_end > self.flushed_remote:
                 self.flushed_remote = Lsn(remote_end)
-            return
-        if self._pairs and local_end < self._pairs[-1][1]:
-            # An empty/durable transaction behind a pending one waits for it.
-            local_end = self._pairs[-1][1]
-        self._pairs.append((Lsn(remote_end), Lsn(local_end)))
+            return [Lsn(remote_end), FLUSHED]
+        entry = [Lsn(remote_end), Lsn(local_end)]
+        self._pairs.append(entry)
+        return entry
+
+    def store_pending(self, remote_end: Lsn) -> list[Lsn]:
+        """Record a commit whose result has not come yet; see :meth:`resolve`."""
+        return self.store(remote_end, PENDING)
+
+    @staticmethod
+    def resolve(entry: list[Lsn], local_end: Lsn) -> None:
+        """The commit of ``entry`` succeeded, its commit record ending at ``local_end``."""
+        entry[1] = Lsn(local_end)
 
     def release(self, local_flush: Lsn) -> Lsn:
         """Forget pairs flushed locally; return the highest remote position now durable."""

@@ -31,9 +31,30 @@ Runs of INSERTs into one table leave the pipeline for ``COPY ... FROM STDIN``
 (:mod:`applier.apply.copyrun`); every other call ends the run in hand first,
 so statements reach the target in source order.
 
+Pipelined commits
+=================
+
+A commit (origin stamp, COMMIT, Sync) is sent without waiting for its result:
+the session stays in pipeline mode and the next transaction follows at once,
+so the target executes one group while the worker decodes the next. The
+result comes later; only then does the commit's callback record its position
+for the flush tracker (so nothing is confirmed to the slot before its commit
+is known). No transaction may commit after one that failed: an error inside a
+transaction leaves the explicit transaction block aborted, so everything up to
+the next ROLLBACK fails; and for a failure inside COMMIT itself (which leaves
+no block open) the first statement of every transaction is a *guard* that
+divides by zero unless the session setting ``applier.txn`` holds the id the
+previous transaction set (a setting made in a transaction that aborts is
+undone). ``commit(wait=True)`` waits, for the one-by-one replay after a
+failure, where the error must name its own transaction.
+
 After ANY failure the transaction is rolled back and
 ``pg_replication_origin_xact_reset()`` is called: the session's origin
 LSN/timestamp survive a ROLLBACK and would otherwise stamp the next commit.
+And since PostgreSQL 16 an *abort* record also advances the session's origin
+(a transaction failing inside COMMIT, after the stamp, would be skipped on
+restart), the origin is put back to the last commit known to have succeeded
+(:meth:`TargetSession._rewind_origin`).
 """
 
 from __future__ import annotations
@@ -55,6 +76,15 @@ from .copyrun import CHUNK, NO_COPY, Run, copy_query, error_line, row_format
 from .planner import Formats, Params, Stmt
 
 log = logging.getLogger("applier.apply")
+
+#: First statement of every target transaction (see "Pipelined commits"): fails
+#: unless the previous transaction of this session committed, and records this one.
+#: A session-level setting made in a transaction is undone if it aborts.
+_GUARD = (
+    b"SELECT 1 / (pg_catalog.current_setting('applier.txn', true) "
+    b"IS NOT DISTINCT FROM $1)::pg_catalog.int4, "
+    b"pg_catalog.set_config('applier.txn', $2, false)"
+)
 
 # Queue item kinds.
 _CTL, _ROW, _MOD, _LSN, _SYNC = range(5)
@@ -126,6 +156,8 @@ class TargetSession:
             self.conn.execute(
                 "SELECT pg_catalog.pg_replication_origin_session_setup(%s)", (origin,)
             )
+            #: The origin's progress as of the last commit known to have succeeded.
+            self.committed = self._origin_position()
         except psycopg.Error as e:
             self.close()
             raise self._error(e, "setting up the target session") from None
@@ -135,7 +167,17 @@ class TargetSession:
         self._sel = selectors.DefaultSelector()
         self._sel.register(self.pg.socket, selectors.EVENT_READ)
         self.in_txn = False
+        self._pipeline = False
         self._failure: tuple[pq.abc.PGresult, Any] | None = None
+        #: Commits sent whose results have not come yet (see "Pipelined commits").
+        self.inflight = 0
+        #: The failure was found while earlier commits were in flight: its context may
+        #: name a later transaction than the one that failed.
+        self.failed_inflight = False
+        #: The guard's chain: the id the last transaction set, and the last committed.
+        self._txn_seq = 0
+        self._guard_expect: bytes | None = None
+        self._guard_committed: bytes | None = None
         self._local_lsn = Lsn(0)
         #: Called with the context of an UPDATE/DELETE that found no row.
         self.on_missing: Callable[[Any], None] = lambda ctx: None
@@ -155,13 +197,19 @@ class TargetSession:
     # -- pipeline ----------------------------------------------------------------------
 
     def begin(self) -> None:
-        """Open a target transaction (pipeline mode, BEGIN queued)."""
+        """Open a target transaction (pipeline mode, BEGIN and the guard queued)."""
         assert not self.in_txn
+        if self._failure is not None:
+            self._raise()
         try:
-            self.pg.enter_pipeline_mode()
+            if not self._pipeline:
+                self._enter_pipeline()
             self.in_txn = True
-            self._failure = None
             self._send_ctl(b"BEGIN", "BEGIN")
+            self._txn_seq += 1
+            mine = str(self._txn_seq).encode()
+            self._send_ctl(_GUARD, "guard", [self._guard_expect, mine])
+            self._guard_expect = mine
         except psycopg.OperationalError as e:
             raise _lost(e) from None
 
@@ -325,9 +373,13 @@ class TargetSession:
 
     def _reenter_pipeline(self) -> None:
         try:
-            self.pg.enter_pipeline_mode()
+            self._enter_pipeline()
         except psycopg.OperationalError as e:
             raise _lost(e) from None
+
+    def _enter_pipeline(self) -> None:
+        self.pg.enter_pipeline_mode()
+        self._pipeline = True
 
     def _after_send(self) -> None:
         self._sent += 1
@@ -366,9 +418,16 @@ class TargetSession:
             status = res.status
             if status == ExecStatus.PIPELINE_SYNC:
                 q.popleft()
+                if ctx is not None:  # a commit: (callback, guard id, waited, end_lsn)
+                    self.inflight -= 1
+                    if self._failure is None:
+                        self._guard_committed = ctx[1]
+                        self.committed = ctx[3]
+                        ctx[0](self._local_lsn)
             elif status == ExecStatus.FATAL_ERROR:
                 if self._failure is None:
                     self._failure = (res, ctx)
+                    self.failed_inflight = self._failed_in_pipelined_commit()
             elif status == ExecStatus.PIPELINE_ABORTED:
                 pass  # skipped after an error: no row count to judge
             elif kind == _MOD:
@@ -378,6 +437,14 @@ class TargetSession:
                 value = res.get_value(0, 0)
                 if value:
                     self._local_lsn = Lsn.parse(value.decode())
+
+    def _failed_in_pipelined_commit(self) -> bool:
+        """Whether the failing item (the queue's head) belongs to a commit sent without
+        waiting: the worker has moved on, so its context may name a later transaction."""
+        for kind, ctx in self._q:
+            if kind == _SYNC and ctx is not None:
+                return not ctx[2]
+        return False
 
     def _sync(self) -> None:
         """Sync the pipeline, wait for everything, leave pipeline mode."""
@@ -389,6 +456,7 @@ class TargetSession:
         self._pump(until_empty=True)
         try:
             self.pg.exit_pipeline_mode()
+            self._pipeline = False
         except psycopg.OperationalError as e:
             raise _lost(e) from None
 
@@ -410,6 +478,8 @@ class TargetSession:
             inner = getattr(ctx[1], "describe", None)
             if callable(inner):
                 context.update(inner())
+        elif ctx == "guard":
+            msg = f"an earlier target transaction of this session did not commit ({msg})"
         elif isinstance(ctx, str):
             msg = f"{ctx}: {msg}"
         if is_transient_sqlstate(state):
@@ -432,18 +502,36 @@ class TargetSession:
             [str(Lsn(end_lsn)).encode(), pg_timestamp(ts).isoformat().encode()],
         )
 
-    def commit(self, end_lsn: Lsn, commit_ts: int) -> Lsn:
-        """Stamp the origin and commit; return the local commit LSN to wait for (0: durable)."""
+    def commit(
+        self, end_lsn: Lsn, commit_ts: int, done: Callable[[Lsn], None], wait: bool = False
+    ) -> None:
+        """Stamp the origin and commit, without waiting for the result unless ``wait``.
+
+        ``done(local_lsn)`` runs once the commit succeeded (``local_lsn``: the
+        target WAL position to wait for, 0 when durable already).
+        """
         assert self.in_txn
         self._end_run()
         self._origin_setup(end_lsn, commit_ts)
         self._send_ctl(b"COMMIT", "COMMIT")
-        if self.flush_wait:
-            self.pg.send_query_params(b"SELECT pg_catalog.pg_current_wal_insert_lsn()::text", None)
-            self._q.append((_LSN, None))
-        self._local_lsn = Lsn(0)
-        self._finish()
-        return self._local_lsn
+        try:
+            if self.flush_wait:
+                self.pg.send_query_params(
+                    b"SELECT pg_catalog.pg_current_wal_insert_lsn()::text", None
+                )
+                self._q.append((_LSN, None))
+            self.pg.pipeline_sync()
+        except psycopg.OperationalError as e:
+            raise _lost(e) from None
+        self._q.append((_SYNC, (done, self._guard_expect, wait, Lsn(end_lsn))))
+        self.inflight += 1
+        self.in_txn = False
+        if wait:
+            self.settle()
+        else:
+            self._pump(until_empty=False)
+            if self._failure is not None:
+                self._raise()
 
     def prepare(self, gid: str, end_lsn: Lsn, prepare_ts: int) -> Lsn:
         """Stamp the origin and PREPARE TRANSACTION ``gid``."""
@@ -456,7 +544,20 @@ class TargetSession:
             self._q.append((_LSN, None))
         self._local_lsn = Lsn(0)
         self._finish()
+        self.committed = Lsn(end_lsn)
+        self._resync_guard()
         return self._local_lsn
+
+    def _resync_guard(self) -> None:
+        """Read the guard id the server holds (after a PREPARE TRANSACTION)."""
+        try:
+            row = self.conn.execute(
+                "SELECT pg_catalog.current_setting('applier.txn', true)"
+            ).fetchone()
+        except psycopg.Error as e:
+            raise self._error(e, "reading the session's transaction guard") from None
+        value = row[0] if row else None
+        self._guard_expect = self._guard_committed = None if value is None else value.encode()
 
     def _finish(self) -> None:
         self._sync()
@@ -468,6 +569,7 @@ class TargetSession:
     def finish_prepared(self, gid: str, commit: bool, end_lsn: Lsn, ts: int) -> Lsn:
         """COMMIT/ROLLBACK PREPARED with the origin stamped (outside any transaction)."""
         assert not self.in_txn
+        self.settle()
         verb = b"COMMIT PREPARED " if commit else b"ROLLBACK PREPARED "
         try:
             self.conn.execute(
@@ -476,8 +578,12 @@ class TargetSession:
             )
             try:
                 self.conn.execute(verb + _literal(gid))
-            finally:
+            except psycopg.Error:
                 self.conn.execute("SELECT pg_catalog.pg_replication_origin_xact_reset()")
+                self._rewind_origin()
+                raise
+            self.conn.execute("SELECT pg_catalog.pg_replication_origin_xact_reset()")
+            self.committed = Lsn(end_lsn)
             if self.flush_wait:
                 row = self.conn.execute(
                     "SELECT pg_catalog.pg_current_wal_insert_lsn()::text"
@@ -497,19 +603,72 @@ class TargetSession:
         finally:
             self.in_txn = False
         self._reset_after_error()
+        # Our ROLLBACK undid the guard id of the transaction in hand.
+        self._guard_expect = self._guard_committed
+
+    def settle(self) -> None:
+        """Wait for the commits in flight (their callbacks run); raise if one failed."""
+        if self.in_txn or not self._pipeline:
+            return
+        self._sync()
+        if self._failure is not None:
+            self._reset_after_error()
+            self._raise()
+
+    def poll(self) -> None:
+        """Take the results that have come, without waiting; raise if one failed."""
+        if self._pipeline and self._q:
+            self._pump(until_empty=False)
+        if self._failure is not None:
+            self._raise()
 
     def _reset_after_error(self) -> None:
         try:
             self.conn.execute("ROLLBACK")
             self.conn.execute("SELECT pg_catalog.pg_replication_origin_xact_reset()")
+            self._rewind_origin()
         except psycopg.Error as e:
             raise self._error(e, "resetting the target session") from None
+
+    def _origin_position(self) -> Lsn:
+        row = self.conn.execute(
+            "SELECT pg_catalog.pg_replication_origin_session_progress(false)::text"
+        ).fetchone()
+        return Lsn.parse(str(row[0])) if row and row[0] is not None else Lsn(0)
+
+    def _rewind_origin(self) -> None:
+        """Undo an advance of the origin by a transaction that did not commit.
+
+        PostgreSQL 16 and later stamp the session's origin on *abort* records too
+        (for parallel apply), so a transaction that fails inside COMMIT, after
+        ``pg_replication_origin_xact_setup``, moves the origin past itself and a
+        restart would skip it. The built-in worker resets its origin state in its
+        error path; from outside we put the progress back to the last commit known
+        to have succeeded (``pg_replication_origin_advance`` may go backwards, and
+        is WAL-logged after the abort record, so a crash replays both in order).
+        """
+        position = self._origin_position()
+        if position <= self.committed:
+            return
+        log.warning(
+            "a failed transaction moved the origin forward; putting it back",
+            extra={"ctx": {"origin": self.origin, "moved_to": position, "back_to": self.committed}},
+        )
+        self.conn.execute("SELECT pg_catalog.pg_replication_origin_session_reset()")
+        self.conn.execute(
+            "SELECT pg_catalog.pg_replication_origin_advance(%s, %s::pg_catalog.pg_lsn)",
+            (self.origin, str(self.committed)),
+        )
+        self.conn.execute(
+            "SELECT pg_catalog.pg_replication_origin_session_setup(%s)", (self.origin,)
+        )
 
     # -- misc --------------------------------------------------------------------------
 
     def query_one(self, query: str, params: tuple[Any, ...] = ()) -> Any:
         """A synchronous query outside a transaction (prepared-xact checks)."""
         assert not self.in_txn
+        self.settle()
         try:
             row = self.conn.execute(query, params).fetchone()
         except psycopg.Error as e:

@@ -121,6 +121,14 @@ LSN/xid/table/key, after committing those before it. Rows that UPDATE/DELETE
 did not find may be counted twice in that case. ``group_commit = 1`` behaves
 exactly as before.
 
+Commits are pipelined (:mod:`applier.apply.session`, "Pipelined commits"): a
+group's commit is sent and the worker goes on; its bookkeeping (applied count,
+last commit, the flush tracker's local LSN) runs when the result arrives, and
+the flush tracker holds back every position behind a commit still unanswered.
+A failure found in such a commit may carry a later transaction's context: it is
+treated like a failed group (start over from the origin, one by one, waiting
+for each commit).
+
 Faults
 ======
 
@@ -395,8 +403,7 @@ class Applier:
                 self.group_txns += 1
                 self.group_end = (end_lsn, commit_ts)
                 return
-            local = self.session.commit(end_lsn, commit_ts)
-            self._committed(end_lsn, commit_ts, local, self.group_txns + 1)
+            self._commit(end_lsn, commit_ts, self.group_txns + 1)
         else:
             self.flush.store(end_lsn, FLUSHED)  # empty for us: nothing to wait for
 
@@ -408,8 +415,23 @@ class Applier:
         """
         if self.group_txns and self.txn is None:
             end_lsn, ts = self.group_end
-            local = self.session.commit(end_lsn, ts)
-            self._committed(end_lsn, ts, local, self.group_txns)
+            self._commit(end_lsn, ts, self.group_txns)
+
+    def _commit(self, end_lsn: Lsn, ts: int, txns: int) -> None:
+        """Send the commit; the bookkeeping of success runs when its result comes."""
+        entry = self.flush.store_pending(end_lsn)
+
+        def done(local: Lsn) -> None:
+            self.flush.resolve(entry, local)
+            self.applied_txns += txns
+            self.last_commit_lsn = end_lsn
+            self.last_commit_ts = ts
+
+        # One by one after a failed group: wait, so an error names its transaction.
+        self.session.commit(end_lsn, ts, done, wait=end_lsn <= self.no_group_until)
+        # Only now: a failure raised by commit() regroups the transactions held here.
+        self.group_txns = 0
+        self.progress = Lsn(max(self.progress, end_lsn))
 
     def _committed(self, end_lsn: Lsn, ts: int, local: Lsn, txns: int = 1) -> None:
         self.group_txns = 0
@@ -690,6 +712,7 @@ class Applier:
         self.state = IDLE
         self.group_txns = 0
         self.session.rollback()
+        self.session.settle()
 
 
 def source_conninfo(cfg: Config) -> str:
@@ -865,7 +888,7 @@ class Worker:
             try:
                 self._loop(stream, applier, catalog_conn)
             except (ApplyError, SchemaMismatch) as e:
-                if not applier.group_txns:
+                if not applier.group_txns and not session.failed_inflight:
                     raise
                 # Some earlier transaction of the open group may be the culprit, and
                 # the error's context may name the wrong one: roll back (finally
@@ -925,6 +948,10 @@ class Worker:
                 break
             # The group ends with the messages in hand: nothing waits for more.
             applier.commit_group()
+            if batch:
+                applier.session.poll()
+            else:
+                applier.session.settle()  # idle: let the commits in flight be confirmed
             self._confirm(stream, applier, catalog_conn)
             now = time.monotonic()
             if now - last_beat >= interval:

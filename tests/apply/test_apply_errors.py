@@ -97,23 +97,49 @@ def test_column_added_mid_stream(pair: Pair) -> None:
     assert runner.stop() == 0
 
 
+# A deferred constraint trigger: fires at SET CONSTRAINTS ALL IMMEDIATE, before COMMIT.
+_FAIL_DEFERRED = (
+    "CREATE FUNCTION no7() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+    "IF NEW.u = 7 THEN RAISE unique_violation USING MESSAGE = 'u = 7 is taken'; END IF; "
+    "RETURN NULL; END $$;"
+    "CREATE CONSTRAINT TRIGGER no7 AFTER INSERT ON t DEFERRABLE INITIALLY DEFERRED "
+    "FOR EACH ROW EXECUTE FUNCTION no7();"
+    "ALTER TABLE t ENABLE ALWAYS TRIGGER no7;"
+)
+# The same trigger defers a second one again: the failure happens inside COMMIT itself,
+# after which the session is out of any transaction block (what the guard is for).
+_FAIL_IN_COMMIT = (
+    "CREATE TABLE t_late (id int);"
+    "CREATE FUNCTION fail() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+    "RAISE unique_violation USING MESSAGE = 'u = 7 is taken (at commit)'; END $$;"
+    "CREATE CONSTRAINT TRIGGER fail AFTER INSERT ON t_late DEFERRABLE INITIALLY DEFERRED "
+    "FOR EACH ROW EXECUTE FUNCTION fail();"
+    "ALTER TABLE t_late ENABLE ALWAYS TRIGGER fail;"
+    "CREATE FUNCTION no7() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+    "IF NEW.u = 7 THEN SET CONSTRAINTS ALL DEFERRED; INSERT INTO public.t_late VALUES (1); END IF; "
+    "RETURN NULL; END $$;"
+    "CREATE CONSTRAINT TRIGGER no7 AFTER INSERT ON t DEFERRABLE INITIALLY DEFERRED "
+    "FOR EACH ROW EXECUTE FUNCTION no7();"
+    "ALTER TABLE t ENABLE ALWAYS TRIGGER no7;"
+)
+
+
+@pytest.mark.parametrize("in_commit", [False, True], ids=["deferred", "in_commit"])
 @pytest.mark.parametrize("group_commit", [1, 100])
-def test_commit_time_failure_stops_everything_after_it(pair: Pair, group_commit: int) -> None:
-    """A COMMIT that fails (a deferred trigger) while later transactions are already
-    pipelined behind it: none of them may commit (the session's guard), and the error
-    names the failing transaction."""
+def test_commit_time_failure_stops_everything_after_it(
+    pair: Pair, group_commit: int, in_commit: bool
+) -> None:
+    """A transaction that fails at its end (a deferred trigger, or inside COMMIT itself)
+    while later transactions are already pipelined behind it: none of them may commit
+    (an aborted transaction block, or else the session's guard), and the error names
+    the failing transaction."""
     pair.pub_exec("CREATE TABLE t (id int PRIMARY KEY, u int)")
     # Deferred unique checks do not fire under session_replication_role = replica;
-    # an ENABLE ALWAYS deferred constraint trigger does, at COMMIT.
+    # ENABLE ALWAYS constraint triggers do.
     pair.sub_exec(
         "CREATE TABLE t (id int PRIMARY KEY, u int);"
-        "CREATE FUNCTION no7() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
-        "IF NEW.u = 7 THEN RAISE unique_violation USING MESSAGE = 'u = 7 is taken'; END IF; "
-        "RETURN NULL; END $$;"
-        "CREATE CONSTRAINT TRIGGER no7 AFTER INSERT ON t DEFERRABLE INITIALLY DEFERRED "
-        "FOR EACH ROW EXECUTE FUNCTION no7();"
-        "ALTER TABLE t ENABLE ALWAYS TRIGGER no7;"
-        "INSERT INTO t VALUES (100, 0)"
+        + (_FAIL_IN_COMMIT if in_commit else _FAIL_DEFERRED)
+        + "INSERT INTO t VALUES (1000, 0)"
     )
     pair.pub_exec("CREATE PUBLICATION pub FOR ALL TABLES")
     cfg = pair.write_config(apply={"group_commit": group_commit})
@@ -121,10 +147,12 @@ def test_commit_time_failure_stops_everything_after_it(pair: Pair, group_commit:
     assert runner.stop() == 0  # the slot exists: what follows is a backlog
     pair.pub_exec("INSERT INTO t VALUES (1, 1)")
     bad_xid = pair.pub_exec("INSERT INTO t VALUES (2, 7) RETURNING txid_current()")[0][0]
-    for i in range(3, 40):
-        pair.pub_exec(f"INSERT INTO t VALUES ({i}, {i * 10 + 1})")
+    # Many small transactions in one batch: sent before the failure's result is back.
+    pair.pub_exec(
+        "".join(f"BEGIN; INSERT INTO t VALUES ({i}, {i * 10 + 1}); COMMIT;" for i in range(3, 400))
+    )
     runner = Runner(pair, cfg, "applier2.log").start()
     assert runner.wait(90) == 1
     line = [ln for ln in runner.log().splitlines() if ln.startswith("applier: error")][-1]
     assert "23505" in line and f"xid={bad_xid}" in line, line
-    assert pair.sub_exec("SELECT id FROM t ORDER BY id") == [(1,), (100,)]
+    assert pair.sub_exec("SELECT id FROM t ORDER BY id") == [(1,), (1000,)]

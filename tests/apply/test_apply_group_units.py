@@ -29,14 +29,17 @@ class FakeSession:
 
     insert = execute
 
-    def commit(self, end_lsn: Lsn, ts: int) -> Lsn:
+    def commit(self, end_lsn: Lsn, ts: int, done: Any, wait: bool = False) -> None:
         assert self.in_txn
         self.commits.append((int(end_lsn), self.rows))
         self.rows, self.in_txn = [], False
-        return Lsn(0)
+        done(Lsn(0))
 
     def rollback(self) -> None:
         self.rows, self.in_txn = [], False
+
+    def settle(self) -> None:
+        pass
 
 
 def _applier(limit: int) -> tuple[Applier, FakeSession]:

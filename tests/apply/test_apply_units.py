@@ -102,3 +102,13 @@ def test_flush_tracker_waits_for_local_flush() -> None:
     assert ft.release(Lsn(999)) == 0
     assert ft.release(Lsn(1000)) == 200
     assert ft.release(Lsn(5000)) == 300 and not ft.pending
+
+
+def test_flush_tracker_pending_commit_holds_back_what_follows() -> None:
+    ft = FlushTracker()
+    entry = ft.store_pending(Lsn(100))  # sent, result not in yet
+    ft.store(Lsn(200), FLUSHED)  # an empty transaction after it
+    assert ft.release(Lsn(2**63)) == 0 and ft.pending
+    ft.resolve(entry, Lsn(1000))
+    assert ft.release(Lsn(999)) == 0
+    assert ft.release(Lsn(1000)) == 200 and not ft.pending
