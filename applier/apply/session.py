@@ -48,13 +48,27 @@ previous transaction set (a setting made in a transaction that aborts is
 undone). ``commit(wait=True)`` waits, for the one-by-one replay after a
 failure, where the error must name its own transaction.
 
+Origin stamp
+============
+
+``pg_replication_origin_xact_setup`` sets session values that the next commit
+record carries; but an *abort* record carries them too and advances the
+origin as well (seen on PG15 and PG18: a backend that exits between the stamp
+and COMMIT; on PG18 also a COMMIT that fails after it), so a restart would
+skip a transaction that never committed. Hence the stamp is made from inside
+COMMIT: each session creates a temporary table whose deferred constraint
+trigger (ENABLE ALWAYS) calls ``xact_setup`` with the row's values; a commit
+inserts one row, and the trigger fires in COMMIT after every deferred trigger
+queued before it. A client that dies before COMMIT reached the server leaves
+the origin alone; a failure inside COMMIT after the stamp (a trigger queued
+later, ON COMMIT actions) is undone while the session lives
+(:meth:`TargetSession._rewind_origin`). PREPARE TRANSACTION cannot touch
+temporary tables: there (and without the TEMPORARY privilege) the stamp is a
+statement right before, after ``SET CONSTRAINTS ALL IMMEDIATE``.
+
 After ANY failure the transaction is rolled back and
 ``pg_replication_origin_xact_reset()`` is called: the session's origin
 LSN/timestamp survive a ROLLBACK and would otherwise stamp the next commit.
-And since PostgreSQL 16 an *abort* record also advances the session's origin
-(a transaction failing inside COMMIT, after the stamp, would be skipped on
-restart), the origin is put back to the last commit known to have succeeded
-(:meth:`TargetSession._rewind_origin`).
 """
 
 from __future__ import annotations
@@ -84,6 +98,23 @@ _GUARD = (
     b"SELECT 1 / (pg_catalog.current_setting('applier.txn', true) "
     b"IS NOT DISTINCT FROM $1)::pg_catalog.int4, "
     b"pg_catalog.set_config('applier.txn', $2, false)"
+)
+
+#: Session-local objects that stamp the origin from inside COMMIT (see "Origin stamp"):
+#: a row inserted into the temporary table fires the deferred trigger at COMMIT.
+_STAMP_SETUP = (
+    b"CREATE FUNCTION pg_temp.applier_stamp() RETURNS trigger LANGUAGE plpgsql AS $$ "
+    b"BEGIN PERFORM pg_catalog.pg_replication_origin_xact_setup(NEW.lsn, NEW.ts); "
+    b"RETURN NULL; END $$",
+    b"CREATE TEMPORARY TABLE applier_stamp "
+    b"(lsn pg_catalog.pg_lsn, ts pg_catalog.timestamptz) ON COMMIT DELETE ROWS",
+    b"CREATE CONSTRAINT TRIGGER applier_stamp AFTER INSERT ON pg_temp.applier_stamp "
+    b"DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION pg_temp.applier_stamp()",
+    # Fires under session_replication_role = replica too.
+    b"ALTER TABLE pg_temp.applier_stamp ENABLE ALWAYS TRIGGER applier_stamp",
+)
+_STAMP = (
+    b"INSERT INTO pg_temp.applier_stamp VALUES ($1::pg_catalog.pg_lsn, $2::pg_catalog.timestamptz)"
 )
 
 # Queue item kinds.
@@ -158,6 +189,7 @@ class TargetSession:
             )
             #: The origin's progress as of the last commit known to have succeeded.
             self.committed = self._origin_position()
+            self.stamp_in_commit = self._create_stamp()
         except psycopg.Error as e:
             self.close()
             raise self._error(e, "setting up the target session") from None
@@ -183,6 +215,21 @@ class TargetSession:
         self.on_missing: Callable[[Any], None] = lambda ctx: None
         #: Context added to every error (lsn, xid) by the worker.
         self.txn_context: dict[str, Any] = {}
+
+    def _create_stamp(self) -> bool:
+        try:
+            with self.conn.transaction():
+                for query in _STAMP_SETUP:
+                    self.conn.execute(query)
+        except psycopg.errors.InsufficientPrivilege as e:
+            log.warning(
+                "cannot create temporary objects on the target (%s); the origin is stamped "
+                "just before COMMIT instead, and a connection lost between the two can make "
+                "a restart skip that transaction: GRANT TEMPORARY ON DATABASE to the role",
+                str(e).strip(),
+            )
+            return False
+        return True
 
     # -- errors ----------------------------------------------------------------------
 
@@ -471,6 +518,8 @@ class TargetSession:
         if detail_b:
             msg += f" ({detail_b.decode('utf-8', 'replace').strip()})"
         context = dict(self.txn_context)
+        if "lsn" in context:
+            context["lsn"] = str(Lsn(context["lsn"]))
         describe = getattr(ctx, "describe", None)
         if callable(describe):
             context.update(describe())
@@ -488,12 +537,19 @@ class TargetSession:
 
     # -- transaction end -------------------------------------------------------------
 
+    def _stamp(self, end_lsn: Lsn, ts: int) -> None:
+        """Queue the origin stamp of a COMMIT (see "Origin stamp")."""
+        params: Params = [str(Lsn(end_lsn)).encode(), pg_timestamp(ts).isoformat().encode()]
+        if self.stamp_in_commit:
+            self._send_ctl(_STAMP, "origin stamp", params)
+        else:
+            self._origin_setup(end_lsn, ts)
+
     def _origin_setup(self, end_lsn: Lsn, ts: int) -> None:
         # Deferred constraint triggers (ENABLE ALWAYS/REPLICA ones fire under
-        # session_replication_role = replica) run now, not inside COMMIT: a
-        # transaction that aborts *after* pg_replication_origin_xact_setup has its
-        # abort record stamped with the origin, and newer servers (seen on PG18)
-        # advance the origin's progress past it, so a restart would skip it.
+        # session_replication_role = replica) run now, not inside COMMIT/PREPARE:
+        # a transaction that aborts *after* pg_replication_origin_xact_setup can
+        # advance the origin past itself (see "Origin stamp").
         self._send_ctl(b"SET CONSTRAINTS ALL IMMEDIATE", "deferred constraints")
         self._send_ctl(
             b"SELECT pg_catalog.pg_replication_origin_xact_setup($1::pg_catalog.pg_lsn, "
@@ -512,7 +568,7 @@ class TargetSession:
         """
         assert self.in_txn
         self._end_run()
-        self._origin_setup(end_lsn, commit_ts)
+        self._stamp(end_lsn, commit_ts)
         self._send_ctl(b"COMMIT", "COMMIT")
         try:
             if self.flush_wait:
@@ -639,13 +695,12 @@ class TargetSession:
     def _rewind_origin(self) -> None:
         """Undo an advance of the origin by a transaction that did not commit.
 
-        PostgreSQL 16 and later stamp the session's origin on *abort* records too
-        (for parallel apply), so a transaction that fails inside COMMIT, after
-        ``pg_replication_origin_xact_setup``, moves the origin past itself and a
-        restart would skip it. The built-in worker resets its origin state in its
-        error path; from outside we put the progress back to the last commit known
-        to have succeeded (``pg_replication_origin_advance`` may go backwards, and
-        is WAL-logged after the abort record, so a crash replays both in order).
+        An abort record after the stamp advances the origin past a transaction
+        that did not commit (see "Origin stamp"). The built-in worker resets its
+        origin state in its error path; from outside we put the progress back to
+        the last commit known to have succeeded (``pg_replication_origin_advance``
+        may go backwards, and is WAL-logged after the abort record, so a crash
+        replays both in order).
         """
         position = self._origin_position()
         if position <= self.committed:

@@ -365,7 +365,8 @@ class Applier:
 
     def _start_txn(self, xid: int, commit_lsn: Lsn, skip: bool, gid: str | None = None) -> None:
         self.txn = Txn(xid, commit_lsn, skip, gid)
-        self.session.txn_context = {"lsn": str(commit_lsn), "xid": xid}
+        # The LSN is formatted only if an error needs it (this runs per transaction).
+        self.session.txn_context = {"lsn": commit_lsn, "xid": xid}
 
     def on_begin(self, lsn: Lsn, m: Begin) -> None:
         self.state = TXN
@@ -724,6 +725,10 @@ def source_conninfo(cfg: Config) -> str:
     return make_conninfo(base, options=f"{opts} {ours}".strip(), client_encoding="UTF8")
 
 
+#: Seconds between two reads of the target's WAL flush position while applying.
+FLUSH_CHECK_INTERVAL = 0.1
+
+
 class _Regroup(Exception):
     """A group failed: start over from the origin, applying its transactions one by one."""
 
@@ -738,6 +743,7 @@ class Worker:
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
         self.stopping = False
+        self._flush_checked = 0.0
         self._stop_event = threading.Event()
         self.applier: Applier | None = None
         self.spool_dir = cfg.apply.spool_dir or Path(tempfile.gettempdir()) / "applier-spool"
@@ -903,16 +909,16 @@ class Worker:
         except psycopg.OperationalError as e:
             raise TransientError(f"connection problem: {str(e).strip()}") from None
         finally:
-            if applier is not None:
-                self._applied, self._skipped = applier.applied_txns, applier.skipped_changes
             if session is not None:
                 try:
                     if applier is not None:
-                        applier.abandon()
+                        applier.abandon()  # also takes the results of commits in flight
                     else:
                         session.rollback()
                 except (ApplierError, psycopg.Error) as e:
                     log.debug("rollback on the way out failed: %s", e)
+            if applier is not None:
+                self._applied, self._skipped = applier.applied_txns, applier.skipped_changes
             if stream is not None:
                 if applier is not None:
                     self._confirm(stream, applier, catalog_conn, final=True)
@@ -994,7 +1000,11 @@ class Worker:
         """Tell the slot the source position durably applied on the target."""
         flush = applier.flush
         try:
-            if flush.pending:
+            now = time.monotonic()
+            # The target's flush position costs a round trip: not after every batch
+            # (commits are pipelined, so some are nearly always pending).
+            if flush.pending and (final or now - self._flush_checked >= FLUSH_CHECK_INTERVAL):
+                self._flush_checked = now
                 flush.release(local_flush_lsn(catalog_conn))
             position = flush.flushed_remote
             # Only between fully processed batches: on the way out (stop, error) the

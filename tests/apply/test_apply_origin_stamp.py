@@ -1,0 +1,67 @@
+"""The origin stamp is made inside COMMIT: a session lost before its COMMIT reached
+the server must leave the origin where the last commit put it.
+
+PostgreSQL writes the session's origin values into abort records as well, and
+advances the origin with them; were the stamp a statement before COMMIT, the
+applier dying between the two would make a restart skip a transaction that never
+committed. The second case shows that hazard on the server at hand, so the first
+one proves something.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from conftest import Pair
+
+from applier.apply.session import TargetSession
+from applier.lsn import Lsn, now_pg_timestamp
+
+
+def _progress(pair: Pair, origin: str) -> str | None:
+    rows = pair.sub_exec(f"SELECT pg_replication_origin_progress('{origin}', false)::text")
+    return rows[0][0]
+
+
+@pytest.mark.parametrize("in_commit", [True, False], ids=["in_commit", "statement"])
+def test_session_lost_before_commit_leaves_origin_alone(pair: Pair, in_commit: bool) -> None:
+    origin = f"stamp_{pair.sub_db}"  # origins are per cluster, shared by the tests
+    pair.sub_exec(f"CREATE TABLE t (id int); SELECT pg_replication_origin_create('{origin}')")
+    session = TargetSession(pair.sub_dsn, origin, "on")
+    try:
+        assert session.stamp_in_commit  # the test role may create temporary objects
+        session.stamp_in_commit = in_commit
+
+        def commit_one(end_lsn: Lsn, row: int) -> None:
+            session.begin()
+            session.execute_sql(f"INSERT INTO public.t VALUES ({row})".encode(), "insert")
+            session.commit(end_lsn, now_pg_timestamp(), lambda local: None, wait=True)
+
+        commit_one(Lsn(0x5000000), 1)
+        assert _progress(pair, origin) == "0/5000000"
+        # The next transaction gets as far as its stamp; then the session is gone.
+        session.begin()
+        session.execute_sql(b"INSERT INTO public.t VALUES (2)", "insert")
+        session._stamp(Lsn(0x6000000), now_pg_timestamp())
+        session.pg.send_flush_request()  # results now, not at a Sync
+        deadline = time.monotonic() + 10
+        while session._q and time.monotonic() < deadline:  # every result in: executed
+            session.poll()
+            time.sleep(0.01)
+        assert not session._q
+        pid = session.conn.info.backend_pid
+        pair.sub_exec(f"SELECT pg_terminate_backend({pid})")
+        deadline = time.monotonic() + 10
+        while pair.sub_exec(f"SELECT 1 FROM pg_stat_activity WHERE pid = {pid}"):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    finally:
+        session.close()
+    assert pair.sub_exec("SELECT id FROM t") == [(1,)]
+    progress = _progress(pair, origin)
+    pair.sub_exec(f"SELECT pg_replication_origin_drop('{origin}')")
+    if in_commit:
+        assert progress == "0/5000000"
+    else:  # the hazard the in-COMMIT stamp exists for
+        assert progress == "0/6000000"
