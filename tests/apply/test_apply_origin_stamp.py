@@ -65,3 +65,35 @@ def test_session_lost_before_commit_leaves_origin_alone(pair: Pair, in_commit: b
         assert progress == "0/5000000"
     else:  # the hazard the in-COMMIT stamp exists for
         assert progress == "0/6000000"
+
+
+def test_role_without_temporary_privilege_stamps_before_commit(pair: Pair) -> None:
+    """The README's grants are enough for a non-superuser; without TEMPORARY on the
+    target database the session falls back to the statement stamp and still applies."""
+    origin, role = f"stamp_{pair.sub_db}", f"nt_{pair.sub_db}"
+    pair.sub_exec(
+        f"CREATE TABLE t (id int); SELECT pg_replication_origin_create('{origin}');"
+        f"CREATE ROLE {role} LOGIN; GRANT ALL ON t TO {role};"
+        "GRANT EXECUTE ON FUNCTION pg_replication_origin_session_setup(text),"
+        " pg_replication_origin_xact_setup(pg_lsn, timestamptz),"
+        " pg_replication_origin_xact_reset(), pg_replication_origin_advance(text, pg_lsn),"
+        " pg_replication_origin_session_progress(boolean),"
+        f" pg_replication_origin_session_reset() TO {role};"
+        f"GRANT SET ON PARAMETER session_replication_role TO {role};"
+        f"REVOKE TEMPORARY ON DATABASE {pair.sub_db} FROM PUBLIC"
+    )
+    try:
+        session = TargetSession(pair.sub.dsn(pair.sub_db, user=role), origin, "on")
+        try:
+            assert not session.stamp_in_commit
+            session.begin()
+            session.execute_sql(b"INSERT INTO public.t VALUES (1)", "insert")
+            session.commit(Lsn(0x7000000), now_pg_timestamp(), lambda local: None, wait=True)
+        finally:
+            session.close()
+        assert pair.sub_exec("SELECT id FROM t") == [(1,)]
+        assert _progress(pair, origin) == "0/7000000"
+    finally:
+        pair.sub_exec(
+            f"SELECT pg_replication_origin_drop('{origin}'); DROP OWNED BY {role}; DROP ROLE {role}"
+        )
