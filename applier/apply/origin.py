@@ -55,19 +55,19 @@ class FlushTracker:
         self._pairs: deque[list[Lsn]] = deque()
         self.flushed_remote = Lsn(0)
 
-    def store(self, remote_end: Lsn, local_end: Lsn) -> list[Lsn]:
+    def store(self, remote_end: Lsn, local_end: Lsn) -> None:
         """Record an applied (or empty) transaction; ``local_end`` 0 when already durable."""
         if local_end == FLUSHED and not self._pairs:
             if remote_end > self.flushed_remote:
                 self.flushed_remote = Lsn(remote_end)
-            return [Lsn(remote_end), FLUSHED]
-        entry = [Lsn(remote_end), Lsn(local_end)]
-        self._pairs.append(entry)
-        return entry
+            return
+        self._pairs.append([Lsn(remote_end), Lsn(local_end)])
 
     def store_pending(self, remote_end: Lsn) -> list[Lsn]:
         """Record a commit whose result has not come yet; see :meth:`resolve`."""
-        return self.store(remote_end, PENDING)
+        entry = [Lsn(remote_end), PENDING]
+        self._pairs.append(entry)
+        return entry
 
     @staticmethod
     def resolve(entry: list[Lsn], local_end: Lsn) -> None:

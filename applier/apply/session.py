@@ -201,8 +201,6 @@ class TargetSession:
         self.in_txn = False
         self._pipeline = False
         self._failure: tuple[pq.abc.PGresult, Any] | None = None
-        #: Commits sent whose results have not come yet (see "Pipelined commits").
-        self.inflight = 0
         #: The failure was found while earlier commits were in flight: its context may
         #: name a later transaction than the one that failed.
         self.failed_inflight = False
@@ -465,12 +463,11 @@ class TargetSession:
             status = res.status
             if status == ExecStatus.PIPELINE_SYNC:
                 q.popleft()
-                if ctx is not None:  # a commit: (callback, guard id, waited, end_lsn)
-                    self.inflight -= 1
-                    if self._failure is None:
-                        self._guard_committed = ctx[1]
-                        self.committed = ctx[3]
-                        ctx[0](self._local_lsn)
+                # A commit's Sync: (callback, guard id, waited, end_lsn).
+                if ctx is not None and self._failure is None:
+                    self._guard_committed = ctx[1]
+                    self.committed = ctx[3]
+                    ctx[0](self._local_lsn)
             elif status == ExecStatus.FATAL_ERROR:
                 if self._failure is None:
                     self._failure = (res, ctx)
@@ -539,9 +536,8 @@ class TargetSession:
 
     def _stamp(self, end_lsn: Lsn, ts: int) -> None:
         """Queue the origin stamp of a COMMIT (see "Origin stamp")."""
-        params: Params = [str(Lsn(end_lsn)).encode(), pg_timestamp(ts).isoformat().encode()]
         if self.stamp_in_commit:
-            self._send_ctl(_STAMP, "origin stamp", params)
+            self._send_ctl(_STAMP, "origin stamp", _stamp_params(end_lsn, ts))
         else:
             self._origin_setup(end_lsn, ts)
 
@@ -555,7 +551,7 @@ class TargetSession:
             b"SELECT pg_catalog.pg_replication_origin_xact_setup($1::pg_catalog.pg_lsn, "
             b"$2::pg_catalog.timestamptz)",
             "pg_replication_origin_xact_setup",
-            [str(Lsn(end_lsn)).encode(), pg_timestamp(ts).isoformat().encode()],
+            _stamp_params(end_lsn, ts),
         )
 
     def commit(
@@ -580,7 +576,6 @@ class TargetSession:
         except psycopg.OperationalError as e:
             raise _lost(e) from None
         self._q.append((_SYNC, (done, self._guard_expect, wait, Lsn(end_lsn))))
-        self.inflight += 1
         self.in_txn = False
         if wait:
             self.settle()
@@ -756,6 +751,11 @@ class _CopyCtx:
         if self.line is not None:
             out["copy_line"] = self.line
         return out
+
+
+def _stamp_params(end_lsn: Lsn, ts: int) -> Params:
+    """(end_lsn, commit timestamp) as text parameters of an origin stamp."""
+    return [str(Lsn(end_lsn)).encode(), pg_timestamp(ts).isoformat().encode()]
 
 
 def _literal(text: str) -> bytes:
