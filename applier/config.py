@@ -132,9 +132,14 @@ class ApplyConfig(_Section):
     group_commit: int = Field(
         default=100, ge=1, description="at most this many source txns per target txn; 1 = off"
     )
+    # See applier/apply/merge.py.
+    merge_updates: bool = Field(
+        default=True,
+        description="send only the final state of rows updated several times in a target txn",
+    )
     # See applier/apply/copyrun.py: a run this long pays for leaving the pipeline.
     copy_threshold: int = Field(
-        default=64, ge=0, description="runs of this many INSERTs into one table use COPY; 0 = off"
+        default=1000, ge=0, description="runs of this many INSERTs into one table use COPY; 0 = off"
     )
 
     @field_validator("memory_limit", mode="before")

@@ -7,7 +7,10 @@ by the session; once the run reaches ``[apply] copy_threshold`` rows it is
 sent as one COPY (libpq cannot COPY inside a pipeline: the session syncs and
 leaves pipeline mode first, which costs one round trip, hence the threshold),
 and every further row of the run is appended to that COPY as it arrives. A run
-that ends below the threshold goes out as ordinary prepared INSERTs. Either way
+that ends below the threshold goes out as multi-row INSERTs
+(:func:`~applier.apply.planner.insert_rows`, still inside the pipeline; one
+prepared INSERT per row in the worker's one-by-one replay after a failure, so
+that an error names its row). Either way
 the rows reach the target in the order the source wrote them, inside the same
 target transaction, so nothing about exactly-once changes.
 

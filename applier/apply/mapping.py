@@ -67,6 +67,12 @@ class TargetTable:
     columns: dict[str, TargetColumn]
     #: Row-level security enabled: COPY FROM refuses such tables where RLS applies.
     rls: bool = False
+    #: Something fires on its changes under ``session_replication_role = replica``
+    #: (an ENABLE ALWAYS/REPLICA trigger or rule): it sees the order of changes.
+    observed: bool = False
+    #: Column names of each unique index and exclusion constraint (None: an
+    #: expression or partial index).
+    unique_sets: tuple[frozenset[str] | None, ...] = ()
 
     @property
     def partitioned(self) -> bool:
@@ -85,6 +91,8 @@ class RelMap:
     columns: tuple[TargetColumn, ...]
     #: Source column indexes of the replica identity (DEFAULT/INDEX).
     key: tuple[int, ...]
+    #: UPDATEs that keep the key may be merged per key (see :mod:`applier.apply.merge`).
+    merge: bool = False
 
     @property
     def qualname(self) -> str:
@@ -145,7 +153,33 @@ def build(
             )
         cols.append(tc)
     key = tuple(i for i, c in enumerate(relation.columns) if c.is_key)
-    return RelMap(relation, next(_versions), True, target, tuple(cols), key)
+    return RelMap(
+        relation,
+        next(_versions),
+        True,
+        target,
+        tuple(cols),
+        key,
+        _mergeable(relation, target, cols, key),
+    )
+
+
+def _mergeable(
+    relation: Relation, target: TargetTable, cols: list[TargetColumn], key: tuple[int, ...]
+) -> bool:
+    """Whether only the final state of each key matters (see :mod:`applier.apply.merge`).
+
+    Not when something on the target watches the changes one by one (a trigger or
+    rule that fires for replication), when the rows are not found by a key with
+    ``=``, or when a unique index or exclusion constraint other than the key's
+    could be violated by an intermediate order of the rows that the source never had.
+    """
+    if relation.replident not in "di" or not key or target.relkind != "r" or target.observed:
+        return False
+    if not all(cols[i].has_eq for i in key):
+        return False
+    names = frozenset(cols[i].name for i in key)
+    return all(u == names for u in target.unique_sets)
 
 
 class Catalog:
@@ -181,7 +215,38 @@ class Catalog:
             for r in rows
             if r[2] is not None
         }
-        return TargetTable(int(rows[0][0]), schema, name, str(rows[0][1]), cols, bool(rows[0][6]))
+        oid = int(rows[0][0])
+        observed, unique_sets = self._watchers(oid)
+        return TargetTable(
+            oid, schema, name, str(rows[0][1]), cols, bool(rows[0][6]), observed, unique_sets
+        )
+
+    def _watchers(self, oid: int) -> tuple[bool, tuple[frozenset[str] | None, ...]]:
+        """Triggers/rules that fire for replication, and the unique indexes' columns."""
+        row = self.conn.execute(
+            """
+            SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger
+                            WHERE tgrelid = %(oid)s AND NOT tgisinternal
+                              AND tgenabled IN ('A', 'R'))
+                OR EXISTS (SELECT 1 FROM pg_catalog.pg_rewrite
+                            WHERE ev_class = %(oid)s AND rulename <> '_RETURN'
+                              AND ev_enabled IN ('A', 'R'))
+            """,
+            {"oid": oid},
+        ).fetchone()
+        indexes = self.conn.execute(
+            """
+            SELECT i.indexprs IS NULL AND i.indpred IS NULL,
+                   ARRAY(SELECT a.attname::text FROM pg_catalog.pg_attribute a
+                          WHERE a.attrelid = i.indrelid
+                            AND a.attnum = ANY (i.indkey::pg_catalog.int2[]))
+              FROM pg_catalog.pg_index i
+             WHERE i.indrelid = %(oid)s AND (i.indisunique OR i.indisexclusion)
+            """,
+            {"oid": oid},
+        ).fetchall()
+        sets = tuple(frozenset(str(c) for c in r[1]) if r[0] else None for r in indexes)
+        return bool(row and row[0]), sets
 
     def _type(self, oid: int) -> tuple[str, int, int, int, str, bool, str, str]:
         t = self._types.get(oid)

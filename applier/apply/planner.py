@@ -26,6 +26,12 @@ source's output text: no round trip through Python types), in text format
   ``WHERE ctid = (SELECT ctid ... LIMIT 1)``, joined on ``tableoid`` too
   for partitioned targets where a ctid is only unique per partition.
   NOTHING cannot locate a row: UPDATE/DELETE raise :class:`ApplyError`.
+* Multi-row INSERTs (:func:`insert_rows`): the rows of a run of INSERTs too
+  short for COPY (:mod:`applier.apply.copyrun`), in one VALUES list.
+* Merged UPDATEs (:mod:`applier.apply.merge`): ``n`` rows of new values in
+  one ``UPDATE ... FROM (VALUES ...) WHERE key = v.key RETURNING ordinal``,
+  one statement per (mapping, SET shape, n); the ordinals returned say which
+  rows were found.
 * TRUNCATE lists every included relation of the message in one statement,
   ``ONLY`` for plain tables (a partitioned target is truncated with its
   partitions), with RESTART IDENTITY and CASCADE when the source used them.
@@ -76,6 +82,8 @@ class Stmt:
     #: INSERT only: ``COPY ... FROM STDIN`` for the same columns (b"" when the
     #: target cannot take COPY); see :mod:`applier.apply.copyrun`.
     copy: bytes = b""
+    #: INSERT only: the query up to VALUES, for the multi-row form (:func:`insert_rows`).
+    head: bytes = b""
 
 
 def _ph(n: int) -> sql.SQL:
@@ -166,6 +174,19 @@ class Planner:
         fmts = _fmt(new, stmt.new_idx) + _fmt(old, stmt.where_idx) if binary else None
         return stmt, fmts
 
+    def update_many(self, rm: RelMap, shape: bytes, n: int) -> Stmt:
+        """UPDATE of ``n`` rows located by their (unchanged) key: ``shape`` as for
+        :meth:`update`; parameters per row are the SET values then the key."""
+        stmt = self._cache.get((rm.version, UPDATE, shape, b"n%d" % n))
+        if stmt is None:
+            stmt = self._build_update_many(rm, shape, n)
+        return stmt
+
+    @staticmethod
+    def set_shape(rm: RelMap, kinds: bytes) -> bytes:
+        """The SET columns of an UPDATE that keeps its key (see :meth:`_plan_update`)."""
+        return Planner._unchanged_key_shape(rm, _present(kinds))
+
     @staticmethod
     def _unchanged_key_shape(rm: RelMap, shape: bytes) -> bytes:
         masked = bytearray(shape)
@@ -224,10 +245,11 @@ class Planner:
         # OVERRIDING SYSTEM VALUE: the source already chose the value of a
         # GENERATED ALWAYS identity column; without it the target refuses the
         # row (SQLSTATE 428C9). It is a no-op for tables without identity.
-        q = sql.SQL("INSERT INTO {} ({}) OVERRIDING SYSTEM VALUE VALUES ({})").format(
-            _qualified(rm),
-            sql.SQL(", ").join(cols),
-            sql.SQL(", ").join(_ph(n) for n in range(1, len(idx) + 1)),
+        head = sql.SQL("INSERT INTO {} ({}) OVERRIDING SYSTEM VALUE VALUES ").format(
+            _qualified(rm), sql.SQL(", ").join(cols)
+        )
+        q = sql.SQL("{}({})").format(
+            head, sql.SQL(", ").join(_ph(n) for n in range(1, len(idx) + 1))
         )
         # COPY writes identity columns like OVERRIDING SYSTEM VALUE. It refuses
         # tables where row-level security applies, so those keep INSERT.
@@ -247,6 +269,7 @@ class Planner:
             False,
             len(idx) == len(rm.columns),
             copy,
+            head.as_bytes(None),
         )
         self._cache[(rm.version, INSERT, shape, b"")] = stmt
         return stmt
@@ -313,6 +336,44 @@ class Planner:
         self._cache[(rm.version, UPDATE, new_shape, old_shape)] = stmt
         return stmt
 
+    def _build_update_many(self, rm: RelMap, shape: bytes, n: int) -> Stmt:
+        new_idx = tuple(i for i, p in enumerate(shape) if p)
+        cols = new_idx + rm.key
+        width = len(cols)
+        names = [sql.Identifier(f"c{j}") for j in range(width)]
+        rows = sql.SQL(", ").join(
+            sql.SQL("({}, {})").format(
+                sql.Literal(r + 1),
+                sql.SQL(", ").join(_ph(r * width + j + 1) for j in range(width)),
+            )
+            for r in range(n)
+        )
+        v = sql.Identifier("applier_v")
+        sets = sql.SQL(", ").join(
+            sql.SQL("{} = {}.{}").format(sql.Identifier(rm.columns[i].name), v, names[j])
+            for j, i in enumerate(new_idx)
+        )
+        t = sql.Identifier("applier_t")
+        match = sql.SQL(" AND ").join(
+            sql.SQL("{}.{} = {}.{}").format(
+                t, sql.Identifier(rm.columns[i].name), v, names[len(new_idx) + j]
+            )
+            for j, i in enumerate(rm.key)
+        )
+        query = sql.SQL(
+            "UPDATE {q} AS {t} SET {sets} FROM (VALUES {rows}) AS {v} (applier_o, {names}) "
+            "WHERE {match} RETURNING {v}.applier_o"
+        ).format(
+            q=_qualified(rm), t=t, sets=sets, rows=rows, v=v,
+            names=sql.SQL(", ").join(names), match=match,
+        )  # fmt: skip
+        types = tuple(rm.columns[i].type_oid for i in cols) * n
+        stmt = Stmt(
+            self._name(rm, UPDATE), query.as_bytes(None), types, new_idx, rm.key, True, False
+        )
+        self._cache[(rm.version, UPDATE, shape, b"n%d" % n)] = stmt
+        return stmt
+
     def _build_delete(self, rm: RelMap, old_shape: bytes) -> Stmt:
         where = self._where_cols(rm, old_shape)
         full = old_shape.startswith(b"f")
@@ -327,9 +388,37 @@ class Planner:
         return stmt
 
 
+#: Most parameters one statement may carry (the protocol counts them in 16 bits).
+MAX_PARAMS = 65535
+
+
+def max_rows(width: int, limit: int) -> int:
+    """The largest power of two <= ``limit`` rows of ``width`` parameters one statement takes."""
+    rows = limit
+    while rows > 1 and rows * width > MAX_PARAMS:
+        rows //= 2
+    return rows
+
+
+def insert_rows(stmt: Stmt, n: int) -> Stmt:
+    """The INSERT ``stmt`` with ``n`` rows of parameters in one VALUES list."""
+    width = len(stmt.types)
+    rows = b", ".join(
+        b"(" + b", ".join(b"$%d" % (r * width + j) for j in range(1, width + 1)) + b")"
+        for r in range(n)
+    )
+    name = stmt.name + b"_x%d" % n
+    return Stmt(name, stmt.head + rows, stmt.types * n, stmt.new_idx, (), False, stmt.all_new)
+
+
 def _fmt(tup: TupleData, idx: tuple[int, ...]) -> bytes:
-    kinds = tup.kinds.translate(_FORMAT)
-    return bytes(kinds[i] for i in idx)
+    return param_formats(tup.kinds, idx)
+
+
+def param_formats(kinds: bytes, idx: tuple[int, ...]) -> bytes:
+    """The libpq parameter formats of the values at ``idx`` (1 for binary)."""
+    fmts = kinds.translate(_FORMAT)
+    return bytes(fmts[i] for i in idx)
 
 
 def key_of(rm: RelMap, change: Any) -> dict[str, str | None] | None:

@@ -86,8 +86,9 @@ from applier.config import redact_dsn
 from applier.errors import ApplierError, ApplyError, ConnectionLost
 from applier.lsn import Lsn, pg_timestamp
 
-from .copyrun import CHUNK, NO_COPY, Run, copy_query, error_line, row_format
-from .planner import Formats, Params, Stmt
+from .copyrun import BINARY, CHUNK, NO_COPY, Run, copy_query, error_line, row_format
+from .merge import MAX_HELD, MergedCtx, chunks
+from .planner import Formats, Params, Stmt, insert_rows, max_rows
 
 log = logging.getLogger("applier.apply")
 
@@ -118,7 +119,7 @@ _STAMP = (
 )
 
 # Queue item kinds.
-_CTL, _ROW, _MOD, _LSN, _SYNC = range(5)
+_CTL, _ROW, _MOD, _LSN, _SYNC, _MANY = range(6)
 
 #: Send this many statements between non-blocking result reads.
 PUMP_EVERY = 256
@@ -178,6 +179,10 @@ class TargetSession:
         #: Runs of at least this many INSERTs go out as COPY (0: never).
         self.copy_threshold = copy_threshold
         self._run: Run | None = None
+        #: A run shorter than that goes as multi-row INSERTs (else one by one, so
+        #: an error names its row: the worker's replay after a failure).
+        self.multi_row = True
+        self._multi: dict[tuple[bytes, int], Stmt] = {}
         self.conn = connect(conninfo, "applier apply")
         self.pg = self.conn.pgconn
         self.flush_wait = synchronous_commit == "off"
@@ -263,8 +268,14 @@ class TargetSession:
         self._q.append((_CTL, what))
         self._after_send()
 
-    def execute(self, stmt: Stmt, params: Params, formats: Formats, ctx: Any) -> None:
-        """Queue one prepared statement; ``ctx`` identifies the change in errors."""
+    def execute(
+        self, stmt: Stmt, params: Params, formats: Formats, ctx: Any, merged: bool = False
+    ) -> None:
+        """Queue one prepared statement; ``ctx`` identifies the change in errors.
+
+        ``merged``: a merged UPDATE (:mod:`applier.apply.merge`) whose RETURNING
+        says which of the rows in ``ctx.ctxs`` it found.
+        """
         if self._run is not None:
             self._end_run()
         pg = self.pg
@@ -276,7 +287,7 @@ class TargetSession:
             pg.send_query_prepared(stmt.name, params, param_formats=formats)
         except psycopg.OperationalError as e:
             raise _lost(e) from None
-        self._q.append((_MOD if stmt.modifies else _ROW, ctx))
+        self._q.append((_MANY if merged else _MOD if stmt.modifies else _ROW, ctx))
         # _after_send(), inlined: this runs for every change.
         self._sent += 1
         if self._sent % PUMP_EVERY == 0:
@@ -324,9 +335,36 @@ class TargetSession:
             return
         if run.copying:
             self._copy_end(run, abort)
-        elif not abort:
+        elif abort:
+            return
+        elif self.multi_row and len(run.pending) > 1:
+            self._insert_rows(run)
+        else:
             for params, formats, ctx in run.pending:
                 self.execute(run.stmt, params, formats, ctx)
+
+    def _insert_rows(self, run: Run) -> None:
+        """A run too short for COPY: its rows in a few multi-row INSERTs, in order."""
+        pending = run.pending
+        width = len(run.stmt.types)
+        start = 0
+        for size in chunks(len(pending), max_rows(width, MAX_HELD)):
+            rows = pending[start : start + size]
+            start += size
+            if size == 1:
+                self.execute(run.stmt, *rows[0])
+                continue
+            stmt = self._multi.get((run.stmt.name, size))
+            if stmt is None:
+                stmt = self._multi[(run.stmt.name, size)] = insert_rows(run.stmt, size)
+            params: Params = []
+            for row in rows:
+                params += row[0]
+            formats: Formats = None
+            if run.fmt == BINARY:
+                zeros = bytes(width)
+                formats = b"".join([row[1] or zeros for row in rows])
+            self.execute(stmt, params, formats, MergedCtx([row[2] for row in rows]))
 
     def _copy_begin(self, run: Run) -> None:
         # libpq has no COPY in pipeline mode: wait for what is queued, leave the
@@ -477,6 +515,14 @@ class TargetSession:
             elif kind == _MOD:
                 if res.command_tuples == 0:
                     self.on_missing(ctx)
+            elif kind == _MANY:
+                rows = ctx.ctxs
+                if res.ntuples < len(rows):
+                    # RETURNING gave the (1-based) ordinals of the rows found.
+                    found = {int(res.get_value(i, 0) or 0) for i in range(res.ntuples)}
+                    for n, row in enumerate(rows, 1):
+                        if n not in found:
+                            self.on_missing(row)
             elif kind == _LSN and status == ExecStatus.TUPLES_OK:
                 value = res.get_value(0, 0)
                 if value:

@@ -89,8 +89,9 @@ Several consecutive source transactions may share one target transaction
 (``[apply] group_commit``: at most that many, 100 by default; 1 turns it off).
 At a Commit the target transaction stays open
 while (a) the group is below its count, (b) more messages are already in hand:
-the worker commits the open group after each batch the stream returned, so a
-group never waits for the network and latency stays that of one batch (a batch
+the worker commits the open group once the stream has no more received
+messages to give (a read that does not wait), so a group never waits for the
+network and latency stays that of what was in hand (a batch
 that ends inside a transaction leaves the group open until that transaction's
 Commit: its rows are in the target transaction already, and committing them
 stamped with the previous transaction's position would apply them twice after a
@@ -117,9 +118,16 @@ transaction: the target transaction is rolled back and the origin's session
 values reset (as for any failure), the session starts over from the origin
 (which is before the group), and every transaction up to the last position
 received is applied one by one; the failing one then fails alone, with its own
-LSN/xid/table/key, after committing those before it. Rows that UPDATE/DELETE
-did not find may be counted twice in that case. ``group_commit = 1`` behaves
+LSN/xid/table/key, after committing those before it; a failed merged or
+multi-row statement is replayed the same way (without merging), even when it
+held a single transaction. Rows that UPDATE/DELETE did not find may be counted
+twice in that case. ``group_commit = 1`` behaves
 exactly as before.
+
+Within the target transaction, an UPDATE that keeps its key is held and
+merged with later UPDATEs of the same row; only the final values go out, a
+table's rows in a few multi-row statements (:mod:`applier.apply.merge`, which
+says for which tables this cannot be told apart from one by one).
 
 Commits are pipelined (:mod:`applier.apply.session`, "Pipelined commits"): a
 group's commit is sent and the worker goes on; its bookkeeping (applied count,
@@ -220,6 +228,7 @@ from applier.schema import schema_at_head, upgrade_target
 
 from . import mapping
 from .mapping import Catalog, RelMap
+from .merge import MAX_HELD, UpdateMerger
 from .origin import FLUSHED, FlushTracker, ensure_origin, local_flush_lsn, origin_progress
 from .planner import Planner, key_of
 from .session import TargetSession, connect, is_transient_sqlstate
@@ -298,6 +307,9 @@ class Applier:
         self.spools = spools
         self.progress = progress
         self.planner = Planner()
+        self.merger = UpdateMerger(self.planner)
+        #: Merge UPDATEs per key in the transaction in hand (not in one-by-one replay).
+        self.merging = False
         self.flush = FlushTracker()
         self.state = IDLE
         self.txn: Txn | None = None
@@ -365,6 +377,10 @@ class Applier:
 
     def _start_txn(self, xid: int, commit_lsn: Lsn, skip: bool, gid: str | None = None) -> None:
         self.txn = Txn(xid, commit_lsn, skip, gid)
+        # One by one after a failure (commit_lsn < no_group_until <=> end_lsn <=
+        # no_group_until): unmerged, so an error names its own change.
+        self.merging = self.cfg.apply.merge_updates and commit_lsn >= self.no_group_until
+        self.session.multi_row = commit_lsn >= self.no_group_until
         # The LSN is formatted only if an error needs it (this runs per transaction).
         self.session.txn_context = {"lsn": commit_lsn, "xid": xid}
 
@@ -420,6 +436,7 @@ class Applier:
 
     def _commit(self, end_lsn: Lsn, ts: int, txns: int) -> None:
         """Send the commit; the bookkeeping of success runs when its result comes."""
+        self._send_held()
         entry = self.flush.store_pending(end_lsn)
 
         def done(local: Lsn) -> None:
@@ -454,6 +471,7 @@ class Applier:
     # -- schema ----------------------------------------------------------------------
 
     def on_relation(self, lsn: Lsn, m: Relation) -> None:
+        self._send_held()  # rows held under the old mapping go first
         self.relations[m.oid] = m
         self.relmaps.pop(m.oid, None)
 
@@ -533,19 +551,33 @@ class Applier:
     def on_insert(self, lsn: Lsn, m: Insert) -> None:
         rm = self._target(lsn, m.relation_oid)
         if rm is not None:
+            if self.merger.tables:
+                self._before_change(rm)
             stmt, params, fmts = self.planner.insert(rm, m)
             self.session.insert(stmt, params, fmts, ChangeCtx(lsn, self._xid(), rm, m))
 
     def on_update(self, lsn: Lsn, m: Update) -> None:
-        self._keyed_change(lsn, m, self.planner.update)
+        rm = self._target(lsn, m.relation_oid)
+        if rm is None:
+            return
+        if rm.merge and self.merging:
+            held = self.merger.add(rm, m, ChangeCtx(lsn, self._xid(), rm, m))
+            if held:
+                if held >= MAX_HELD:
+                    self._send_held(rm.relation.oid)
+                return
+        self._keyed_change(lsn, m, self.planner.update, rm)
 
     def on_delete(self, lsn: Lsn, m: Delete) -> None:
-        self._keyed_change(lsn, m, self.planner.delete)
+        self._keyed_change(lsn, m, self.planner.delete, self._target(lsn, m.relation_oid))
 
-    def _keyed_change(self, lsn: Lsn, m: Any, plan: Callable[[RelMap, Any], Any]) -> None:
+    def _keyed_change(
+        self, lsn: Lsn, m: Any, plan: Callable[[RelMap, Any], Any], rm: RelMap | None
+    ) -> None:
         """UPDATE/DELETE: planning can refuse (REPLICA IDENTITY NOTHING), with context."""
-        rm = self._target(lsn, m.relation_oid)
         if rm is not None:
+            if self.merger.tables:
+                self._before_change(rm)
             ctx = ChangeCtx(lsn, self._xid(), rm, m)
             try:
                 stmt, params, fmts = plan(rm, m)
@@ -566,8 +598,27 @@ class Applier:
             return
         if not self.session.in_txn:
             self.session.begin()
+        self._send_held()
         query = self.planner.truncate(included, m.cascade, m.restart_identity)
         self.session.execute_sql(query, ChangeCtx(lsn, txn.xid, included[0], m))
+
+    # -- merged UPDATEs (see applier.apply.merge) ---------------------------------------
+
+    def _before_change(self, rm: RelMap) -> None:
+        """Keep source order where it can be seen: before a change that is not merged."""
+        if rm.target is not None and rm.target.observed:
+            self._send_held()
+        elif self.merger.holds(rm.relation.oid):
+            self._send_held(rm.relation.oid)
+
+    def _send_held(self, oid: int | None = None) -> None:
+        """Send the rows held for one table (``oid``) or for all."""
+        merger = self.merger
+        if not merger.tables:
+            return
+        batches = merger.take_all() if oid is None else merger.take(oid)
+        for stmt, params, fmts, ctx in batches:
+            self.session.execute(stmt, params, fmts, ctx, merged=True)
 
     def _xid(self) -> int | None:
         return self.txn.xid if self.txn is not None else None
@@ -682,6 +733,7 @@ class Applier:
             return
         if not self.session.in_txn:
             self.session.begin()  # an empty prepared transaction, so COMMIT PREPARED finds it
+        self._send_held()
         local = self.session.prepare(txn.gid, end_lsn, prepare_ts)
         self._committed(end_lsn, prepare_ts, local)
 
@@ -712,6 +764,7 @@ class Applier:
         self.txn = None
         self.state = IDLE
         self.group_txns = 0
+        self.merger.discard()
         self.session.rollback()
         self.session.settle()
 
@@ -894,7 +947,8 @@ class Worker:
             try:
                 self._loop(stream, applier, catalog_conn)
             except (ApplyError, SchemaMismatch) as e:
-                if not applier.group_txns and not session.failed_inflight:
+                merged = "merged_changes" in e.context
+                if not applier.group_txns and not session.failed_inflight and not merged:
                     raise
                 # Some earlier transaction of the open group may be the culprit, and
                 # the error's context may name the wrong one: roll back (finally
@@ -936,23 +990,15 @@ class Worker:
         assert self.status is not None
         while not self.stopping:
             batch = stream.read(0.5)
-            # The cyclic GC paused per batch, as the stream does while decoding: the
-            # changes in flight (up to MAX_INFLIGHT contexts) make each collection
-            # walk many live objects, and applying creates no cycles worth chasing.
-            pause = gc.isenabled()
-            if pause:
-                gc.disable()
-            try:
-                for lsn, msg in batch:
-                    dispatch(lsn, msg)
-                    if self.stopping:
-                        break
-            finally:
-                if pause:
-                    gc.enable()
+            self._dispatch(batch, dispatch)
+            # What arrived meanwhile joins the group open between transactions (at
+            # most group_commit of them); the group ends with the messages in hand:
+            # nothing waits for more.
+            while batch and applier.group_txns and applier.txn is None and not self.stopping:
+                batch = stream.read(0)
+                self._dispatch(batch, dispatch)
             if self.stopping:
                 break
-            # The group ends with the messages in hand: nothing waits for more.
             applier.commit_group()
             if batch:
                 applier.session.poll()
@@ -989,6 +1035,22 @@ class Worker:
                     },
                 )
                 last_log, txns_at_log = now, applier.applied_txns
+
+    def _dispatch(self, batch: list[tuple[Lsn, Any]], dispatch: Callable[[Lsn, Any], None]) -> None:
+        # The cyclic GC paused per batch, as the stream does while decoding: the
+        # changes in flight (up to MAX_INFLIGHT contexts) make each collection
+        # walk many live objects, and applying creates no cycles worth chasing.
+        pause = gc.isenabled()
+        if pause:
+            gc.disable()
+        try:
+            for lsn, msg in batch:
+                dispatch(lsn, msg)
+                if self.stopping:
+                    break
+        finally:
+            if pause:
+                gc.enable()
 
     def _confirm(
         self,

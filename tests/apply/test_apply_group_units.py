@@ -47,7 +47,7 @@ def _applier(limit: int) -> tuple[Applier, FakeSession]:
     rel = Relation(None, 1, "s", "t", "d", cols)
     tcols = {"id": TargetColumn("id", 23, "integer", True, False)}
     rm = RelMap(rel, 7, True, TargetTable(9, "s", "t", "r", tcols), tuple(tcols.values()), (0,))
-    cfg: Any = SimpleNamespace(origin="o", apply=SimpleNamespace(binary=False))
+    cfg: Any = SimpleNamespace(origin="o", apply=SimpleNamespace(binary=False, merge_updates=True))
     session = FakeSession()
     a = Applier(cfg, session, None, None, Lsn(0), limit)  # type: ignore[arg-type]
     a.relations[1] = rel

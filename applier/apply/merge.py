@@ -1,0 +1,193 @@
+"""UPDATEs merged per key within one target transaction: planning only, no I/O.
+
+A group of source transactions commits as one target transaction (worker,
+"Group commit"), so no one on the target sees the rows between its changes:
+only each row's final state counts. An UPDATE that keeps its key therefore
+need not run when it arrives. :class:`UpdateMerger` holds the newest values
+per (table, key), and a table's held rows go out together as a few multi-row
+statements (:meth:`Planner.update_many`, chunks of power-of-two sizes so a
+table needs only a handful of prepared statements). pgbench's one branch row,
+updated a hundred times in a group, becomes one row of one statement.
+
+An unchanged TOAST value (kind ``u``) keeps what an earlier UPDATE of the same
+key set, if any; columns that no held UPDATE set stay out of SET, as for a
+single UPDATE. Rows held with different SET columns go in different statements.
+
+Order
+=====
+
+Within a table, changes reach the target in source order: any other change
+to a table (INSERT, DELETE, an UPDATE that changes the key or cannot be
+merged) first sends the rows held for it. Across tables the order may
+change. Only tables where that cannot be told apart are merged
+(:attr:`RelMap.merge`): no trigger or rule fires for replication on them, and
+no unique index or exclusion constraint other than the key's could see an
+intermediate state the source never had. A change to a table with such a
+trigger or rule first sends everything held, as do TRUNCATE, a Relation
+message, COMMIT and PREPARE.
+
+Rows not found, errors, memory
+==============================
+
+Each statement returns the ordinals of the rows it updated; a held row not
+returned is a missing row, reported with the context of the last change
+merged into it (so N UPDATEs of one missing row count once). A failing merged
+statement names its table and the span of changes; the worker then applies
+those transactions again one by one without merging, so the error names the
+exact change. At most :data:`MAX_HELD` keys are held per table: a larger
+transaction sends them and goes on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from applier.lsn import Lsn
+from applier.protocol import Update
+
+from .mapping import RelMap
+from .planner import Formats, Params, Planner, Stmt, max_rows, param_formats
+
+#: Keys held per table before they are sent (also the largest chunk).
+MAX_HELD = 256
+_U = ord("u")
+
+
+class MergedCtx:
+    """What identifies a multi-row statement's rows: one change context per row, in order.
+
+    Also for the multi-row INSERTs of :class:`~applier.apply.session.TargetSession`.
+    """
+
+    __slots__ = ("ctxs",)
+
+    def __init__(self, ctxs: list[Any]) -> None:
+        self.ctxs = ctxs
+
+    def describe(self) -> dict[str, Any]:
+        lsns = [c.lsn for c in self.ctxs]
+        return {
+            "lsn": f"{Lsn(min(lsns))}..{Lsn(max(lsns))}",
+            "table": self.ctxs[0].rm.qualname,
+            "merged_changes": len(self.ctxs),
+        }
+
+
+class _Held:
+    __slots__ = ("ctx", "kinds", "values")
+
+    def __init__(self, values: Sequence[bytes | None], kinds: bytes, ctx: Any) -> None:
+        self.values = values
+        self.kinds = kinds
+        self.ctx = ctx
+
+
+#: A statement ready to send: (statement, parameters, formats, context).
+Batch = tuple[Stmt, Params, Formats, MergedCtx]
+
+
+class UpdateMerger:
+    def __init__(self, planner: Planner) -> None:
+        self.planner = planner
+        #: Relation OID -> (mapping, held rows by key value).
+        self.tables: dict[int, tuple[RelMap, dict[tuple[bytes | None, ...], _Held]]] = {}
+
+    def add(self, rm: RelMap, change: Update, ctx: Any) -> int:
+        """Hold ``change``; returns how many keys the table now holds, 0 if not held.
+
+        Not held (the caller sends it as usual, after :meth:`take` of its table):
+        an UPDATE that changes the key, a key value that was not sent, or a table
+        held under another mapping version.
+        """
+        if change.old is not None:
+            return 0
+        new = change.new
+        kinds = new.kinds
+        values = new.values
+        key = tuple([values[i] for i in rm.key])
+        if _U in kinds and any(kinds[i] == _U for i in rm.key):
+            return 0
+        oid = rm.relation.oid
+        entry = self.tables.get(oid)
+        if entry is None:
+            entry = self.tables[oid] = (rm, {})
+        elif entry[0] is not rm:
+            return 0
+        rows = entry[1]
+        held = rows.get(key)
+        if held is None or _U not in kinds:
+            rows[key] = _Held(values, kinds, ctx)
+        else:
+            # Unchanged TOAST values keep what an earlier UPDATE of the key set.
+            merged_values = list(held.values)
+            merged_kinds = bytearray(held.kinds)
+            for i, k in enumerate(kinds):
+                if k != _U:
+                    merged_values[i] = values[i]
+                    merged_kinds[i] = k
+            rows[key] = _Held(merged_values, bytes(merged_kinds), ctx)
+        return len(rows)
+
+    def holds(self, oid: int) -> bool:
+        return oid in self.tables
+
+    def take(self, oid: int) -> list[Batch]:
+        """The statements for the rows held for one table (none left held)."""
+        entry = self.tables.pop(oid, None)
+        return [] if entry is None else self._plan(*entry)
+
+    def take_all(self) -> list[Batch]:
+        out: list[Batch] = []
+        for oid in list(self.tables):
+            out += self.take(oid)
+        return out
+
+    def discard(self) -> None:
+        self.tables.clear()
+
+    # -- planning ----------------------------------------------------------------------
+
+    def _plan(self, rm: RelMap, rows: dict[tuple[bytes | None, ...], _Held]) -> list[Batch]:
+        by_shape: dict[bytes, list[_Held]] = {}
+        for held in rows.values():
+            shape = Planner.set_shape(rm, held.kinds)
+            by_shape.setdefault(shape, []).append(held)
+        out: list[Batch] = []
+        for shape, group in by_shape.items():
+            start = 0
+            width = shape.count(1) + len(rm.key)
+            for size in chunks(len(group), max_rows(width, MAX_HELD)):
+                out.append(self._statement(rm, shape, group[start : start + size]))
+                start += size
+        return out
+
+    def _statement(self, rm: RelMap, shape: bytes, rows: list[_Held]) -> Batch:
+        stmt = self.planner.update_many(rm, shape, len(rows))
+        cols = stmt.new_idx + stmt.where_idx
+        params: Params = []
+        binary = False
+        for held in rows:
+            values = held.values
+            params += [values[i] for i in cols]
+            binary = binary or b"b" in held.kinds
+        fmts: Formats = None
+        if binary:
+            fmts = b"".join([param_formats(held.kinds, cols) for held in rows])
+        return stmt, params, fmts, MergedCtx([held.ctx for held in rows])
+
+
+def chunks(n: int, limit: int) -> list[int]:
+    """``n`` as a sum of powers of two, largest first, each at most ``limit`` (a power of two).
+
+    Statements are prepared per row count: a few sizes keep their number small.
+    """
+    out = [limit] * (n // limit)
+    rest = n % limit
+    bit = limit
+    while rest:
+        if rest & bit:
+            out.append(bit)
+            rest -= bit
+        bit >>= 1
+    return out
