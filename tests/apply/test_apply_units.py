@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import gc
+import time
 from pathlib import Path
 
 from applier.apply.mapping import RelMap, TargetColumn, TargetTable
 from applier.apply.origin import FLUSHED, FlushTracker
 from applier.apply.planner import Planner
 from applier.apply.spool import SpoolSet
+from applier.apply.worker import GC_INTERVAL, collect_garbage_on_schedule
 from applier.lsn import Lsn
 from applier.protocol import (
     Column,
@@ -112,3 +115,23 @@ def test_flush_tracker_pending_commit_holds_back_what_follows() -> None:
     ft.resolve(entry, Lsn(1000))
     assert ft.release(Lsn(999)) == 0
     assert ft.release(Lsn(1000)) == 200 and not ft.pending
+
+
+def test_garbage_collected_on_schedule_and_collector_restored() -> None:
+    phases: list[str] = []
+
+    def seen(phase: str, info: dict[str, int]) -> None:
+        phases.append(phase)
+
+    gc.callbacks.append(seen)
+    try:
+        assert gc.isenabled()
+        with collect_garbage_on_schedule() as collect:
+            assert not gc.isenabled()  # no collection by allocation count while applying
+            collect(time.monotonic())  # the interval has not passed
+            assert phases == []
+            collect(time.monotonic() + GC_INTERVAL + 1)
+            assert phases == ["start", "stop"]
+        assert gc.isenabled()
+    finally:
+        gc.callbacks.remove(seen)
