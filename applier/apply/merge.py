@@ -40,7 +40,7 @@ transaction sends them and goes on.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 from applier.lsn import Lsn
@@ -91,7 +91,9 @@ class UpdateMerger:
     def __init__(self, planner: Planner) -> None:
         self.planner = planner
         #: Relation OID -> (mapping, held rows by key value).
-        self.tables: dict[int, tuple[RelMap, dict[tuple[bytes | None, ...], _Held]]] = {}
+        self.tables: dict[int, tuple[RelMap, dict[Hashable, _Held]]] = {}
+        #: Mapping version -> column kinds -> SET shape (rows of one table share few).
+        self._shapes: dict[int, dict[bytes, bytes]] = {}
 
     def add(self, rm: RelMap, change: Update, ctx: Any) -> int:
         """Hold ``change``; returns how many keys the table now holds, 0 if not held.
@@ -105,7 +107,8 @@ class UpdateMerger:
         new = change.new
         kinds = new.kinds
         values = new.values
-        key = tuple([values[i] for i in rm.key])
+        idx = rm.key
+        key = values[idx[0]] if len(idx) == 1 else tuple([values[i] for i in idx])
         if _U in kinds and any(kinds[i] == _U for i in rm.key):
             return 0
         oid = rm.relation.oid
@@ -148,11 +151,20 @@ class UpdateMerger:
 
     # -- planning ----------------------------------------------------------------------
 
-    def _plan(self, rm: RelMap, rows: dict[tuple[bytes | None, ...], _Held]) -> list[Batch]:
+    def _plan(self, rm: RelMap, rows: dict[Hashable, _Held]) -> list[Batch]:
+        shapes = self._shapes.get(rm.version)
+        if shapes is None:
+            shapes = self._shapes[rm.version] = {}
         by_shape: dict[bytes, list[_Held]] = {}
         for held in rows.values():
-            shape = Planner.set_shape(rm, held.kinds)
-            by_shape.setdefault(shape, []).append(held)
+            shape = shapes.get(held.kinds)
+            if shape is None:
+                shape = shapes[held.kinds] = Planner.set_shape(rm, held.kinds)
+            group = by_shape.get(shape)
+            if group is None:
+                by_shape[shape] = [held]
+            else:
+                group.append(held)
         out: list[Batch] = []
         for shape, group in by_shape.items():
             start = 0
