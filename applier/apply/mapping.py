@@ -172,14 +172,17 @@ def _mergeable(
     Not when something on the target watches the changes one by one (a trigger or
     rule that fires for replication), when the rows are not found by a key with
     ``=``, or when a unique index or exclusion constraint other than the key's
-    could be violated by an intermediate order of the rows that the source never had.
+    could be violated by an intermediate order of the rows that the source never had,
+    or when the target has no unique index on the key.
     """
     if relation.replident not in "di" or not key or target.relkind != "r" or target.observed:
         return False
     if not all(cols[i].has_eq for i in key):
         return False
+    # The key must be unique on the target too: a merged statement tells rows not
+    # found by how many it returned, which duplicates of a key would blur.
     names = frozenset(cols[i].name for i in key)
-    return all(u == names for u in target.unique_sets)
+    return bool(target.unique_sets) and all(u == names for u in target.unique_sets)
 
 
 class Catalog:

@@ -20,9 +20,11 @@ Within a table, changes reach the target in source order: any other change
 to a table (INSERT, DELETE, an UPDATE that changes the key or cannot be
 merged) first sends the rows held for it. Across tables the order may
 change. Only tables where that cannot be told apart are merged
-(:attr:`RelMap.merge`): no trigger or rule fires for replication on them, and
+(:attr:`RelMap.merge`): no trigger or rule fires for replication on them,
 no unique index or exclusion constraint other than the key's could see an
-intermediate state the source never had. A change to a table with such a
+intermediate state the source never had, and the key is unique on the target
+(so a statement that returns fewer rows than it holds tells exactly which
+were missing). A change to a table with such a
 trigger or rule first sends everything held, as do TRUNCATE, a Relation
 message, COMMIT and PREPARE.
 

@@ -36,7 +36,7 @@ def test_merge_only_where_nothing_can_tell_the_order() -> None:
     assert not _rm(unique_sets=(frozenset({"id"}), frozenset({"a"}))).merge
     assert not _rm(unique_sets=(None,)).merge  # expression or partial unique index
     assert not _rm(relkind="p").merge
-    assert _rm(unique_sets=()).merge  # no unique index on the target: same rows hit
+    assert not _rm(unique_sets=()).merge  # duplicates of a key would blur missing rows
 
 
 def test_last_values_win_and_unchanged_toast_keeps_an_earlier_value() -> None:
