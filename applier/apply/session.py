@@ -63,8 +63,11 @@ queued before it. A client that dies before COMMIT reached the server leaves
 the origin alone; a failure inside COMMIT after the stamp (a trigger queued
 later, ON COMMIT actions) is undone while the session lives
 (:meth:`TargetSession._rewind_origin`). PREPARE TRANSACTION cannot touch
-temporary tables: there (and without the TEMPORARY privilege) the stamp is a
-statement right before, after ``SET CONSTRAINTS ALL IMMEDIATE``.
+temporary tables: it stamps the same way through a table of the applier schema
+(migration 0003) whose trigger also deletes the row. Where those objects are
+missing (a session opened outside ``applier run``) or not writable, and without
+the TEMPORARY privilege, the stamp is a statement right before, after
+``SET CONSTRAINTS ALL IMMEDIATE``.
 
 After ANY failure the transaction is rolled back and
 ``pg_replication_origin_xact_reset()`` is called: the session's origin
@@ -116,6 +119,11 @@ _STAMP_SETUP = (
 )
 _STAMP = (
     b"INSERT INTO pg_temp.applier_stamp VALUES ($1::pg_catalog.pg_lsn, $2::pg_catalog.timestamptz)"
+)
+#: The same for PREPARE TRANSACTION, which cannot touch temporary tables: a table of
+#: the applier schema (migration 0003) whose deferred trigger also deletes the row.
+_PREPARE_STAMP = (
+    b"INSERT INTO applier.prepare_stamp VALUES ($1::pg_catalog.pg_lsn, $2::pg_catalog.timestamptz)"
 )
 
 # Queue item kinds.
@@ -195,6 +203,8 @@ class TargetSession:
             #: The origin's progress as of the last commit known to have succeeded.
             self.committed = self._origin_position()
             self.stamp_in_commit = self._create_stamp()
+            self.stamp_in_prepare = self._can_stamp_prepare()
+            self._warned_prepare = False
         except psycopg.Error as e:
             self.close()
             raise self._error(e, "setting up the target session") from None
@@ -233,6 +243,13 @@ class TargetSession:
             )
             return False
         return True
+
+    def _can_stamp_prepare(self) -> bool:
+        row = self.conn.execute(
+            "SELECT pg_catalog.to_regclass('applier.prepare_stamp') IS NOT NULL "
+            "AND pg_catalog.has_table_privilege('applier.prepare_stamp', 'INSERT, DELETE')"
+        ).fetchone()
+        return bool(row and row[0])
 
     # -- errors ----------------------------------------------------------------------
 
@@ -634,7 +651,17 @@ class TargetSession:
         """Stamp the origin and PREPARE TRANSACTION ``gid``."""
         assert self.in_txn
         self._end_run()
-        self._origin_setup(end_lsn, prepare_ts)
+        if self.stamp_in_prepare:
+            self._send_ctl(_PREPARE_STAMP, "origin stamp", _stamp_params(end_lsn, prepare_ts))
+        else:
+            if not self._warned_prepare:
+                self._warned_prepare = True
+                log.warning(
+                    "applier.prepare_stamp is missing or not writable (INSERT, DELETE) for "
+                    "this role; the origin is stamped just before PREPARE TRANSACTION, and a "
+                    "connection lost between the two can make a restart skip that transaction"
+                )
+            self._origin_setup(end_lsn, prepare_ts)
         self._send_ctl(b"PREPARE TRANSACTION " + _literal(gid), "PREPARE TRANSACTION")
         if self.flush_wait:
             self.pg.send_query_params(b"SELECT pg_catalog.pg_current_wal_insert_lsn()::text", None)

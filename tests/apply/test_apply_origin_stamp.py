@@ -15,8 +15,9 @@ import time
 import pytest
 from conftest import Pair
 
-from applier.apply.session import TargetSession
+from applier.apply.session import _PREPARE_STAMP, TargetSession, _stamp_params
 from applier.lsn import Lsn, now_pg_timestamp
+from applier.schema import upgrade_target
 
 
 def _progress(pair: Pair, origin: str) -> str | None:
@@ -44,18 +45,7 @@ def test_session_lost_before_commit_leaves_origin_alone(pair: Pair, in_commit: b
         session.begin()
         session.execute_sql(b"INSERT INTO public.t VALUES (2)", "insert")
         session._stamp(Lsn(0x6000000), now_pg_timestamp())
-        session.pg.send_flush_request()  # results now, not at a Sync
-        deadline = time.monotonic() + 10
-        while session._q and time.monotonic() < deadline:  # every result in: executed
-            session.poll()
-            time.sleep(0.01)
-        assert not session._q
-        pid = session.conn.info.backend_pid
-        pair.sub_exec(f"SELECT pg_terminate_backend({pid})")
-        deadline = time.monotonic() + 10
-        while pair.sub_exec(f"SELECT 1 FROM pg_stat_activity WHERE pid = {pid}"):
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        _lose_session_after(session, pair)
     finally:
         session.close()
     assert pair.sub_exec("SELECT id FROM t") == [(1,)]
@@ -64,6 +54,60 @@ def test_session_lost_before_commit_leaves_origin_alone(pair: Pair, in_commit: b
     if in_commit:
         assert progress == "0/5000000"
     else:  # the hazard the in-COMMIT stamp exists for
+        assert progress == "0/6000000"
+
+
+def _lose_session_after(session: TargetSession, pair: Pair) -> None:
+    """Wait until every queued statement ran, then terminate the session's backend."""
+    session.pg.send_flush_request()  # results now, not at a Sync
+    deadline = time.monotonic() + 10
+    while session._q and time.monotonic() < deadline:  # every result in: executed
+        session.poll()
+        time.sleep(0.01)
+    assert not session._q
+    pid = session.conn.info.backend_pid
+    pair.sub_exec(f"SELECT pg_terminate_backend({pid})")
+    deadline = time.monotonic() + 10
+    while pair.sub_exec(f"SELECT 1 FROM pg_stat_activity WHERE pid = {pid}"):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("in_prepare", [True, False], ids=["in_prepare", "statement"])
+def test_session_lost_before_prepare_leaves_origin_alone(pair: Pair, in_prepare: bool) -> None:
+    """Two-phase: the stamp is made inside PREPARE TRANSACTION (migration 0003)."""
+    origin = f"stamp_{pair.sub_db}"
+    upgrade_target(pair.sub_dsn)
+    pair.sub_exec(f"CREATE TABLE t (id int); SELECT pg_replication_origin_create('{origin}')")
+    session = TargetSession(pair.sub_dsn, origin, "on")
+    gid = f"g_{pair.sub_db}"
+    try:
+        assert session.stamp_in_prepare  # the applier schema is there and writable
+        session.stamp_in_prepare = in_prepare
+        session.begin()
+        session.execute_sql(b"INSERT INTO public.t VALUES (1)", "insert")
+        session.prepare(gid, Lsn(0x5000000), now_pg_timestamp())
+        assert _progress(pair, origin) == "0/5000000"
+        session.finish_prepared(gid, True, Lsn(0x5000100), now_pg_timestamp())
+        assert _progress(pair, origin) == "0/5000100"
+        # The next transaction gets as far as the stamp of its PREPARE; then the
+        # session is gone.
+        session.begin()
+        session.execute_sql(b"INSERT INTO public.t VALUES (2)", "insert")
+        if in_prepare:
+            session._send_ctl(_PREPARE_STAMP, "stamp", _stamp_params(Lsn(0x6000000), 0))
+        else:
+            session._origin_setup(Lsn(0x6000000), now_pg_timestamp())
+        _lose_session_after(session, pair)
+    finally:
+        session.close()
+    assert pair.sub_exec("SELECT id FROM t") == [(1,)]
+    assert pair.sub_exec("SELECT count(*) FROM applier.prepare_stamp") == [(0,)]
+    progress = _progress(pair, origin)
+    pair.sub_exec(f"SELECT pg_replication_origin_drop('{origin}')")
+    if in_prepare:
+        assert progress == "0/5000100"
+    else:  # the hazard the in-PREPARE stamp exists for
         assert progress == "0/6000000"
 
 
