@@ -111,7 +111,7 @@ class UpdateMerger:
         values = new.values
         idx = rm.key
         key = values[idx[0]] if len(idx) == 1 else tuple([values[i] for i in idx])
-        if _U in kinds and any(kinds[i] == _U for i in rm.key):
+        if _U in kinds and any(kinds[i] == _U for i in idx):
             return 0
         oid = rm.relation.oid
         entry = self.tables.get(oid)

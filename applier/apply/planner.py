@@ -160,12 +160,10 @@ class Planner:
         self._check_identity(rm, "UPDATE")
         new = change.new
         old = change.old if change.old is not None else new
-        new_shape = _present(new.kinds)
         if change.old is None and rm.key:
-            # No old key part: the key columns did not change, so they stay
-            # out of SET. Besides saving work, a GENERATED ALWAYS identity key
-            # could not be SET at all (SQLSTATE 428C9).
-            new_shape = self._unchanged_key_shape(rm, new_shape)
+            new_shape = self.set_shape(rm, new.kinds)
+        else:
+            new_shape = _present(new.kinds)
         old_shape = self._where_shape(rm, old, change.old is not None)
         stmt = self._cache.get((rm.version, UPDATE, new_shape, old_shape))
         if stmt is None:
@@ -184,11 +182,12 @@ class Planner:
 
     @staticmethod
     def set_shape(rm: RelMap, kinds: bytes) -> bytes:
-        """The SET columns of an UPDATE that keeps its key (see :meth:`_plan_update`)."""
-        return Planner._unchanged_key_shape(rm, _present(kinds))
+        """The SET columns of an UPDATE that keeps its key (no old key part sent).
 
-    @staticmethod
-    def _unchanged_key_shape(rm: RelMap, shape: bytes) -> bytes:
+        The key columns did not change, so they stay out of SET. Besides saving
+        work, a GENERATED ALWAYS identity key could not be SET at all (SQLSTATE 428C9).
+        """
+        shape = _present(kinds)
         masked = bytearray(shape)
         for i in rm.key:
             masked[i] = 0

@@ -309,6 +309,7 @@ class Applier:
         self.progress = progress
         self.planner = Planner()
         self.merger = UpdateMerger(self.planner)
+        self.merge_updates = cfg.apply.merge_updates
         #: Merge UPDATEs per key in the transaction in hand (not in one-by-one replay).
         self.merging = False
         self.flush = FlushTracker()
@@ -380,8 +381,9 @@ class Applier:
         self.txn = Txn(xid, commit_lsn, skip, gid)
         # One by one after a failure (commit_lsn < no_group_until <=> end_lsn <=
         # no_group_until): unmerged, so an error names its own change.
-        self.merging = self.cfg.apply.merge_updates and commit_lsn >= self.no_group_until
-        self.session.multi_row = commit_lsn >= self.no_group_until
+        batched = commit_lsn >= self.no_group_until
+        self.merging = batched and self.merge_updates
+        self.session.multi_row = batched
         # The LSN is formatted only if an error needs it (this runs per transaction).
         self.session.txn_context = {"lsn": commit_lsn, "xid": xid}
 
@@ -802,9 +804,8 @@ def collect_garbage_on_schedule() -> Iterator[Callable[[float], None]]:
     keeps alive). The collector's previous state is restored on the way out.
     """
     enabled = gc.isenabled()
-    if not _frozen:
+    if not gc.get_freeze_count():
         gc.freeze()  # once per process: what start-up built lives as long as it
-        _frozen.append(True)
     gc.disable()
     last = [time.monotonic()]
 
@@ -818,9 +819,6 @@ def collect_garbage_on_schedule() -> Iterator[Callable[[float], None]]:
     finally:
         if enabled:
             gc.enable()
-
-
-_frozen: list[bool] = []
 
 
 class _Regroup(Exception):
