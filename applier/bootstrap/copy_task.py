@@ -26,6 +26,7 @@ call, which made a Python loop over it the bottleneck).
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import re
 import shutil
@@ -50,6 +51,13 @@ _TARGET_SETTINGS = ("SET synchronous_commit = off",)
 #: Bytes read from the source pipe per Python call (psycopg hands the target
 #: 128 kB per libpq call). 1 MB: a few thousand calls per GB.
 _BLOCK = 1 << 20
+
+#: psql writes its stdout in blocks of this size (``stdbuf -o``, where
+#: coreutils has it), and the pipe holds as much (``F_SETPIPE_SZ``, Linux):
+#: by default psql's stdio writes 4 kB at a time and the reader wakes up
+#: for each, 50 kB on average. Measured on a 400 MB slice: reads 7,100 ->
+#: 375, CPU of the task 0.50 s -> 0.17 s and of psql 0.43 s -> 0.33 s.
+_PIPE_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -180,6 +188,7 @@ def source_command(task: SliceTask) -> tuple[list[str], dict[str, str]]:
     """
     set_snapshot = sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(task.snapshot))
     argv = [
+        *_buffered_stdout(),
         psql_path(), "-X", "-q", "-v", "ON_ERROR_STOP=1",
         "-c", "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY",
         "-c", set_snapshot.as_string(None),
@@ -190,6 +199,17 @@ def source_command(task: SliceTask) -> tuple[list[str], dict[str, str]]:
     env.setdefault("PGAPPNAME", "applier-bootstrap")
     # -X: no .psqlrc can add output to the data stream.
     return argv, env
+
+
+def _buffered_stdout() -> list[str]:
+    stdbuf = shutil.which("stdbuf")
+    return [stdbuf, "-o", str(_PIPE_BYTES)] if stdbuf else []
+
+
+def _widen(pipe_fd: int) -> None:
+    # Best effort: unprivileged processes may go up to /proc/sys/fs/pipe-max-size.
+    with contextlib.suppress(AttributeError, OSError):
+        fcntl.fcntl(pipe_fd, fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
 
 
 def _stream(task: SliceTask, tgt: psycopg.Connection[Any]) -> tuple[int, int]:
@@ -204,6 +224,7 @@ def _stream(task: SliceTask, tgt: psycopg.Connection[Any]) -> tuple[int, int]:
     argv, env = source_command(task)
     nbytes = 0
     rfd, wfd = os.pipe()
+    _widen(wfd)
     with tempfile.TemporaryFile() as errf:
         try:
             proc = subprocess.Popen(

@@ -45,7 +45,8 @@ def test_source_argv_never_holds_the_password() -> None:
     assert (env["PGHOST"], env["PGPORT"], env["PGUSER"], env["PGDATABASE"]) == (
         "db.example", "5433", "u", "d",
     )  # fmt: skip
-    assert argv[1:6] == ["-X", "-q", "-v", "ON_ERROR_STOP=1", "-c"]
+    psql = next(i for i, a in enumerate(argv) if a.endswith("psql"))
+    assert argv[psql + 1 : psql + 6] == ["-X", "-q", "-v", "ON_ERROR_STOP=1", "-c"]
     assert "SET TRANSACTION SNAPSHOT '0-1-2'" in argv
 
 
