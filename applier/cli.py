@@ -118,6 +118,36 @@ def bootstrap(config_path: Path, recreate_slot: bool, truncate: bool, quiet: boo
     )
 
 
+@cli.command("spark-archive")
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Config whose [bootstrap] class_archive / spark_conf to use (default: the defaults).",
+)
+@_exits_cleanly
+def spark_archive(config_path: Path | None) -> int:
+    """Write the Spark driver's class archive once: later bootstraps start Spark ~2 s sooner.
+
+    Starts Spark with -XX:ArchiveClassesAtExit and runs one task; the JVM
+    saves the classes it loaded, parsed and verified. `scripts/setup` runs
+    this. Rerun it after upgrading Java or pyspark (a stale archive is
+    ignored, never harmful).
+    """
+    from .bootstrap.spark import build_class_archive
+    from .config import BootstrapConfig
+
+    if config_path is not None:
+        bcfg = _load(config_path).bootstrap
+    else:
+        setup_logging("info", "text")
+        bcfg = BootstrapConfig()
+    path = build_class_archive(bcfg)
+    click.echo(f"class archive written: {path} ({path.stat().st_size // 2**20} MB)")
+    return 0
+
+
 @cli.command()
 @config_option
 @click.option("--slot", default=None, help="Slot to read (default: the config's source.slot).")

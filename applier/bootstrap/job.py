@@ -97,15 +97,25 @@ def run_bootstrap(cfg: Config, *, recreate_slot: bool, truncate: bool, quiet: bo
                 hint="start `applier run`; to bootstrap again use --recreate-slot --truncate",
             )
         ours = prior.tables if prior and prior.phase != "done" else []
-        plan = discover(src, cfg)
-        prepare_target(src, tgt, plan, ours=ours, truncate=truncate)
-        stopping: list[threading.Thread] = []
+        # The JVM boots (seconds, more on a busy machine) while the checks,
+        # the slot, the schema dump and the target tables are made.
+        spark = _SparkStarter(cfg)
+        copied = False
         try:
-            run = copy_under_new_slot(cfg, src, tgt, plan, prior, recreate_slot, quiet, stopping)
-            return finish(cfg, tgt, run)
+            plan = discover(src, cfg)
+            prepare_target(src, tgt, plan, ours=ours, truncate=truncate)
+            run = copy_under_new_slot(cfg, src, tgt, plan, prior, recreate_slot, quiet, spark)
+            copied = True
+            # Spark stops (about a second) while the post-data DDL runs.
+            stopper = threading.Thread(target=spark.stop, name="spark-stop", daemon=True)
+            stopper.start()
+            try:
+                return finish(cfg, tgt, run)
+            finally:
+                stopper.join()
         finally:
-            for t in stopping:  # Spark stopped while the post-data DDL ran
-                t.join()
+            if not copied:
+                spark.abandon()
 
 
 # -- bookkeeping ----------------------------------------------------------------
@@ -252,17 +262,13 @@ def copy_under_new_slot(
     prior: PriorRun | None,
     recreate_slot: bool,
     quiet: bool,
-    stopping: list[threading.Thread] | None = None,
+    spark: _SparkStarter,
 ) -> PriorRun:
-    """Slot, schema, copy. Spark is stopped on return: in a thread appended to
-    ``stopping`` when given (the caller joins it), else before returning."""
+    """Slot, schema, copy (on the session ``spark`` is starting); the caller stops Spark."""
     from ..stream.replconn import ReplicationConnection
 
     slot = cfg.source.slot
     interrupted = prior is not None and prior.phase in ("starting", "copy", "post_data")
-    # The JVM boots (seconds, more on a busy machine) while the slot, the
-    # schema dump and the target tables are made.
-    spark = _SparkStarter(cfg)
     repl = ReplicationConnection.open(cfg.source.conninfo(), application_name="applier-bootstrap")
     try:
         if repl.slot_exists(slot):
@@ -294,11 +300,6 @@ def copy_under_new_slot(
         return run
     finally:
         repl.close()
-        if stopping is None:
-            spark.stop()
-        else:
-            stopping.append(threading.Thread(target=spark.stop, name="spark-stop", daemon=True))
-            stopping[-1].start()
 
 
 def _dump_and_create(
@@ -449,11 +450,21 @@ class _SparkStarter:
         if self._session is not None:
             _stop_spark(self._session)
 
+    def abandon(self) -> None:
+        """On an error: stop Spark if it is up, without waiting for a JVM still booting.
+
+        A JVM that pyspark launched exits by itself when this process does
+        (it watches its stdin), so a bad-input error is reported at once.
+        """
+        if not self._thread.is_alive():
+            self.stop()
+
 
 def _spark(cfg: Config) -> Any:
-    from .spark import build_session
+    from .spark import build_session, session_uses_archive
 
     started = time.monotonic()
+    archive = session_uses_archive(cfg.bootstrap)
     try:
         session = build_session(cfg.bootstrap)
     except Exception as e:
@@ -468,6 +479,7 @@ def _spark(cfg: Config) -> Any:
             "ctx": {
                 "master": cfg.bootstrap.spark_master,
                 "parallelism": session.sparkContext.defaultParallelism,
+                "class_archive": archive,
                 "seconds": round(time.monotonic() - started, 1),
             }
         },
