@@ -153,12 +153,14 @@ class BootstrapConfig(_Section):
     spark_conf: dict[str, str] = Field(default_factory=dict)
     slice_size: int = Field(default=256 * 1024**2)
     parallelism: int = Field(default=4, ge=1)
+    #: For the post-data index builds, unless the target's own setting is higher.
+    maintenance_work_mem: int = Field(default=2 * 1024**3)
     #: The driver JVM's class archive (see applier.bootstrap.spark): "auto"
     #: (a per-user cache file, used when `applier spark-archive` wrote it),
     #: "off", or a file path.
     class_archive: str = Field(default="auto", min_length=1)
 
-    @field_validator("slice_size", mode="before")
+    @field_validator("slice_size", "maintenance_work_mem", mode="before")
     @classmethod
     def _size(cls, v: int | str) -> int:
         return parse_size(v)

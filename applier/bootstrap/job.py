@@ -511,7 +511,7 @@ def finish(cfg: Config, tgt: Conn, run: PriorRun) -> int:
         started = time.monotonic()
         # The DDL and the forgetting of it commit together: a rerun never runs it twice.
         with tgt.transaction():
-            _index_build_settings(tgt)
+            _index_build_settings(tgt, cfg.bootstrap.maintenance_work_mem)
             ddl.run_script(tgt, run.post_data_sql, "indexes and constraints")
             tgt.execute(
                 "UPDATE applier.bootstrap_run SET post_data_sql = NULL WHERE slot = %s",
@@ -529,19 +529,21 @@ def finish(cfg: Config, tgt: Conn, run: PriorRun) -> int:
     return 0
 
 
-#: maintenance_work_mem for the post-data DDL (unless the target's is higher):
-#: a primary key on tens of millions of rows then sorts in memory instead of
-#: spilling (what pg_restore's documentation advises for a load).
-_INDEX_MEM_KB = 1024 * 1024
+def _index_build_settings(tgt: Conn, mem_bytes: int) -> None:
+    """maintenance_work_mem for the post-data transaction, unless the target's is higher.
 
-
-def _index_build_settings(tgt: Conn) -> None:
-    """Settings local to the post-data transaction that speed up index builds."""
+    A primary key on tens of millions of rows then sorts in memory instead of
+    spilling (what pg_restore's documentation advises for a load). Measured on
+    20M bigint keys: 1GB spills (7.4 s), 2GB does not (4.9 s); a parallel
+    build splits the memory among its workers. Memory is taken only as the
+    sort grows, so small tables cost nothing.
+    """
+    kb = mem_bytes // 1024
     row = tgt.execute(
         "SELECT setting::bigint FROM pg_settings WHERE name = 'maintenance_work_mem'"
     ).fetchone()
-    if row is not None and int(row[0]) < _INDEX_MEM_KB:
-        tgt.execute(f"SET LOCAL maintenance_work_mem = '{_INDEX_MEM_KB}kB'")
+    if kb and row is not None and int(row[0]) < kb:
+        tgt.execute(sql.SQL("SET LOCAL maintenance_work_mem = {}").format(sql.Literal(f"{kb}kB")))
 
 
 def _require_slot(cfg: Config, run: PriorRun) -> None:
