@@ -152,7 +152,9 @@ class BootstrapConfig(_Section):
     spark_master: str = "local[*]"
     spark_conf: dict[str, str] = Field(default_factory=dict)
     slice_size: int = Field(default=256 * 1024**2)
-    parallelism: int = Field(default=4, ge=1)
+    #: Copy tasks running at once, at most; None: as many as Spark runs
+    #: (its task slots: the N of local[N], the executors' cores).
+    parallelism: int | None = Field(default=None, ge=1)
     #: For the post-data index builds, unless the target's own setting is higher.
     maintenance_work_mem: int = Field(default=2 * 1024**3)
     #: The driver JVM's class archive (see applier.bootstrap.spark): "auto"

@@ -77,6 +77,8 @@ class SliceTask:
     binary: bool
     slice_no: int
     where: str | None
+    #: Tasks of this run copying at once, at most (None: no cap beyond Spark's).
+    parallelism: int | None = None
 
     @property
     def label(self) -> str:
@@ -123,13 +125,14 @@ def copy_slice(task: SliceTask) -> SliceResult:
 
 
 def _copy_slice(task: SliceTask) -> SliceResult:
-    start = time.monotonic()
     with psycopg.connect(
         task.target_conninfo, autocommit=True, application_name="applier-bootstrap"
     ) as tgt:
         for stmt in _TARGET_SETTINGS:
             tgt.execute(stmt)
         _try_replica_role(tgt)
+        _take_permit(tgt, task)
+        start = time.monotonic()
         with tgt.transaction():
             tgt.execute(
                 "SELECT pg_advisory_xact_lock(hashtext(%s))",
@@ -141,12 +144,39 @@ def _copy_slice(task: SliceTask) -> SliceResult:
             seconds = time.monotonic() - start
             tgt.execute(
                 "INSERT INTO applier.bootstrap_slice "
-                "(slot, run_id, src_schema, src_name, slice_no, rows, bytes, seconds) "
-                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+                "(slot, run_id, src_schema, src_name, slice_no, rows, bytes, seconds, done_at) "
+                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, clock_timestamp())",
                 (task.slot, task.run_id, task.src_schema, task.src_name, task.slice_no,
                  rows, nbytes, seconds),
             )  # fmt: skip
     return SliceResult(task.src_schema, task.src_name, task.slice_no, rows, nbytes, seconds, False)
+
+
+#: Seconds between two tries for a copy permit.
+_PERMIT_POLL = 0.2
+
+
+def _take_permit(tgt: psycopg.Connection[Any], task: SliceTask) -> None:
+    """Wait until fewer than ``task.parallelism`` tasks of this run are copying.
+
+    Spark runs as many tasks as it has slots; ``[bootstrap] parallelism``
+    caps the copies at once on any master, local or a cluster, with N
+    permits: session advisory locks (run key, 0..N-1) on the target. A
+    permit goes back when the task's connection closes, however the task
+    ends, so a killed task never keeps one.
+    """
+    if task.parallelism is None:
+        return
+    key = f"applier-bootstrap-permits:{task.slot}:{task.run_id}"
+    while True:
+        row = tgt.execute(
+            "SELECT i FROM generate_series(0, %s - 1) i "
+            "WHERE pg_try_advisory_lock(hashtext(%s), i) LIMIT 1",
+            (task.parallelism, key),
+        ).fetchone()
+        if row is not None:
+            return
+        time.sleep(_PERMIT_POLL)
 
 
 def _try_replica_role(tgt: psycopg.Connection[Any]) -> None:

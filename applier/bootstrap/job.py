@@ -292,7 +292,10 @@ def copy_under_new_slot(
                 cfg.source.conninfo(), src, tgt, plan, prior, info.snapshot_name, run
             )
             session = spark.session()
-            resolve_targets(tgt, plan, cfg.bootstrap.slice_size, _task_slots(session))
+            resolve_targets(tgt, plan, cfg.bootstrap.slice_size, _copy_slots(cfg, session))
+            run.post_data_sql = (run.post_data_sql or "") + defer_autovacuum(
+                src, tgt, plan, created
+            )
             record_copy_phase(tgt, slot, run, info.snapshot_name, plan, created)
         _run_copy(cfg, session, tgt, plan, run_id, info.snapshot_name, quiet)
         set_phase(tgt, slot, "post_data")
@@ -334,6 +337,52 @@ def _dump_and_create(
     return created
 
 
+def defer_autovacuum(src: Conn, tgt: Conn, plan: SourcePlan, created: set[tuple[str, str]]) -> str:
+    """Autovacuum off on the heaps this run created until their post-data DDL.
+
+    Each slice commits on its own, so autovacuum would start on a table still
+    being loaded, take CPU from the copy, and then hold up the primary key's
+    ALTER TABLE by up to ``deadlock_timeout`` before it lets itself be
+    cancelled. Returns the SQL that gives each table the source's own
+    setting back; it runs with the post-data DDL, in its transaction. Tables
+    the user created are left as they are.
+    """
+    restore = []
+    for t in plan.tables:
+        if (t.schema, t.name) not in created or t.dst != (t.schema, t.name):
+            continue
+        ident = sql.Identifier(*t.dst)
+        tgt.execute(
+            sql.SQL(
+                "ALTER TABLE {} SET (autovacuum_enabled = false, toast.autovacuum_enabled = false)"
+            ).format(ident)
+        )
+        stmt = sql.SQL(
+            "ALTER TABLE {} RESET (autovacuum_enabled, toast.autovacuum_enabled)"
+        ).format(ident)
+        heap, toast = _autovacuum_options(src, t.schema, t.name)
+        sets = [sql.SQL("autovacuum_enabled = {}").format(sql.Literal(heap))] if heap else []
+        if toast:
+            sets.append(sql.SQL("toast.autovacuum_enabled = {}").format(sql.Literal(toast)))
+        if sets:
+            stmt = sql.SQL("{}, SET ({})").format(stmt, sql.SQL(", ").join(sets))
+        restore.append(stmt.as_string(tgt) + ";\n")
+    return "".join(restore)
+
+
+def _autovacuum_options(src: Conn, schema: str, name: str) -> tuple[str | None, str | None]:
+    row = src.execute(
+        "SELECT (SELECT option_value FROM pg_options_to_table(c.reloptions) "
+        "        WHERE option_name = 'autovacuum_enabled'), "
+        "       (SELECT option_value FROM pg_options_to_table(tc.reloptions) "
+        "        WHERE option_name = 'autovacuum_enabled') "
+        "FROM pg_class c LEFT JOIN pg_class tc ON tc.oid = c.reltoastrelid "
+        "WHERE c.oid = %s::regclass",
+        (quote_qual(schema, name),),
+    ).fetchone()
+    return (row[0], row[1]) if row else (None, None)
+
+
 def build_tasks(cfg: Config, plan: SourcePlan, run_id: int, snapshot: str) -> list[SliceTask]:
     tasks = []
     for t in plan.tables:
@@ -354,6 +403,7 @@ def build_tasks(cfg: Config, plan: SourcePlan, run_id: int, snapshot: str) -> li
                     binary=t.binary,
                     slice_no=s.slice_no,
                     where=s.where(t.row_filter),
+                    parallelism=cfg.bootstrap.parallelism,
                 )
             )
     # Biggest tables' slices first: the long tail is then made of small slices.
@@ -493,6 +543,12 @@ def _task_slots(session: Any) -> int:
         return max(1, int(session.sparkContext.defaultParallelism))
     except Exception:  # a session without the usual context: no alignment
         return 1
+
+
+def _copy_slots(cfg: Config, session: Any) -> int:
+    """Copies at once: Spark's task slots, capped by ``[bootstrap] parallelism``."""
+    slots = _task_slots(session)
+    return min(slots, cfg.bootstrap.parallelism or slots)
 
 
 def _stop_spark(session: Any) -> None:

@@ -23,6 +23,8 @@ CREATE TABLE types (
 );
 CREATE TABLE nopk (a int, b text);
 ALTER TABLE nopk REPLICA IDENTITY FULL;
+ALTER TABLE nopk SET (autovacuum_enabled = off, toast.autovacuum_enabled = off);
+ALTER TABLE types SET (toast.autovacuum_enabled = true, fillfactor = 90);
 CREATE PUBLICATION pub FOR TABLE big, parted, types, nopk;
 """
 

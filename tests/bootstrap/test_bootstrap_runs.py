@@ -120,6 +120,9 @@ def test_killed_bootstrap_rerun_converges(pair: Pair, spark: Any, tmp_path: Path
     assert pair.sub_exec("SELECT phase FROM applier.bootstrap_run") == [("copy",)]
     partial = pair.sub_exec("SELECT count(*) FROM k")[0][0]
     assert 0 < partial < 60000
+    # Autovacuum stays off on the tables being loaded, until their post-data DDL.
+    reloptions = "SELECT reloptions FROM pg_class WHERE relname = 'k'"
+    assert pair.sub_exec(reloptions) == [(["autovacuum_enabled=false"],)]
     # More writes while no bootstrap runs; the rerun must include them.
     pair.pub_exec("INSERT INTO k (pad) VALUES ('late'); DELETE FROM k WHERE id = 5;")
     from applier.config import load_config
@@ -129,6 +132,7 @@ def test_killed_bootstrap_rerun_converges(pair: Pair, spark: Any, tmp_path: Path
     )
     assert _same(pair, "k") and _same(pair, "k2")
     assert pair.sub_exec("SELECT phase FROM applier.bootstrap_run") == [("done",)]
+    assert pair.sub_exec(reloptions) == [(None,)]  # the source's setting: none
 
 
 # -- bad input -----------------------------------------------------------------------
