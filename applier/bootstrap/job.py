@@ -81,44 +81,48 @@ class PriorRun:
 
 
 def run_bootstrap(cfg: Config, *, recreate_slot: bool, truncate: bool, quiet: bool) -> int:
-    from ..schema import upgrade_target
-
     src_dsn, tgt_dsn = cfg.source.conninfo(), cfg.target.conninfo()
     with connect(src_dsn, "source") as src, connect(tgt_dsn, "target") as tgt:
-        upgrade_target(tgt_dsn)
-        prior = load_prior_run(tgt, cfg.source.slot)
-        if prior and prior.phase == "post_data" and not recreate_slot:
-            log.info("resuming an interrupted bootstrap after its copy")
-            return finish(cfg, tgt, prior)
-        if prior and prior.phase == "done" and not recreate_slot:
-            raise BootstrapError(
-                f"slot {cfg.source.slot} was bootstrapped already "
-                f"(consistent point {prior.consistent_lsn})",
-                hint="start `applier run`; to bootstrap again use --recreate-slot --truncate",
-            )
-        ours = prior.tables if prior and prior.phase != "done" else []
-        # The JVM boots (seconds, more on a busy machine) while the checks,
-        # the slot, the schema dump and the target tables are made.
         spark = _SparkStarter(cfg)
-        copied = False
         try:
-            plan = discover(src, cfg)
-            prepare_target(src, tgt, plan, ours=ours, truncate=truncate)
-            run = copy_under_new_slot(cfg, src, tgt, plan, prior, recreate_slot, quiet, spark)
-            copied = True
-            # Spark stops (about a second) while the post-data DDL runs.
-            stopper = threading.Thread(target=spark.stop, name="spark-stop", daemon=True)
-            stopper.start()
-            try:
-                return finish(cfg, tgt, run)
-            finally:
-                stopper.join()
+            return _bootstrap(cfg, src, tgt, spark, recreate_slot, truncate, quiet)
         finally:
-            if not copied:
-                spark.abandon()
+            spark.abandon()  # a no-op after a success (stopped already)
 
 
-# -- bookkeeping ----------------------------------------------------------------
+def _bootstrap(
+    cfg: Config,
+    src: Conn,
+    tgt: Conn,
+    spark: _SparkStarter,
+    recreate_slot: bool,
+    truncate: bool,
+    quiet: bool,
+) -> int:
+    from ..schema import upgrade_target
+
+    upgrade_target(cfg.target.conninfo())
+    prior = load_prior_run(tgt, cfg.source.slot)
+    if prior and prior.phase == "post_data" and not recreate_slot:
+        log.info("resuming an interrupted bootstrap after its copy")
+        return finish(cfg, tgt, prior)
+    if prior and prior.phase == "done" and not recreate_slot:
+        raise BootstrapError(
+            f"slot {cfg.source.slot} was bootstrapped already "
+            f"(consistent point {prior.consistent_lsn})",
+            hint="start `applier run`; to bootstrap again use --recreate-slot --truncate",
+        )
+    ours = prior.tables if prior and prior.phase != "done" else []
+    plan = discover(src, cfg)
+    prepare_target(src, tgt, plan, ours=ours, truncate=truncate)
+    run = copy_under_new_slot(cfg, src, tgt, plan, prior, recreate_slot, quiet, spark)
+    # Spark stops (about a second) while the post-data DDL runs.
+    stopper = threading.Thread(target=spark.stop, name="spark-stop", daemon=True)
+    stopper.start()
+    try:
+        return finish(cfg, tgt, run)
+    finally:
+        stopper.join()
 
 
 def load_prior_run(tgt: Conn, slot: str) -> PriorRun | None:
@@ -271,13 +275,18 @@ def copy_under_new_slot(
     interrupted = prior is not None and prior.phase in ("starting", "copy", "post_data")
     repl = ReplicationConnection.open(cfg.source.conninfo(), application_name="applier-bootstrap")
     try:
-        if repl.slot_exists(slot):
-            if not (recreate_slot or interrupted):
-                raise BootstrapError(
-                    f"replication slot {slot} exists already on the source",
-                    hint="use --recreate-slot to drop it and bootstrap anew "
-                    "(any consumer of that slot loses its position)",
-                )
+        exists = repl.slot_exists(slot)
+        if exists and not (recreate_slot or interrupted):
+            raise BootstrapError(
+                f"replication slot {slot} exists already on the source",
+                hint="use --recreate-slot to drop it and bootstrap anew "
+                "(any consumer of that slot loses its position)",
+            )
+        # The JVM boots while the slot, the schema dump and the tables are
+        # made. Not before the checks: a JVM still booting when a bad-input
+        # error ends the process would print after that error.
+        spark.start()
+        if exists:
             log.warning("dropping replication slot", extra={"ctx": {"slot": slot}})
             repl.drop_slot(slot)
         run_id = start_run(tgt, slot)
@@ -474,14 +483,24 @@ def spark_failure(exc: BaseException) -> ApplierError:
 
 
 class _SparkStarter:
-    """Builds the SparkSession in a thread; :meth:`session` waits for it."""
+    """Builds the SparkSession in a thread once :meth:`start` is called.
+
+    :meth:`session` starts it if needed and waits for it; :meth:`stop` and
+    :meth:`abandon` may be called any number of times.
+    """
 
     def __init__(self, cfg: Config) -> None:
         self._cfg = cfg
         self._session: Any = None
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="spark-start", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None
+        self._stopped = False
+
+    def start(self) -> _SparkStarter:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="spark-start", daemon=True)
+            self._thread.start()
+        return self
 
     def _run(self) -> None:
         try:
@@ -490,13 +509,18 @@ class _SparkStarter:
             self._error = e
 
     def session(self) -> Any:
+        self.start()
+        assert self._thread is not None
         self._thread.join()
         if self._error is not None:
             raise self._error
         return self._session
 
     def stop(self) -> None:
+        if self._thread is None or self._stopped:
+            return
         self._thread.join()
+        self._stopped = True
         if self._session is not None:
             _stop_spark(self._session)
 
@@ -506,7 +530,7 @@ class _SparkStarter:
         A JVM that pyspark launched exits by itself when this process does
         (it watches its stdin), so a bad-input error is reported at once.
         """
-        if not self._thread.is_alive():
+        if self._thread is not None and not self._thread.is_alive():
             self.stop()
 
 

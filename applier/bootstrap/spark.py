@@ -45,8 +45,13 @@ def master_with_retries(master: str, retries: int = 3) -> str:
     return master
 
 
-#: JVM options of the driver (see the module docstring).
-DRIVER_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+_LOG4J = Path(__file__).with_name("spark-log4j2.properties")
+
+#: JVM options of the driver (see the module docstring); Spark's own logging
+#: is cut down to errors (``spark-log4j2.properties``).
+DRIVER_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC" + (
+    "" if any(c.isspace() for c in str(_LOG4J)) else f" -Dlog4j2.configurationFile={_LOG4J}"
+)
 
 #: With an archive: use it if it matches, silently run without it if not.
 _SHARE_OPTIONS = "-Xshare:auto -Xlog:cds=off -Xlog:cds+dynamic=off"
