@@ -271,7 +271,7 @@ def copy_under_new_slot(
     quiet: bool,
     spark: _SparkStarter,
 ) -> PriorRun:
-    """Slot, schema, copy (on the session ``spark`` is starting); the caller stops Spark."""
+    """Slot, schema, copy (on the context ``spark`` is starting); the caller stops Spark."""
     from ..stream.replconn import ReplicationConnection
 
     slot = cfg.source.slot
@@ -303,13 +303,13 @@ def copy_under_new_slot(
             created = _dump_and_create(
                 cfg.source.conninfo(), src, tgt, plan, prior, info.snapshot_name, run
             )
-            session = spark.session()
-            resolve_targets(tgt, plan, cfg.bootstrap.slice_size, _copy_slots(cfg, session))
+            sc = spark.context()
+            resolve_targets(tgt, plan, cfg.bootstrap.slice_size, _copy_slots(cfg, sc))
             run.post_data_sql = (run.post_data_sql or "") + defer_autovacuum(
                 src, tgt, plan, created
             )
             record_copy_phase(tgt, slot, run, info.snapshot_name, plan, created)
-        _run_copy(cfg, session, tgt, plan, run_id, info.snapshot_name, quiet)
+        _run_copy(cfg, sc, tgt, plan, run_id, info.snapshot_name, quiet)
         set_phase(tgt, slot, "post_data")
         run.phase = "post_data"
         return run
@@ -425,7 +425,7 @@ def build_tasks(cfg: Config, plan: SourcePlan, run_id: int, snapshot: str) -> li
 
 
 def _run_copy(
-    cfg: Config, session: Any, tgt: Conn, plan: SourcePlan, run_id: int, snapshot: str,
+    cfg: Config, sc: Any, tgt: Conn, plan: SourcePlan, run_id: int, snapshot: str,
     quiet: bool,
 ) -> None:  # fmt: skip
     tasks = build_tasks(cfg, plan, run_id, snapshot)
@@ -434,7 +434,6 @@ def _run_copy(
 
     def job() -> None:
         try:
-            sc = session.sparkContext
             sc.setJobGroup(f"applier-bootstrap-{run_id}", "applier bootstrap copy")
             rdd = sc.parallelize(tasks, numSlices=len(tasks))
             outcome["results"] = rdd.map(copy_slice).collect()
@@ -450,7 +449,7 @@ def _run_copy(
                 worker.join(0.5)
                 progress.update(poll_stats(tgt, cfg.source.slot, run_id))
         except KeyboardInterrupt:
-            session.sparkContext.cancelJobGroup(f"applier-bootstrap-{run_id}")
+            sc.cancelJobGroup(f"applier-bootstrap-{run_id}")
             raise
         progress.update(poll_stats(tgt, cfg.source.slot, run_id))
     if "error" in outcome:
@@ -486,15 +485,15 @@ def spark_failure(exc: BaseException) -> ApplierError:
 
 
 class _SparkStarter:
-    """Builds the SparkSession in a thread once :meth:`start` is called.
+    """Builds the SparkContext in a thread once :meth:`start` is called.
 
-    :meth:`session` starts it if needed and waits for it; :meth:`stop` and
+    :meth:`context` starts it if needed and waits for it; :meth:`stop` and
     :meth:`abandon` may be called any number of times.
     """
 
     def __init__(self, cfg: Config) -> None:
         self._cfg = cfg
-        self._session: Any = None
+        self._sc: Any = None
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
         self._stopped = False
@@ -507,25 +506,25 @@ class _SparkStarter:
 
     def _run(self) -> None:
         try:
-            self._session = _spark(self._cfg)
-        except BaseException as e:  # re-raised by session()
+            self._sc = _spark(self._cfg)
+        except BaseException as e:  # re-raised by context()
             self._error = e
 
-    def session(self) -> Any:
+    def context(self) -> Any:
         self.start()
         assert self._thread is not None
         self._thread.join()
         if self._error is not None:
             raise self._error
-        return self._session
+        return self._sc
 
     def stop(self) -> None:
         if self._thread is None or self._stopped:
             return
         self._thread.join()
         self._stopped = True
-        if self._session is not None:
-            _stop_spark(self._session)
+        if self._sc is not None:
+            _stop_spark(self._sc)
 
     def abandon(self) -> None:
         """On an error: stop Spark if it is up, without waiting for a JVM still booting.
@@ -538,12 +537,12 @@ class _SparkStarter:
 
 
 def _spark(cfg: Config) -> Any:
-    from .spark import build_session, session_uses_archive
+    from .spark import build_context, context_uses_archive
 
     started = time.monotonic()
-    archive = session_uses_archive(cfg.bootstrap)
+    archive = context_uses_archive(cfg.bootstrap)
     try:
-        session = build_session(cfg.bootstrap)
+        sc = build_context(cfg.bootstrap)
     except Exception as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise BootstrapError(
@@ -555,33 +554,33 @@ def _spark(cfg: Config) -> Any:
         extra={
             "ctx": {
                 "master": cfg.bootstrap.spark_master,
-                "parallelism": session.sparkContext.defaultParallelism,
+                "parallelism": sc.defaultParallelism,
                 "class_archive": archive,
                 "seconds": round(time.monotonic() - started, 1),
             }
         },
     )
-    return session
+    return sc
 
 
-def _task_slots(session: Any) -> int:
+def _task_slots(sc: Any) -> int:
     """How many copy tasks Spark runs at once (cores of local[N], executors' cores)."""
     try:
-        return max(1, int(session.sparkContext.defaultParallelism))
-    except Exception:  # a session without the usual context: no alignment
+        return max(1, int(sc.defaultParallelism))
+    except Exception:  # a context without the usual attributes: no alignment
         return 1
 
 
-def _copy_slots(cfg: Config, session: Any) -> int:
+def _copy_slots(cfg: Config, sc: Any) -> int:
     """Copies at once: Spark's task slots, capped by ``[bootstrap] parallelism``."""
-    slots = _task_slots(session)
+    slots = _task_slots(sc)
     return min(slots, cfg.bootstrap.parallelism or slots)
 
 
-def _stop_spark(session: Any) -> None:
-    # Tests share one session across bootstraps; a CLI run ends the JVM anyway.
-    if not getattr(session, "_applier_keep", False):
-        session.stop()
+def _stop_spark(sc: Any) -> None:
+    # Tests share one context across bootstraps; a CLI run ends the JVM anyway.
+    if not getattr(sc, "_applier_keep", False):
+        sc.stop()
 
 
 # -- after the data -----------------------------------------------------------------

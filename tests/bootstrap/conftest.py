@@ -14,11 +14,11 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
-    """A local[2] SparkSession that bootstraps reuse instead of starting their own JVM."""
-    from applier.bootstrap.spark import build_session
+    """A local[2] SparkContext that bootstraps reuse instead of starting their own JVM."""
+    from applier.bootstrap.spark import build_context
     from applier.config import BootstrapConfig
 
-    session = build_session(BootstrapConfig(spark_master="local[2]"))
-    session._applier_keep = True  # run_bootstrap must not stop it
-    yield session
-    session.stop()
+    sc = build_context(BootstrapConfig(spark_master="local[2]"))
+    sc._applier_keep = True  # run_bootstrap must not stop it
+    yield sc
+    sc.stop()

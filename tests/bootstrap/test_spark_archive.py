@@ -22,15 +22,15 @@ pytestmark = pytest.mark.spark
 
 SESSION = """
 import json, sys
-from applier.bootstrap.spark import build_session
+from applier.bootstrap.spark import build_context
 from applier.config import BootstrapConfig
 from applier.log import setup_logging
 setup_logging("info", "json")
-s = build_session(BootstrapConfig(spark_master="local[1]", class_archive=sys.argv[1]))
-bean = s.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()
+sc = build_context(BootstrapConfig(spark_master="local[1]", class_archive=sys.argv[1]))
+bean = sc._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()
 print(json.dumps({"args": list(bean.getInputArguments()),
-                  "n": s.sparkContext.parallelize(range(3), 1).count()}))
-s.stop()
+                  "n": sc.parallelize(range(3), 1).count()}))
+sc.stop()
 """
 
 
