@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -78,6 +79,7 @@ def bench_applier(pub, sub, db: str, workdir: Path, slice_size: str, master: str
             phases[rec["msg"]] = rec.get("seconds")
         if rec["msg"] == "spark started":
             phases["before spark"] = round(rec["ts"] - wall0 - rec["seconds"], 1)
+            phases["class archive"] = rec.get("class_archive")  # `applier spark-archive`
     slices = sub.execute(
         "SELECT count(*), round(sum(seconds)::numeric, 1), round(max(seconds)::numeric, 1) "
         "FROM applier.bootstrap_slice",
@@ -137,6 +139,13 @@ def main() -> None:
     args = ap.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     base = make_base_dir("applier-bench-")
+    try:
+        run_all(args, base)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)  # the servers' logs and the config
+
+
+def run_all(args: argparse.Namespace, base: Path) -> None:
     settings = {
         "shared_buffers": "'512MB'",
         "max_wal_size": "'8GB'",

@@ -78,6 +78,18 @@ def test_archive_written_used_and_a_damaged_one_dropped(tmp_path: Path) -> None:
     assert "Spark did not start with the class archive" in fallback["stderr"]
 
 
+def test_archive_turned_off_is_a_clear_error(tmp_path: Path) -> None:
+    cfg = tmp_path / "a.toml"
+    cfg.write_text(
+        '[source]\ndsn = "host=h dbname=d"\npublications = ["p"]\nslot = "s"\n'
+        '[target]\ndsn = "host=h dbname=d"\n[bootstrap]\nclass_archive = "off"\n'
+    )
+    proc = _run("-m", "applier.cli", "spark-archive", "--config", str(cfg))
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 1
+    assert last.startswith('applier: error: bootstrap.class_archive is "off"'), last
+
+
 def test_archive_settings(tmp_path: Path) -> None:
     present = tmp_path / "a.jsa"
     present.write_bytes(b"x")

@@ -109,7 +109,8 @@ def test_cli_help_and_usage_errors() -> None:
     assert run_cli("--help").returncode == 0
     help_run = run_cli("run", "--config", str(EXAMPLE), "--help")
     assert help_run.returncode == 0 and "--config" in help_run.stdout
-    for cmd in ("run", "bootstrap", "decode", "status", "sync-sequences", "migrate", "demo"):
+    cmds = ("run", "bootstrap", "decode", "status", "sync-sequences", "migrate", "demo")
+    for cmd in (*cmds, "spark-archive"):
         assert run_cli(cmd, "--help").returncode == 0, cmd
     assert run_cli("frobnicate").returncode == 2
     assert run_cli("run", "--no-such-option").returncode == 2
