@@ -540,7 +540,6 @@ def _spark(cfg: Config) -> Any:
     from .spark import build_context, context_uses_archive
 
     started = time.monotonic()
-    archive = context_uses_archive(cfg.bootstrap)
     try:
         sc = build_context(cfg.bootstrap)
     except Exception as e:
@@ -555,7 +554,8 @@ def _spark(cfg: Config) -> Any:
             "ctx": {
                 "master": cfg.bootstrap.spark_master,
                 "parallelism": sc.defaultParallelism,
-                "class_archive": archive,
+                # After the start: a start that failed with the archive removed it.
+                "class_archive": context_uses_archive(cfg.bootstrap),
                 "seconds": round(time.monotonic() - started, 1),
             }
         },
