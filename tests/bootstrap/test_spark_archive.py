@@ -34,15 +34,17 @@ sc.stop()
 """
 
 
-def _run(*argv: str) -> subprocess.CompletedProcess[str]:
+def _run(*argv: str, tmp: Path | None = None) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    if tmp is not None:  # where a crashing JVM leaves its report
+        env["TMPDIR"] = str(tmp)
     return subprocess.run(
         [sys.executable, *argv], capture_output=True, text=True, timeout=300, env=env
     )
 
 
 def _session(archive: Path) -> dict[str, Any]:
-    proc = _run("-c", SESSION, str(archive))
+    proc = _run("-c", SESSION, str(archive), tmp=archive.parent)
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     out["stderr"] = proc.stderr
@@ -76,6 +78,7 @@ def test_archive_written_used_and_a_damaged_one_dropped(tmp_path: Path) -> None:
     assert not any("SharedArchiveFile" in a for a in fallback["args"])
     assert not archive.exists()
     assert "Spark did not start with the class archive" in fallback["stderr"]
+    assert list(tmp_path.glob("applier-spark-hs_err_pid*.log"))  # not in the working dir
 
 
 def test_archive_turned_off_is_a_clear_error(tmp_path: Path) -> None:
