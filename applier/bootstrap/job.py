@@ -359,11 +359,15 @@ def defer_autovacuum(src: Conn, tgt: Conn, plan: SourcePlan, created: set[tuple[
     setting back; it runs with the post-data DDL, in its transaction. Tables
     the user created are left as they are.
     """
+    heaps = [
+        (t.schema, t.name)
+        for t in plan.tables
+        if (t.schema, t.name) in created and t.dst == (t.schema, t.name)
+    ]
+    source_options = _autovacuum_options(src, heaps)
     restore = []
-    for t in plan.tables:
-        if (t.schema, t.name) not in created or t.dst != (t.schema, t.name):
-            continue
-        ident = sql.Identifier(*t.dst)
+    for heap in heaps:
+        ident = sql.Identifier(*heap)
         tgt.execute(
             sql.SQL(
                 "ALTER TABLE {} SET (autovacuum_enabled = false, toast.autovacuum_enabled = false)"
@@ -372,8 +376,8 @@ def defer_autovacuum(src: Conn, tgt: Conn, plan: SourcePlan, created: set[tuple[
         stmt = sql.SQL(
             "ALTER TABLE {} RESET (autovacuum_enabled, toast.autovacuum_enabled)"
         ).format(ident)
-        heap, toast = _autovacuum_options(src, t.schema, t.name)
-        sets = [sql.SQL("autovacuum_enabled = {}").format(sql.Literal(heap))] if heap else []
+        main, toast = source_options.get(heap, (None, None))
+        sets = [sql.SQL("autovacuum_enabled = {}").format(sql.Literal(main))] if main else []
         if toast:
             sets.append(sql.SQL("toast.autovacuum_enabled = {}").format(sql.Literal(toast)))
         if sets:
@@ -382,17 +386,24 @@ def defer_autovacuum(src: Conn, tgt: Conn, plan: SourcePlan, created: set[tuple[
     return "".join(restore)
 
 
-def _autovacuum_options(src: Conn, schema: str, name: str) -> tuple[str | None, str | None]:
-    row = src.execute(
-        "SELECT (SELECT option_value FROM pg_options_to_table(c.reloptions) "
+def _autovacuum_options(
+    src: Conn, heaps: list[tuple[str, str]]
+) -> dict[tuple[str, str], tuple[str | None, str | None]]:
+    """The source's autovacuum_enabled of each heap and of its TOAST table, in one query."""
+    if not heaps:
+        return {}
+    rows = src.execute(
+        "SELECT n.nspname, c.relname, "
+        "       (SELECT option_value FROM pg_options_to_table(c.reloptions) "
         "        WHERE option_name = 'autovacuum_enabled'), "
         "       (SELECT option_value FROM pg_options_to_table(tc.reloptions) "
         "        WHERE option_name = 'autovacuum_enabled') "
-        "FROM pg_class c LEFT JOIN pg_class tc ON tc.oid = c.reltoastrelid "
-        "WHERE c.oid = %s::regclass",
-        (quote_qual(schema, name),),
-    ).fetchone()
-    return (row[0], row[1]) if row else (None, None)
+        "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "LEFT JOIN pg_class tc ON tc.oid = c.reltoastrelid "
+        "WHERE c.oid = ANY(%s::regclass[])",
+        ([quote_qual(*h) for h in heaps],),
+    ).fetchall()
+    return {(r[0], r[1]): (r[2], r[3]) for r in rows}
 
 
 def build_tasks(cfg: Config, plan: SourcePlan, run_id: int, snapshot: str) -> list[SliceTask]:
@@ -563,17 +574,13 @@ def _spark(cfg: Config) -> Any:
     return sc
 
 
-def _task_slots(sc: Any) -> int:
-    """How many copy tasks Spark runs at once (cores of local[N], executors' cores)."""
-    try:
-        return max(1, int(sc.defaultParallelism))
-    except Exception:  # a context without the usual attributes: no alignment
-        return 1
-
-
 def _copy_slots(cfg: Config, sc: Any) -> int:
-    """Copies at once: Spark's task slots, capped by ``[bootstrap] parallelism``."""
-    slots = _task_slots(sc)
+    """Copies at once: Spark's task slots (cores of local[N], executors' cores),
+    capped by ``[bootstrap] parallelism``."""
+    try:
+        slots = max(1, int(sc.defaultParallelism))
+    except Exception:  # a context without the usual attributes: no alignment
+        slots = 1
     return min(slots, cfg.bootstrap.parallelism or slots)
 
 

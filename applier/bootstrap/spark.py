@@ -45,12 +45,17 @@ def master_with_retries(master: str, retries: int = 3) -> str:
     return master
 
 
+def _has_blank(path: Path | str) -> bool:
+    # Spark splits extraJavaOptions on blanks: a path with one cannot be passed.
+    return any(c.isspace() for c in str(path))
+
+
 _LOG4J = Path(__file__).with_name("spark-log4j2.properties")
 
 #: JVM options of the driver (see the module docstring); Spark's own logging
 #: is cut down to errors (``spark-log4j2.properties``).
 DRIVER_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC" + (
-    "" if any(c.isspace() for c in str(_LOG4J)) else f" -Dlog4j2.configurationFile={_LOG4J}"
+    "" if _has_blank(_LOG4J) else f" -Dlog4j2.configurationFile={_LOG4J}"
 )
 
 #: With an archive: use it if it matches, silently run without it if not.
@@ -84,8 +89,7 @@ def _usable_archive(bcfg: BootstrapConfig) -> Path | None:
     if _JAVA_OPTS_KEY in bcfg.spark_conf:  # the user's JVM options win
         return None
     path = archive_path(bcfg)
-    # Spark splits extraJavaOptions on blanks: a path with one cannot be passed.
-    if path is None or not path.is_file() or any(c.isspace() for c in str(path)):
+    if path is None or not path.is_file() or _has_blank(path):
         return None
     return path
 
@@ -116,7 +120,7 @@ def build_context(bcfg: BootstrapConfig) -> Any:
         # directory, not into the user's working directory.
         crash = str(Path(tempfile.gettempdir()) / "applier-spark-hs_err_pid%p.log")
         options = f"{DRIVER_JAVA_OPTIONS} -XX:SharedArchiveFile={archive} {_SHARE_OPTIONS}"
-        if not any(c.isspace() for c in crash):
+        if not _has_blank(crash):
             options += f" -XX:ErrorFile={crash}"
         try:
             return _started(_conf(bcfg, options))
@@ -161,7 +165,7 @@ def build_class_archive(bcfg: BootstrapConfig) -> Path:
             f"spark_conf sets {_JAVA_OPTS_KEY}, so the class archive would not be used",
             hint=f"add -XX:SharedArchiveFile=... to your {_JAVA_OPTS_KEY} instead",
         )
-    if any(c.isspace() for c in str(path)):
+    if _has_blank(path):
         raise BootstrapError(
             f"the class archive path {path} contains a blank, which Spark cannot pass to Java",
             hint="set bootstrap.class_archive to a path without blanks",
