@@ -128,7 +128,7 @@ class ApplyConfig(_Section):
     timeout: float = Field(
         default=60.0, gt=0, description="seconds of server silence before reconnecting"
     )
-    # 100: see "Group commit" in applier/apply/worker.py and bench/README-apply.md.
+    # 100: see "Group commit" in applier/apply/handlers.py and bench/README-apply.md.
     group_commit: int = Field(
         default=100, ge=1, description="at most this many source txns per target txn; 1 = off"
     )

@@ -9,7 +9,13 @@ Blame is split the way h11 splits it: :class:`ConfigError` is the user's input,
 :class:`DecodeError` is bytes the peer sent that we cannot trust,
 :class:`ApplyError` is the target refusing a change, and
 :class:`TransientError` is anything worth retrying (connection loss, server
-restart); only that branch is retried (see ``applier.retry``).
+restart); only that branch is retried.
+
+Exit codes mean the same in every command (``EXIT_*`` below): 0 ok, 1 a
+transient failure (a restart may cure it: systemd restarts), 2 bad
+configuration or usage, 3 an error that a restart will not fix
+(:class:`PermanentError`: an apply error, a missing slot, a different
+source); ``conf/applier.service`` has ``RestartPreventExitStatus=2 3``.
 """
 
 from __future__ import annotations
@@ -17,12 +23,21 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+#: Stopped cleanly.
+EXIT_OK = 0
+#: A failure a restart may cure (connection lost, server restarting).
+EXIT_TRANSIENT = 1
+#: Bad configuration or command-line usage.
+EXIT_USAGE = 2
+#: Stopped on an error that a restart will not fix: a person must act.
+EXIT_PERMANENT = 3
+
 
 class ApplierError(Exception):
     """Base of every error raised by applier on purpose."""
 
     #: Process exit code the CLI uses when this error ends a command.
-    exit_code: int = 1
+    exit_code: int = EXIT_TRANSIENT
 
     def __init__(self, message: str, *, hint: str | None = None, **context: Any) -> None:
         super().__init__(message)
@@ -47,7 +62,13 @@ def _fmt(value: Any) -> str:
 class ConfigError(ApplierError):
     """The configuration file or a command-line value is wrong."""
 
-    exit_code = 2
+    exit_code = EXIT_USAGE
+
+
+class PermanentError(ApplierError):
+    """An error a restart will not fix (exit 3): a person has to act first."""
+
+    exit_code = EXIT_PERMANENT
 
 
 class DecodeError(ApplierError):
@@ -81,7 +102,7 @@ class ServerTimeout(TransientError):
     """The server said nothing for longer than the configured liveness timeout."""
 
 
-class ApplyError(ApplierError):
+class ApplyError(PermanentError):
     """The target refused a change; the worker stops without advancing progress."""
 
     def __init__(
@@ -132,8 +153,12 @@ class SlotExists(ApplierError):
     """The replication slot to create exists already."""
 
 
-class SlotMissing(ApplierError):
-    """The replication slot to use does not exist."""
+class SlotMissing(PermanentError):
+    """The replication slot to use does not exist (or is not the one we made)."""
+
+
+class SourceMismatch(PermanentError):
+    """The source is not the one the target's origin was recorded from."""
 
 
 class SourceError(ApplierError):

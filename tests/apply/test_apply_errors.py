@@ -24,7 +24,7 @@ def test_unique_violation_stops_with_context(pair: Pair) -> None:
     pair.pub_exec("INSERT INTO t VALUES (3, 'c'), (2, 'b')")
     pair.pub_exec("INSERT INTO t VALUES (4, 'd')")
     rc = runner.wait(60)
-    assert rc == 1
+    assert rc == 3
     log = runner.log()
     line = [ln for ln in log.splitlines() if ln.startswith("applier: error")][-1]
     assert "23505" in line and "public.t" in line and "'id': '2'" in line
@@ -46,7 +46,7 @@ def test_schema_mismatch_missing_column_and_table(pair: Pair) -> None:
     cfg = pair.write_config()
     runner = Runner(pair, cfg).start().ready()
     pair.pub_exec("INSERT INTO t VALUES (1, 'a', 1)")
-    assert runner.wait(60) == 1
+    assert runner.wait(60) == 3
     line = [ln for ln in runner.log().splitlines() if ln.startswith("applier: error")][-1]
     assert "public.t" in line and "'extra'" in line and "missing" in line
     assert origin_lsn(pair, pair.slot) in (None, "0/0")
@@ -63,7 +63,7 @@ def test_missing_table_and_type_mismatch(pair: Pair) -> None:
     pair.pub_exec("CREATE PUBLICATION pub FOR ALL TABLES")
     runner = Runner(pair, pair.write_config()).start().ready()
     pair.pub_exec("INSERT INTO only_src VALUES (1)")
-    assert runner.wait(60) == 1
+    assert runner.wait(60) == 3
     assert "public.only_src does not exist on the target" in runner.log()
 
     pair.pub_exec("CREATE TABLE ty (id int PRIMARY KEY, d date)")
@@ -71,7 +71,7 @@ def test_missing_table_and_type_mismatch(pair: Pair) -> None:
     cfg = pair.write_config(tables={"include": ["public.ty"]})
     pair.pub_exec("INSERT INTO ty VALUES (1, now())")
     runner = Runner(pair, cfg, "applier2.log").start()
-    assert runner.wait(60) == 1
+    assert runner.wait(60) == 3
     line = [ln for ln in runner.log().splitlines() if ln.startswith("applier: error")][-1]
     assert "public.ty" in line and "'d'" in line and "date" in line
 
@@ -152,7 +152,7 @@ def test_commit_time_failure_stops_everything_after_it(
         "".join(f"BEGIN; INSERT INTO t VALUES ({i}, {i * 10 + 1}); COMMIT;" for i in range(3, 400))
     )
     runner = Runner(pair, cfg, "applier2.log").start()
-    assert runner.wait(90) == 1
+    assert runner.wait(90) == 3
     line = [ln for ln in runner.log().splitlines() if ln.startswith("applier: error")][-1]
     assert "23505" in line and f"xid={bad_xid}" in line, line
     assert pair.sub_exec("SELECT id FROM t ORDER BY id") == [(1,), (1000,)]

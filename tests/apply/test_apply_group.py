@@ -63,7 +63,7 @@ def test_failed_group_is_replayed_one_by_one_and_names_the_transaction(pair: Pai
     for i in range(41, 61):
         pair.pub_exec(f"INSERT INTO t VALUES ({i}, 'v{i}')")
     runner.start()
-    assert runner.wait(120) == 1
+    assert runner.wait(120) == 3
     log = runner.log()
     line = [ln for ln in log.splitlines() if ln.startswith("applier: error")][-1]
     assert "23505" in line and "public.t" in line and "'id': '1000'" in line, line

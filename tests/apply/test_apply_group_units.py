@@ -5,8 +5,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
+from applier.apply.handlers import Applier
 from applier.apply.mapping import RelMap, TargetColumn, TargetTable
-from applier.apply.worker import Applier
 from applier.lsn import Lsn
 from applier.protocol import Begin, Column, Commit, Insert, Relation, TupleData
 

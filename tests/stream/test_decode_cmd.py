@@ -141,6 +141,6 @@ def test_decode_missing_slot_is_a_clear_error(
 ) -> None:
     cluster, db = publisher
     proc = _decode(_config(tmp_path, cluster, db, "nosuchslot"), "--end", "0/1")
-    assert proc.returncode == 1
+    assert proc.returncode == 3
     assert "replication slot 'nosuchslot' does not exist" in proc.stderr
     assert "hint: create it" in proc.stderr

@@ -1,0 +1,697 @@
+"""The message handlers: one per pgoutput message kind, session states in one place.
+
+This is the ``apply_handle_*`` half of PostgreSQL's
+``src/backend/replication/logical/worker.c``: :class:`Applier` turns each
+decoded message into work for the target session (:mod:`applier.apply.session`),
+and :mod:`applier.apply.worker` runs it inside a process with retries.
+
+Session states
+==============
+
+``IDLE`` between transactions; ``TXN`` between Begin and Commit; ``PREPARE``
+between Begin Prepare and Prepare; ``STREAM`` between Stream Start and Stream
+Stop. Stream Commit/Abort/Prepare, Commit/Rollback Prepared arrive in
+``IDLE``. A spooled transaction is replayed at its Stream Commit through the
+same handlers in state ``TXN``.
+
+LSN tracking and feedback
+=========================
+
+See :mod:`applier.apply.origin`. Each applied transaction commits with
+``pg_replication_origin_xact_setup(end_lsn, commit_ts)``; the pair (end_lsn,
+local commit LSN) goes to the :class:`FlushTracker`, and only source
+positions whose local commit is flushed on the target are confirmed to the
+slot. Empty transactions and idle periods are confirmed once nothing before
+them is pending.
+
+TOAST
+=====
+
+An UPDATE whose unchanged TOASTed columns were not sent (kind ``u``) leaves
+them out of SET; the target keeps its value, which is the source's too.
+
+Streamed transactions
+=====================
+
+See :mod:`applier.apply.spool`: spooled per top-level xid (memory up to
+``memory_limit``, then disk), subtransaction aborts truncate, Stream Commit
+replays in one target transaction, Stream Abort discards. The stream hands
+changes inside stream blocks over undecoded (``StreamedChange``): they are
+spooled as the bytes received and decoded once, at replay. Streams are
+applied serially also with ``streaming = parallel`` (then the Stream Abort
+carries its LSN, which we do not need).
+
+Two-phase
+=========
+
+With ``two_phase`` (protocol 3), Begin Prepare .. Prepare is applied and
+ended with ``PREPARE TRANSACTION 'applier_<origin>_<xid>'`` (deterministic,
+like PostgreSQL's ``pg_gid_<subid>_<xid>``), the origin stamped with the
+prepare's end LSN. Commit/Rollback Prepared stamp the origin and run
+``COMMIT/ROLLBACK PREPARED``. After a crash between prepare and commit: a
+Begin Prepare whose GID is already prepared on the target is skipped (its
+rows are in the prepared transaction), and a Commit Prepared whose GID is not
+prepared (we committed it before the crash) or whose end LSN is behind the
+progress is skipped.
+
+Group commit
+============
+
+Several consecutive source transactions may share one target transaction
+(``[apply] group_commit``: at most that many, 100 by default; 1 turns it off).
+At a Commit the target transaction stays open
+while (a) the group is below its count, (b) more messages are already in hand:
+the worker commits the open group once the stream has no more received
+messages to give (a read that does not wait), so a group never waits for the
+network and latency stays that of what was in hand (a batch
+that ends inside a transaction leaves the group open until that transaction's
+Commit: its rows are in the target transaction already, and committing them
+stamped with the previous transaction's position would apply them twice after a
+restart), and (c)
+the transaction ends beyond ``no_group_until`` (below). The group commits with
+the origin stamped with its LAST transaction's (end_lsn, commit_ts): all of its
+source transactions become visible, and the origin moves past all of them, in
+one atomic commit, so exactly-once holds as for a single transaction (after a
+crash the origin is either before the group or past all of it). The flush
+tracker gets one pair per group; an empty transaction inside an open group
+joins it (its position is not confirmed before the group commits).
+
+Not grouped (the group is committed first, and they commit alone): streamed
+transactions (Stream Commit/Prepare: large by definition), two-phase
+(Begin Prepare .. Prepare, Commit/Rollback Prepared: PREPARE TRANSACTION names
+one source transaction, and their prepared-GID checks are queries outside a
+transaction). TRUNCATE is grouped: it is transactional on PostgreSQL; it only
+holds its ACCESS EXCLUSIVE lock until the group commits, bounded as above.
+Skipped (already applied) transactions come before any group by LSN order.
+
+When anything fails while a group holds earlier transactions (a row, the
+COMMIT, a schema mismatch), the error's context may name the wrong
+transaction: the target transaction is rolled back and the origin's session
+values reset (as for any failure), the session starts over from the origin
+(which is before the group), and every transaction up to the last position
+received is applied one by one; the failing one then fails alone, with its own
+LSN/xid/table/key, after committing those before it; a failed merged or
+multi-row statement is replayed the same way (without merging), even when it
+held a single transaction. Rows that UPDATE/DELETE did not find may be counted
+twice in that case. ``group_commit = 1`` behaves
+exactly as before.
+
+Within the target transaction, an UPDATE that keeps its key is held and
+merged with later UPDATEs of the same row; only the final values go out, a
+table's rows in a few multi-row statements (:mod:`applier.apply.merge`, which
+says for which tables this cannot be told apart from one by one).
+
+Commits are pipelined (:mod:`applier.apply.session`, "Pipelined commits"): a
+group's commit is sent and the worker goes on; its bookkeeping (applied count,
+last commit, the flush tracker's local LSN) runs when the result arrives, and
+the flush tracker holds back every position behind a commit still unanswered.
+A failure found in such a commit may carry a later transaction's context: it is
+treated like a failed group (start over from the origin, one by one, waiting
+for each commit).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from applier.config import Config
+from applier.errors import (
+    ApplyError,
+    ProtocolError,
+    SchemaMismatch,
+    TransientError,
+)
+from applier.lsn import Lsn
+from applier.protocol import (
+    Begin,
+    BeginPrepare,
+    Commit,
+    CommitPrepared,
+    Delete,
+    Insert,
+    Message,
+    Origin,
+    PgOutputMessage,
+    Prepare,
+    Relation,
+    RollbackPrepared,
+    StreamAbort,
+    StreamCommit,
+    StreamedChange,
+    StreamPrepare,
+    StreamStart,
+    StreamStop,
+    Truncate,
+    Type,
+    Update,
+    decode_streamed,
+)
+
+from . import mapping
+from .mapping import Catalog, RelMap
+from .merge import MAX_HELD, UpdateMerger
+from .origin import FLUSHED, FlushTracker
+from .planner import Planner, key_of
+from .session import TargetSession
+from .spool import Spool, SpoolSet
+
+log = logging.getLogger("applier.apply")
+
+
+class State(enum.Enum):
+    IDLE = "idle"
+    TXN = "in transaction"
+    PREPARE = "in prepared transaction"
+    STREAM = "in stream"
+
+    # Enum hashes by name in Python code; members are singletons, so identity will do
+    # (dispatch checks the state of every message against a frozenset).
+    __hash__ = object.__hash__
+
+
+IDLE, TXN, PREPARE, STREAM = State.IDLE, State.TXN, State.PREPARE, State.STREAM
+_CHANGE_STATES = frozenset({TXN, PREPARE})
+#: In a stream block, changes and the schema they see arrive as StreamedChange.
+_NOT_STREAM = frozenset({IDLE, TXN, PREPARE})
+_ANY = frozenset(State)
+
+
+class ChangeCtx:
+    """What identifies one applied change in errors and conflict logs."""
+
+    __slots__ = ("change", "lsn", "rm", "xid")
+
+    def __init__(self, lsn: Lsn, xid: int | None, rm: RelMap, change: Any) -> None:
+        self.lsn = lsn
+        self.xid = xid
+        self.rm = rm
+        self.change = change
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "lsn": str(Lsn(self.lsn)),
+            "xid": self.xid,
+            "table": self.rm.qualname,
+            "key": key_of(self.rm, self.change),
+        }
+
+
+#: A conflict policy for an UPDATE/DELETE that found no row on the target.
+MissingRowPolicy = Callable[[ChangeCtx], None]
+
+
+@dataclass
+class Txn:
+    xid: int
+    commit_lsn: Lsn
+    skip: bool
+    gid: str | None = None
+
+
+class Applier:
+    """The message state machine: one handler per message kind, states in one place."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        session: TargetSession,
+        catalog: Catalog,
+        spools: SpoolSet,
+        progress: Lsn,
+        group_limit: int = 1,
+        no_group_until: Lsn = FLUSHED,
+    ) -> None:
+        self.cfg = cfg
+        self.session = session
+        self.catalog = catalog
+        self.spools = spools
+        self.progress = progress
+        self.planner = Planner()
+        self.merger = UpdateMerger(self.planner)
+        self.merge_updates = cfg.apply.merge_updates
+        #: Merge UPDATEs per key in the transaction in hand (not in one-by-one replay).
+        self.merging = False
+        self.flush = FlushTracker()
+        self.state = IDLE
+        self.txn: Txn | None = None
+        self.spool: Spool | None = None
+        self.relations: dict[int, Relation] = {}
+        self.relmaps: dict[int, RelMap] = {}
+        self.types: dict[int, tuple[str, str]] = {}
+        self.applied_txns = 0
+        self.skipped_changes = 0
+        self.missing_rows = 0
+        self.skipped_txns = 0
+        self.last_commit_lsn: Lsn | None = None
+        self.last_commit_ts: int | None = None
+        self.gid_prefix = f"applier_{cfg.origin}_"
+        #: Group commit: at most this many source transactions per target transaction.
+        self.group_limit = max(1, group_limit)
+        #: Transactions up to this source position are applied one by one (after a
+        #: failed group, so the error names the exact transaction).
+        self.no_group_until = no_group_until
+        #: Source transactions ended but not yet committed: they share the open target
+        #: transaction, which commits with the last one's (end_lsn, commit_ts).
+        self.group_txns = 0
+        self.group_end: tuple[Lsn, int] = (Lsn(0), 0)
+        #: Per-table policy for rows that UPDATE/DELETE did not find (default: warn, count).
+        self.missing_row_policies: dict[str, MissingRowPolicy] = {}
+        session.on_missing = self._missing_row
+        H = Callable[[Lsn, Any], None]
+        self.handlers: dict[type, tuple[frozenset[State], H]] = {
+            Begin: (frozenset({IDLE}), self.on_begin),
+            Commit: (frozenset({TXN}), self.on_commit),
+            Origin: (frozenset({TXN, PREPARE}), self.on_origin),
+            Relation: (_NOT_STREAM, self.on_relation),
+            Type: (_NOT_STREAM, self.on_type),
+            StreamedChange: (frozenset({STREAM}), self.on_streamed_change),
+            Insert: (_CHANGE_STATES, self.on_insert),
+            Update: (_CHANGE_STATES, self.on_update),
+            Delete: (_CHANGE_STATES, self.on_delete),
+            Truncate: (_CHANGE_STATES, self.on_truncate),
+            Message: (_ANY, self.on_message),
+            StreamStart: (frozenset({IDLE}), self.on_stream_start),
+            StreamStop: (frozenset({STREAM}), self.on_stream_stop),
+            StreamCommit: (frozenset({IDLE}), self.on_stream_commit),
+            StreamAbort: (frozenset({IDLE}), self.on_stream_abort),
+            StreamPrepare: (frozenset({IDLE}), self.on_stream_prepare),
+            BeginPrepare: (frozenset({IDLE}), self.on_begin_prepare),
+            Prepare: (frozenset({PREPARE}), self.on_prepare),
+            CommitPrepared: (frozenset({IDLE}), self.on_commit_prepared),
+            RollbackPrepared: (frozenset({IDLE}), self.on_rollback_prepared),
+        }
+
+    # -- dispatch --------------------------------------------------------------------
+
+    def dispatch(self, lsn: Lsn, msg: PgOutputMessage) -> None:
+        entry = self.handlers.get(type(msg))
+        if entry is None or self.state not in entry[0]:
+            raise ProtocolError(
+                f"unexpected {getattr(msg, 'kind', type(msg).__name__)} message while "
+                f"{self.state.value}",
+                lsn=str(lsn),
+                hint="the stream is out of order; applier run restarts from the origin",
+            )
+        entry[1](lsn, msg)
+
+    # -- transactions ------------------------------------------------------------------
+
+    def _start_txn(self, xid: int, commit_lsn: Lsn, skip: bool, gid: str | None = None) -> None:
+        self.txn = Txn(xid, commit_lsn, skip, gid)
+        # One by one after a failure (commit_lsn < no_group_until <=> end_lsn <=
+        # no_group_until): unmerged, so an error names its own change.
+        batched = commit_lsn >= self.no_group_until
+        self.merging = batched and self.merge_updates
+        self.session.multi_row = batched
+        # The LSN is formatted only if an error needs it (this runs per transaction).
+        self.session.txn_context = {"lsn": commit_lsn, "xid": xid}
+
+    def on_begin(self, lsn: Lsn, m: Begin) -> None:
+        self.state = TXN
+        skip = m.final_lsn < self.progress
+        if skip:
+            log.info(
+                "skipping a transaction applied before",
+                extra={"ctx": {"xid": m.xid, "commit_lsn": m.final_lsn, "progress": self.progress}},
+            )
+        self._start_txn(m.xid, m.final_lsn, skip)
+
+    def on_commit(self, lsn: Lsn, m: Commit) -> None:
+        assert self.txn is not None
+        self.state = IDLE
+        self._end_txn(m.end_lsn, m.commit_ts, groupable=True)
+
+    def _end_txn(self, end_lsn: Lsn, commit_ts: int, groupable: bool = False) -> None:
+        txn = self.txn
+        assert txn is not None
+        self.txn = None
+        if txn.skip or end_lsn <= self.progress:
+            self.commit_group()  # never open here (LSN order), but never roll one back
+            self.session.rollback()
+            self.skipped_txns += 1
+            self.flush.store(end_lsn, FLUSHED)
+            return
+        if self.session.in_txn:
+            # An empty transaction inside an open group joins it (its position must
+            # not be confirmed before the group's commit).
+            if (
+                groupable
+                and self.group_txns + 1 < self.group_limit
+                and end_lsn > self.no_group_until
+            ):
+                self.group_txns += 1
+                self.group_end = (end_lsn, commit_ts)
+                return
+            self._commit(end_lsn, commit_ts, self.group_txns + 1)
+        else:
+            self.flush.store(end_lsn, FLUSHED)  # empty for us: nothing to wait for
+
+    def commit_group(self) -> None:
+        """Commit the open group (if any), stamped with its last transaction's position.
+
+        Only between transactions: a batch may end inside one, whose rows are already
+        in the open target transaction; the group then commits at its Commit.
+        """
+        if self.group_txns and self.txn is None:
+            end_lsn, ts = self.group_end
+            self._commit(end_lsn, ts, self.group_txns)
+
+    def _commit(self, end_lsn: Lsn, ts: int, txns: int) -> None:
+        """Send the commit; the bookkeeping of success runs when its result comes."""
+        self._send_held()
+        entry = self.flush.store_pending(end_lsn)
+
+        def done(local: Lsn) -> None:
+            self.flush.resolve(entry, local)
+            self.applied_txns += txns
+            self.last_commit_lsn = end_lsn
+            self.last_commit_ts = ts
+
+        # One by one after a failed group: wait, so an error names its transaction.
+        self.session.commit(end_lsn, ts, done, wait=end_lsn <= self.no_group_until)
+        # Only now: a failure raised by commit() regroups the transactions held here.
+        self.group_txns = 0
+        self.progress = Lsn(max(self.progress, end_lsn))
+
+    def _committed(self, end_lsn: Lsn, ts: int, local: Lsn, txns: int = 1) -> None:
+        self.group_txns = 0
+        self.progress = Lsn(max(self.progress, end_lsn))
+        self.flush.store(end_lsn, local)
+        self.applied_txns += txns
+        self.last_commit_lsn = end_lsn
+        self.last_commit_ts = ts
+
+    def on_origin(self, lsn: Lsn, m: Origin) -> None:
+        log.debug("origin message", extra={"ctx": {"origin": m.name, "origin_lsn": m.origin_lsn}})
+
+    def on_message(self, lsn: Lsn, m: Message) -> None:
+        log.debug(
+            "logical decoding message ignored",
+            extra={"ctx": {"prefix": m.prefix, "lsn": m.lsn, "transactional": m.transactional}},
+        )
+
+    # -- schema ----------------------------------------------------------------------
+
+    def on_relation(self, lsn: Lsn, m: Relation) -> None:
+        self._send_held()  # rows held under the old mapping go first
+        self.relations[m.oid] = m
+        self.relmaps.pop(m.oid, None)
+
+    def on_type(self, lsn: Lsn, m: Type) -> None:
+        # pgoutput writes pg_catalog as the empty string.
+        self.types[m.oid] = (m.namespace or "pg_catalog", m.name)
+
+    def relmap(self, oid: int, lsn: Lsn) -> RelMap:
+        rm = self.relmaps.get(oid)
+        if rm is not None:
+            return rm
+        rel = self.relations.get(oid)
+        if rel is None:
+            raise ProtocolError(
+                f"change for relation {oid} before its Relation message", lsn=str(lsn)
+            )
+        if not self.cfg.tables.includes(rel.namespace, rel.name):
+            rm = mapping.skipped(rel)
+        else:
+            try:
+                target = self.catalog.table(rel.namespace, rel.name)
+                accepts = None
+                if target is not None:
+                    binary = self.cfg.apply.binary
+                    accepts = {
+                        i: self.catalog.accepts(
+                            c.type_oid,
+                            self.types.get(c.type_oid),
+                            target.columns[c.name].type_oid,
+                            binary,
+                        )
+                        for i, c in enumerate(rel.columns)
+                        if c.name in target.columns
+                    }
+                names = dict(self.types)
+                for c in rel.columns:
+                    if c.type_oid < mapping.FIRST_NORMAL_OID:
+                        names[c.type_oid] = self.catalog.type_name(c.type_oid)
+                rm = mapping.build(rel, target, accepts, names)
+            except SchemaMismatch as e:
+                e.context.update({"lsn": str(lsn), "xid": self.txn.xid if self.txn else None})
+                raise
+            except psycopg.OperationalError as e:
+                raise TransientError(f"catalog lookup failed: {str(e).strip()}") from None
+            log.info(
+                "table mapped",
+                extra={
+                    "ctx": {
+                        "table": rm.qualname,
+                        "columns": len(rel.columns),
+                        "replident": rel.replident,
+                    }
+                },
+            )
+        self.relmaps[oid] = rm
+        return rm
+
+    # -- changes -----------------------------------------------------------------------
+
+    def on_streamed_change(self, lsn: Lsn, m: StreamedChange) -> None:
+        assert self.spool is not None
+        self.spools.add(self.spool, m.data, m.xid)
+
+    def _target(self, lsn: Lsn, oid: int) -> RelMap | None:
+        txn = self.txn
+        assert txn is not None
+        if txn.skip:
+            return None
+        rm = self.relmaps.get(oid) or self.relmap(oid, lsn)
+        if not rm.included:
+            self.skipped_changes += 1
+            return None
+        if not self.session.in_txn:
+            self.session.begin()
+        return rm
+
+    def on_insert(self, lsn: Lsn, m: Insert) -> None:
+        rm = self._target(lsn, m.relation_oid)
+        if rm is not None:
+            if self.merger.tables:
+                self._before_change(rm)
+            stmt, params, fmts = self.planner.insert(rm, m)
+            self.session.insert(stmt, params, fmts, ChangeCtx(lsn, self._xid(), rm, m))
+
+    def on_update(self, lsn: Lsn, m: Update) -> None:
+        rm = self._target(lsn, m.relation_oid)
+        if rm is None:
+            return
+        if rm.merge and self.merging:
+            held = self.merger.add(rm, m, ChangeCtx(lsn, self._xid(), rm, m))
+            if held:
+                if held >= MAX_HELD:
+                    self._send_held(rm.relation.oid)
+                return
+        self._keyed_change(lsn, m, self.planner.update, rm)
+
+    def on_delete(self, lsn: Lsn, m: Delete) -> None:
+        self._keyed_change(lsn, m, self.planner.delete, self._target(lsn, m.relation_oid))
+
+    def _keyed_change(
+        self, lsn: Lsn, m: Any, plan: Callable[[RelMap, Any], Any], rm: RelMap | None
+    ) -> None:
+        """UPDATE/DELETE: planning can refuse (REPLICA IDENTITY NOTHING), with context."""
+        if rm is not None:
+            if self.merger.tables:
+                self._before_change(rm)
+            ctx = ChangeCtx(lsn, self._xid(), rm, m)
+            try:
+                stmt, params, fmts = plan(rm, m)
+            except ApplyError as e:
+                e.context.update(ctx.describe())
+                raise
+            self.session.execute(stmt, params, fmts, ctx)
+
+    def on_truncate(self, lsn: Lsn, m: Truncate) -> None:
+        txn = self.txn
+        assert txn is not None
+        if txn.skip:
+            return
+        rms = [self.relmap(oid, lsn) for oid in m.relation_oids]
+        included = [rm for rm in rms if rm.included]
+        self.skipped_changes += len(rms) - len(included)
+        if not included:
+            return
+        if not self.session.in_txn:
+            self.session.begin()
+        self._send_held()
+        query = self.planner.truncate(included, m.cascade, m.restart_identity)
+        self.session.execute_sql(query, ChangeCtx(lsn, txn.xid, included[0], m))
+
+    # -- merged UPDATEs (see applier.apply.merge) ---------------------------------------
+
+    def _before_change(self, rm: RelMap) -> None:
+        """Keep source order where it can be seen: before a change that is not merged."""
+        if rm.target is not None and rm.target.observed:
+            self._send_held()
+        elif self.merger.holds(rm.relation.oid):
+            self._send_held(rm.relation.oid)
+
+    def _send_held(self, oid: int | None = None) -> None:
+        """Send the rows held for one table (``oid``) or for all."""
+        merger = self.merger
+        if not merger.tables:
+            return
+        batches = merger.take_all() if oid is None else merger.take(oid)
+        for stmt, params, fmts, ctx in batches:
+            self.session.execute(stmt, params, fmts, ctx, merged=True)
+
+    def _xid(self) -> int | None:
+        return self.txn.xid if self.txn is not None else None
+
+    def _missing_row(self, ctx: ChangeCtx) -> None:
+        self.missing_rows += 1
+        policy = self.missing_row_policies.get(ctx.rm.qualname, self._log_missing_row)
+        policy(ctx)
+
+    @staticmethod
+    def _log_missing_row(ctx: ChangeCtx) -> None:
+        op = "UPDATE" if isinstance(ctx.change, Update) else "DELETE"
+        log.warning("%s found no row on the target; skipped", op, extra={"ctx": ctx.describe()})
+
+    # -- streamed transactions -------------------------------------------------------
+
+    def on_stream_start(self, lsn: Lsn, m: StreamStart) -> None:
+        self.state = STREAM
+        self.spool = self.spools.open(m.xid, m.first_segment)
+
+    def on_stream_stop(self, lsn: Lsn, m: StreamStop) -> None:
+        self.state = IDLE
+        self.spool = None
+
+    def _replay(self, xid: int, commit_lsn: Lsn, gid: str | None = None) -> None:
+        """Apply a spooled transaction through the change handlers (state TXN)."""
+        spool = self.spools.get(xid)
+        self.state = TXN
+        self._start_txn(xid, commit_lsn, False, gid)
+        if spool is not None:
+            for data in spool:
+                self.dispatch(commit_lsn, decode_streamed(data))
+
+    def on_stream_commit(self, lsn: Lsn, m: StreamCommit) -> None:
+        self.commit_group()
+        sp = self.spools.get(m.xid)
+        log.debug(
+            "streamed transaction commits",
+            extra={
+                "ctx": {
+                    "xid": m.xid,
+                    "messages": sp.count if sp else 0,
+                    "on_disk": bool(sp and sp.on_disk),
+                    "end_lsn": m.end_lsn,
+                }
+            },
+        )
+        if m.end_lsn <= self.progress:
+            self.spools.discard(m.xid)
+            self.skipped_txns += 1
+            self.flush.store(m.end_lsn, FLUSHED)
+            return
+        try:
+            self._replay(m.xid, m.commit_lsn)
+            self.state = IDLE
+            self._end_txn(m.end_lsn, m.commit_ts)
+        finally:
+            self.state = IDLE
+            self.spools.discard(m.xid)
+
+    def on_stream_abort(self, lsn: Lsn, m: StreamAbort) -> None:
+        self.spools.abort(m.xid, m.subxid)
+
+    def on_stream_prepare(self, lsn: Lsn, m: StreamPrepare) -> None:
+        self.commit_group()
+        gid = self.gid(m.xid)
+        if m.end_lsn <= self.progress or self.is_prepared(gid):
+            self.spools.discard(m.xid)
+            self.flush.store(m.end_lsn, FLUSHED)
+            return
+        try:
+            self._replay(m.xid, m.prepare_lsn, gid)
+            self._finish_prepare(m.end_lsn, m.prepare_ts)
+        finally:
+            self.state = IDLE
+            self.spools.discard(m.xid)
+
+    # -- two-phase -------------------------------------------------------------------
+
+    def gid(self, xid: int) -> str:
+        return f"{self.gid_prefix}{xid}"
+
+    def is_prepared(self, gid: str) -> bool:
+        return bool(
+            self.session.query_one(
+                "SELECT count(*) FROM pg_catalog.pg_prepared_xacts "
+                "WHERE gid = %s AND database = pg_catalog.current_database()",
+                (gid,),
+            )
+        )
+
+    def on_begin_prepare(self, lsn: Lsn, m: BeginPrepare) -> None:
+        self.commit_group()
+        gid = self.gid(m.xid)
+        skip = m.end_lsn <= self.progress or self.is_prepared(gid)
+        if skip:
+            log.info("skipping a transaction prepared before", extra={"ctx": {"gid": gid}})
+        self.state = PREPARE
+        self._start_txn(m.xid, m.prepare_lsn, skip, gid)
+
+    def on_prepare(self, lsn: Lsn, m: Prepare) -> None:
+        self._finish_prepare(m.end_lsn, m.prepare_ts)
+
+    def _finish_prepare(self, end_lsn: Lsn, prepare_ts: int) -> None:
+        txn = self.txn
+        assert txn is not None and txn.gid is not None
+        self.state = IDLE
+        self.txn = None
+        if txn.skip:
+            self.session.rollback()
+            self.flush.store(end_lsn, FLUSHED)
+            return
+        if not self.session.in_txn:
+            self.session.begin()  # an empty prepared transaction, so COMMIT PREPARED finds it
+        self._send_held()
+        local = self.session.prepare(txn.gid, end_lsn, prepare_ts)
+        self._committed(end_lsn, prepare_ts, local)
+
+    def on_commit_prepared(self, lsn: Lsn, m: CommitPrepared) -> None:
+        self.commit_group()
+        gid = self.gid(m.xid)
+        if m.end_lsn <= self.progress or not self.is_prepared(gid):
+            log.info("COMMIT PREPARED skipped: not prepared here", extra={"ctx": {"gid": gid}})
+            self.flush.store(m.end_lsn, FLUSHED)
+            return
+        local = self.session.finish_prepared(gid, True, m.end_lsn, m.commit_ts)
+        self._committed(m.end_lsn, m.commit_ts, local)
+
+    def on_rollback_prepared(self, lsn: Lsn, m: RollbackPrepared) -> None:
+        self.commit_group()
+        gid = self.gid(m.xid)
+        if m.rollback_end_lsn <= self.progress or not self.is_prepared(gid):
+            self.flush.store(m.rollback_end_lsn, FLUSHED)
+            return
+        local = self.session.finish_prepared(gid, False, m.rollback_end_lsn, m.rollback_ts)
+        self._committed(m.rollback_end_lsn, m.rollback_ts, local)
+        self.applied_txns -= 1
+
+    # -- shutdown ----------------------------------------------------------------------
+
+    def abandon(self) -> None:
+        """Roll back what is in hand (stop or error); the stream resends it next time."""
+        self.txn = None
+        self.state = IDLE
+        self.group_txns = 0
+        self.merger.discard()
+        self.session.rollback()
+        self.session.settle()
