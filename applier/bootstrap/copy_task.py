@@ -2,13 +2,16 @@
 
 A task opens its own connections (nothing shared with the driver):
 
-* source: a ``psql`` child (connection in PG* environment variables, never in
-  argv, which any local user can read in ``ps``) runs ``BEGIN ISOLATION LEVEL
-  REPEATABLE READ READ ONLY; SET TRANSACTION SNAPSHOT '<exported>'; COPY
-  (SELECT cols FROM t WHERE slice) TO STDOUT; COMMIT`` so every slice of
-  every table reads the same snapshot, the one the slot's consistent point
-  belongs to, and writes the COPY stream into a pipe;
-* target (psycopg, in the task's process): one transaction that takes an
+* source: a ``psql`` child (its connection string in ``--dbname`` with the
+  secrets taken out, the password in its environment: :mod:`.sessions`)
+  runs ``BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET TRANSACTION
+  SNAPSHOT '<exported>'; COPY (SELECT cols FROM ONLY t WHERE slice) TO
+  STDOUT; COMMIT`` so every slice of every table reads the same snapshot, the
+  one the slot's consistent point belongs to, and writes the COPY stream
+  into a pipe. ``ONLY``: the rows of a parent's inheritance children are
+  copied as the children's own, never into the parent;
+* target (psycopg, in the task's process, its session pinned: see
+  :mod:`.sessions`): one transaction that takes an
   advisory lock on the slice, checks the slice's done-record, feeds the pipe
   into ``COPY t (cols) FROM STDIN`` in 1 MB blocks, inserts the done-record
   and commits. Data and record commit together or not at all, so a Spark
@@ -18,7 +21,8 @@ A task opens its own connections (nothing shared with the driver):
 
 Bytes go from the source to the target as the server produced them (binary
 format when every column has the same type name on both sides, text
-otherwise); no row is ever materialised in Python or in the JVM, and Python
+otherwise; text in the pinned formats, UTF8 on both ends, so neither side's
+defaults change a value); no row is ever materialised in Python or in the JVM, and Python
 handles a block per call, not a row (libpq's COPY OUT hands out one row per
 call, which made a Python loop over it the bottleneck).
 """
@@ -33,7 +37,8 @@ import shutil
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +46,8 @@ import psycopg
 from psycopg import sql
 
 from ..errors import BootstrapError
-from .schema import libpq_env, pg_dump_path
+from .schema import pg_dump_path
+from .sessions import child_connection, pin_target, pinned_source_conninfo
 
 #: Sessions of copy tasks on the target: no trigger or FK check fires for
 #: copied rows (they were checked on the source), and commits need not wait
@@ -62,10 +68,14 @@ _PIPE_BYTES = 1 << 20
 
 @dataclass(frozen=True)
 class SliceTask:
-    """Everything a task needs, picklable (it travels to the Spark workers)."""
+    """Everything a task needs, picklable (it travels to the Spark workers).
 
-    source_conninfo: str
-    target_conninfo: str
+    The DSNs may hold passwords: they travel inside the pickled task (Spark's
+    RPC, never a command line or SparkConf) and are left out of ``repr``.
+    """
+
+    source_conninfo: str = field(repr=False)
+    target_conninfo: str = field(repr=False)
     snapshot: str
     slot: str
     run_id: int
@@ -99,7 +109,7 @@ class SliceResult:
 def copy_out_sql(task: SliceTask) -> sql.Composed:
     cols = sql.SQL(", ").join(sql.Identifier(c) for c in task.columns)
     where = sql.SQL(" WHERE " + task.where) if task.where else sql.SQL("")
-    return sql.SQL("COPY (SELECT {} FROM {}{}) TO STDOUT{}").format(
+    return sql.SQL("COPY (SELECT {} FROM ONLY {}{}) TO STDOUT{}").format(
         cols, sql.Identifier(task.src_schema, task.src_name), where, _fmt(task.binary)
     )
 
@@ -128,6 +138,7 @@ def _copy_slice(task: SliceTask) -> SliceResult:
     with psycopg.connect(
         task.target_conninfo, autocommit=True, application_name="applier-bootstrap"
     ) as tgt:
+        pin_target(tgt)
         for stmt in _TARGET_SETTINGS:
             tgt.execute(stmt)
         _try_replica_role(tgt)
@@ -208,27 +219,30 @@ def psql_path() -> str:
     return found
 
 
-def source_command(task: SliceTask) -> tuple[list[str], dict[str, str]]:
+@contextlib.contextmanager
+def source_command(task: SliceTask) -> Iterator[tuple[list[str], dict[str, str]]]:
     """argv and environment of the psql child that streams the slice out of the source.
 
-    The connection (password included) is passed in PG* variables only: argv
-    is readable by every local user through ``ps``/``/proc``, the environment
-    is not. argv holds SQL text made of identifiers, integers and the
-    snapshot name, nothing secret.
+    argv is readable by every local user through ``ps``/``/proc``: it holds
+    the connection string without its secrets (:func:`.sessions.child_connection`
+    puts those in the environment) and SQL made of identifiers, integers and
+    the snapshot name. Keep the block open until the child has started.
     """
     set_snapshot = sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(task.snapshot))
-    argv = [
-        *_buffered_stdout(),
-        psql_path(), "-X", "-q", "-v", "ON_ERROR_STOP=1",
-        "-c", "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY",
-        "-c", set_snapshot.as_string(None),
-        "-c", copy_out_sql(task).as_string(None),
-        "-c", "COMMIT",
-    ]  # fmt: skip
-    env = libpq_env(task.source_conninfo)
-    env.setdefault("PGAPPNAME", "applier-bootstrap")
-    # -X: no .psqlrc can add output to the data stream.
-    return argv, env
+    conninfo = pinned_source_conninfo(task.source_conninfo)
+    with child_connection(conninfo) as child:
+        argv = [
+            *_buffered_stdout(),
+            psql_path(), "-X", "-q", "-v", "ON_ERROR_STOP=1", f"--dbname={child.dbname}",
+            "-c", "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY",
+            "-c", set_snapshot.as_string(None),
+            "-c", copy_out_sql(task).as_string(None),
+            "-c", "COMMIT",
+        ]  # fmt: skip
+        env = child.env
+        env.setdefault("PGAPPNAME", "applier-bootstrap")
+        # -X: no .psqlrc can add output to the data stream.
+        yield argv, env
 
 
 def _buffered_stdout() -> list[str]:
@@ -251,11 +265,11 @@ def _stream(task: SliceTask, tgt: psycopg.Connection[Any]) -> tuple[int, int]:
     not once per row (libpq's COPY OUT returns one row per call, and
     psycopg's iteration yields them one by one: that was most of the cost).
     """
-    argv, env = source_command(task)
     nbytes = 0
-    rfd, wfd = os.pipe()
-    _widen(wfd)
-    with tempfile.TemporaryFile() as errf:
+    # The command's block spans the copy: a secrets file it made must outlive psql's start.
+    with tempfile.TemporaryFile() as errf, source_command(task) as (argv, env):
+        rfd, wfd = os.pipe()
+        _widen(wfd)
         try:
             proc = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=wfd, stderr=errf, env=env, close_fds=True

@@ -2,10 +2,17 @@
 
 Order of work
 -------------
-1. Checks that need no slot: both servers reachable, publications exist,
-   every table published for updates/deletes has a replica identity, column
-   types exist (or can be created) on the target, existing target tables are
-   empty (or ``--truncate``). Nothing is changed before these pass.
+1. Checks: both servers reachable, publications exist, column types exist
+   (or can be created) on the target, existing target tables are empty (or
+   ``--truncate``) and have every copied column, the slot does not exist (or
+   ``--recreate-slot``, or our own interrupted run made it). Every refusal
+   comes here, before anything is changed: only then are types created,
+   tables truncated and a slot dropped. A published table without a replica
+   identity is copied, with a warning (its UPDATEs and DELETEs fail on the
+   source). Plain tables are named with ``ONLY`` (row checks, TRUNCATE, the
+   copies): an inheritance child is a table of its own, never reached
+   through its parent; partitioned tables are emptied as a whole.
+   Target sessions are pinned (:mod:`.sessions`).
 2. The slot is created over a replication connection with an *exported
    snapshot*. That snapshot lives only while the connection stays idle, so
    the connection is held open, untouched, until every copy task and the
@@ -117,7 +124,12 @@ def _bootstrap(
         )
     ours = prior.tables if prior and prior.phase != "done" else []
     plan = discover(src, cfg)
-    prepare_target(src, tgt, plan, ours=ours, truncate=truncate)
+    # Every refusal before the first change (types, truncation, slot).
+    types = ddl.missing_types(src, tgt, plan.ddl_tables)
+    to_empty = check_target(tgt, plan, ours=ours, truncate=truncate)
+    check_slot(src, cfg.source.slot, recreate_slot or bool(prior and prior.phase != "done"))
+    ddl.create_types(src, tgt, types)
+    _truncate(tgt, to_empty)
     run = copy_under_new_slot(cfg, src, tgt, plan, prior, recreate_slot, quiet, spark)
     # Spark stops (about a second) while the post-data DDL runs.
     stopper = threading.Thread(target=spark.stop, name="spark-stop", daemon=True)
@@ -203,13 +215,21 @@ def set_phase(tgt: Conn, slot: str, phase: str) -> None:
 # -- checks and target preparation -------------------------------------------------
 
 
-def prepare_target(
-    src: Conn, tgt: Conn, plan: SourcePlan, *, ours: list[tuple[str, str]], truncate: bool
-) -> None:
-    """Refuse non-empty tables (unless ours or --truncate); make column types exist."""
-    ddl.ensure_types(src, tgt, plan.ddl_tables)
+Relation = tuple[str, str]
+
+
+def check_target(
+    tgt: Conn, plan: SourcePlan, *, ours: list[Relation], truncate: bool
+) -> list[tuple[Relation, str]]:
+    """Refuse non-empty tables (unless ours or --truncate) and existing tables lacking
+    a copied column; change nothing. Returns the tables to empty, with their relkind.
+
+    A plain table's rows are its own (``ONLY``): an inheritance child is a
+    table of its own, copied (and emptied) only if it is published itself.
+    """
     present = set(plan.ddl_tables) - set(ddl.missing_tables(tgt, plan.ddl_tables))
-    full = [t for t in present if _kind(tgt, t) in ("r", "p") and _has_rows(tgt, t)]
+    kinds = {t: _kind(tgt, t) for t in present}
+    full = [t for t in present if kinds[t] in ("r", "p") and _has_rows(tgt, t, kinds[t])]
     mine = set(ours)
     refused = [t for t in full if t not in mine]
     if refused and not truncate:
@@ -218,23 +238,53 @@ def prepare_target(
             f"target table(s) {names} are not empty",
             hint="empty them, or pass --truncate to have bootstrap empty them",
         )
-    _truncate(tgt, [t for t in full if t in mine or truncate])
+    for t in plan.tables:
+        if (t.schema, t.name) in present:
+            _check_columns(tgt, t)
+    return [(t, kinds[t]) for t in full if t in mine or truncate]
 
 
-def _kind(tgt: Conn, t: tuple[str, str]) -> str:
+def _check_columns(tgt: Conn, t: TableSpec) -> None:
+    dst_cols = target_columns(tgt, t.schema, t.name)
+    lacking = [c.name for c in t.columns if c.name not in dst_cols]
+    if lacking:
+        raise BootstrapError(
+            f"target table {t.schema}.{t.name} lacks column(s) {', '.join(lacking)}",
+            hint="add the columns on the target (same types as on the source) and rerun",
+        )
+
+
+def check_slot(src: Conn, slot: str, may_drop: bool) -> None:
+    """Refuse a slot that exists unless --recreate-slot or our unfinished run made it."""
+    row = src.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (slot,))
+    if row.fetchone() is not None and not may_drop:
+        raise BootstrapError(
+            f"replication slot {slot} exists already on the source",
+            hint="use --recreate-slot to drop it and bootstrap anew "
+            "(any consumer of that slot loses its position)",
+        )
+
+
+def _kind(tgt: Conn, t: Relation) -> str:
     row = tgt.execute("SELECT relkind FROM pg_class WHERE oid = %s::regclass", (quote_qual(*t),))
     return str(row.fetchone()[0])  # type: ignore[index]
 
 
-def _has_rows(tgt: Conn, t: tuple[str, str]) -> bool:
-    q = sql.SQL("SELECT EXISTS (SELECT 1 FROM {})").format(sql.Identifier(*t))
+def _only(t: Relation, kind: str) -> sql.Composable:
+    # A partitioned table's rows are its partitions' (TRUNCATE ONLY refuses it).
+    ident = sql.Identifier(*t)
+    return ident if kind == "p" else sql.SQL("ONLY {}").format(ident)
+
+
+def _has_rows(tgt: Conn, t: Relation, kind: str) -> bool:
+    q = sql.SQL("SELECT EXISTS (SELECT 1 FROM {})").format(_only(t, kind))
     return bool(tgt.execute(q).fetchone()[0])  # type: ignore[index]
 
 
-def _truncate(tgt: Conn, tables: list[tuple[str, str]]) -> None:
+def _truncate(tgt: Conn, tables: list[tuple[Relation, str]]) -> None:
     if not tables:
         return
-    names = sql.SQL(", ").join(sql.Identifier(*t) for t in sorted(tables))
+    names = sql.SQL(", ").join(_only(t, kind) for t, kind in sorted(tables))
     tgt.execute(sql.SQL("TRUNCATE {}").format(names))
     log.info("target tables truncated", extra={"ctx": {"tables": len(tables)}})
 

