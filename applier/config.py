@@ -55,7 +55,7 @@ class Endpoint(_Section):
         try:
             conninfo_to_dict(v)
         except psycopg.ProgrammingError as e:
-            detail = " ".join(str(e).split())
+            detail = redact_conninfo_error(str(e))
             raise ValueError(f"not a valid libpq connection string ({detail})") from None
         return v
 
@@ -237,12 +237,41 @@ def _explain(err: Any) -> str:
     return msg.removeprefix("Value error, ")
 
 
+#: libpq keywords whose values are secrets: libpq's own "password-like"
+#: ones (dispchar ``*``) plus the SCRAM keys, whatever libpq version is loaded.
+_SECRET_KEYS = frozenset(
+    {"password", "sslpassword", "oauth_client_secret", "scram_client_key", "scram_server_key"}
+)
+
+
+def secret_keys() -> frozenset[str]:
+    """Every libpq keyword whose value must never be shown."""
+    from psycopg import pq
+
+    try:
+        starred = {o.keyword.decode() for o in pq.Conninfo.get_defaults() if o.dispchar == b"*"}
+    except psycopg.Error:  # pragma: no cover - libpq without conninfo defaults
+        starred = set()
+    return _SECRET_KEYS | starred
+
+
 def redact_dsn(dsn: str) -> str:
-    """A DSN fit for logs: the password, if any, replaced by ``***``."""
+    """A DSN fit for logs: every secret (password, sslpassword, ...) replaced by ``***``."""
     try:
         params = conninfo_to_dict(dsn)
     except psycopg.ProgrammingError:
         return "<unparsable dsn>"
-    if "password" in params:
-        params["password"] = "***"
-    return " ".join(f"{k}={v}" for k, v in params.items())
+    hidden = secret_keys()
+    return " ".join(f"{k}={'***' if k in hidden else v}" for k, v in params.items())
+
+
+_QUOTED = re.compile(r'"[^"]*"')
+
+
+def redact_conninfo_error(message: str) -> str:
+    """libpq's complaint about a DSN, one line, without the text it quotes.
+
+    libpq quotes the piece it choked on (``missing "=" after "..."``,
+    ``invalid percent-encoded token: "..."``), which can be part of a password.
+    """
+    return _QUOTED.sub('"***"', " ".join(message.split())).replace('missing "***"', 'missing "="')

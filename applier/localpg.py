@@ -22,7 +22,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -121,7 +121,14 @@ class LocalCluster:
         *,
         name: str = "pg",
         settings: Mapping[str, str] | None = None,
+        hba: Sequence[str] = (),
+        files: Mapping[str, Path] | None = None,
     ) -> None:
+        """``hba``: pg_hba.conf lines put before the trust lines (first match wins);
+        ``files``: copied into the data directory under the given names, readable
+        only by the server (e.g. ``server.key`` for ``ssl_key_file = 'server.key'``)."""
+        self.hba = list(hba)
+        self.files = dict(files or {})
         self.version = version
         self.bindir = bin_dir(version)
         self.datadir = base_dir / f"{name}{version}"
@@ -168,9 +175,17 @@ class LocalCluster:
             f.write("\n".join(lines) + "\n")
         with open(self.datadir / "pg_hba.conf", "w") as f:
             f.write(
-                "local all all trust\nlocal replication all trust\n"
+                "".join(line + "\n" for line in self.hba)
+                + "local all all trust\nlocal replication all trust\n"
                 "host all all 127.0.0.1/32 trust\nhost replication all 127.0.0.1/32 trust\n"
             )
+        for name, src in self.files.items():
+            dst = self.datadir / name
+            shutil.copyfile(src, dst)
+            os.chmod(dst, 0o600)
+            if _running_as_root():
+                pw = pwd.getpwnam(SERVER_USER)
+                os.chown(dst, pw.pw_uid, pw.pw_gid)
         return self
 
     def start(self) -> LocalCluster:

