@@ -67,6 +67,7 @@ from ..config import Config
 from ..errors import ApplierError, BootstrapError
 from ..lsn import Lsn
 from . import schema as ddl
+from .checks import check_slot, check_target, truncate_tables
 from .copy_task import SliceResult, SliceTask, copy_slice
 from .plan import SourcePlan, TableSpec, cut_slices, discover, quote_qual, target_columns
 from .progress import BootstrapProgress, TableProgress, poll_stats
@@ -129,7 +130,7 @@ def _bootstrap(
     to_empty = check_target(tgt, plan, ours=ours, truncate=truncate)
     check_slot(src, cfg.source.slot, recreate_slot or bool(prior and prior.phase != "done"))
     ddl.create_types(src, tgt, types)
-    _truncate(tgt, to_empty)
+    truncate_tables(tgt, to_empty)
     run = copy_under_new_slot(cfg, src, tgt, plan, prior, recreate_slot, quiet, spark)
     # Spark stops (about a second) while the post-data DDL runs.
     stopper = threading.Thread(target=spark.stop, name="spark-stop", daemon=True)
@@ -212,81 +213,7 @@ def set_phase(tgt: Conn, slot: str, phase: str) -> None:
     )
 
 
-# -- checks and target preparation -------------------------------------------------
-
-
-Relation = tuple[str, str]
-
-
-def check_target(
-    tgt: Conn, plan: SourcePlan, *, ours: list[Relation], truncate: bool
-) -> list[tuple[Relation, str]]:
-    """Refuse non-empty tables (unless ours or --truncate) and existing tables lacking
-    a copied column; change nothing. Returns the tables to empty, with their relkind.
-
-    A plain table's rows are its own (``ONLY``): an inheritance child is a
-    table of its own, copied (and emptied) only if it is published itself.
-    """
-    present = set(plan.ddl_tables) - set(ddl.missing_tables(tgt, plan.ddl_tables))
-    kinds = {t: _kind(tgt, t) for t in present}
-    full = [t for t in present if kinds[t] in ("r", "p") and _has_rows(tgt, t, kinds[t])]
-    mine = set(ours)
-    refused = [t for t in full if t not in mine]
-    if refused and not truncate:
-        names = ", ".join(f"{s}.{n}" for s, n in sorted(refused))
-        raise BootstrapError(
-            f"target table(s) {names} are not empty",
-            hint="empty them, or pass --truncate to have bootstrap empty them",
-        )
-    for t in plan.tables:
-        if (t.schema, t.name) in present:
-            _check_columns(tgt, t)
-    return [(t, kinds[t]) for t in full if t in mine or truncate]
-
-
-def _check_columns(tgt: Conn, t: TableSpec) -> None:
-    dst_cols = target_columns(tgt, t.schema, t.name)
-    lacking = [c.name for c in t.columns if c.name not in dst_cols]
-    if lacking:
-        raise BootstrapError(
-            f"target table {t.schema}.{t.name} lacks column(s) {', '.join(lacking)}",
-            hint="add the columns on the target (same types as on the source) and rerun",
-        )
-
-
-def check_slot(src: Conn, slot: str, may_drop: bool) -> None:
-    """Refuse a slot that exists unless --recreate-slot or our unfinished run made it."""
-    row = src.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (slot,))
-    if row.fetchone() is not None and not may_drop:
-        raise BootstrapError(
-            f"replication slot {slot} exists already on the source",
-            hint="use --recreate-slot to drop it and bootstrap anew "
-            "(any consumer of that slot loses its position)",
-        )
-
-
-def _kind(tgt: Conn, t: Relation) -> str:
-    row = tgt.execute("SELECT relkind FROM pg_class WHERE oid = %s::regclass", (quote_qual(*t),))
-    return str(row.fetchone()[0])  # type: ignore[index]
-
-
-def _only(t: Relation, kind: str) -> sql.Composable:
-    # A partitioned table's rows are its partitions' (TRUNCATE ONLY refuses it).
-    ident = sql.Identifier(*t)
-    return ident if kind == "p" else sql.SQL("ONLY {}").format(ident)
-
-
-def _has_rows(tgt: Conn, t: Relation, kind: str) -> bool:
-    q = sql.SQL("SELECT EXISTS (SELECT 1 FROM {})").format(_only(t, kind))
-    return bool(tgt.execute(q).fetchone()[0])  # type: ignore[index]
-
-
-def _truncate(tgt: Conn, tables: list[tuple[Relation, str]]) -> None:
-    if not tables:
-        return
-    names = sql.SQL(", ").join(_only(t, kind) for t, kind in sorted(tables))
-    tgt.execute(sql.SQL("TRUNCATE {}").format(names))
-    log.info("target tables truncated", extra={"ctx": {"tables": len(tables)}})
+# -- target tables ------------------------------------------------------------------
 
 
 def resolve_targets(tgt: Conn, plan: SourcePlan, slice_size: int, workers: int = 1) -> None:
