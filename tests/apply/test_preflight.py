@@ -115,7 +115,7 @@ def test_a_different_source_is_refused(pair: Pair) -> None:
     )
     rc, log = _exits(pair, moved, "otherdb.log")
     assert rc == EXIT_PERMANENT, log
-    assert "SourceMismatch" in log or "different source" in log
+    assert f"the source is not the one origin {pair.slot!r} replicates from" in log
     assert other in log and pair.pub_db in log
     assert not pair.pub.execute(
         f"SELECT 1 FROM pg_replication_slots WHERE slot_name = '{pair.slot}_y'"
