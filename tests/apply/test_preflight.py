@@ -189,3 +189,25 @@ def test_help_and_unit_document_exit_codes() -> None:
         assert "Exit codes" in text
     unit = (ROOT / "conf" / "applier.service").read_text()
     assert "RestartPreventExitStatus=2 3" in unit
+
+
+@pytest.mark.slow
+def test_bootstrap_records_the_source_and_run_accepts_it(pair: Pair) -> None:
+    pair.pub_exec(
+        "CREATE TABLE t (id int PRIMARY KEY, v text);"
+        "INSERT INTO t SELECT g, 'a' FROM generate_series(1, 100) g;"
+        "CREATE PUBLICATION pub FOR TABLE t"
+    )
+    cfg = pair.write_config(bootstrap={"spark_master": "local[1]"})
+    proc = subprocess.run(
+        [sys.executable, "-m", "applier.cli", "bootstrap", "--config", str(cfg), "--quiet"],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    sysid = pair.pub_exec("SELECT system_identifier::text FROM pg_control_system()")[0][0]
+    ident = pair.sub_exec("SELECT system_identifier, dbname, slot FROM applier.source_identity")
+    assert ident == [(sysid, pair.pub_db, pair.slot)]
+    runner = Runner(pair, cfg).start().ready()
+    pair.pub_exec("INSERT INTO t VALUES (101, 'b')")
+    wait_equal(pair, ["t"], runner=runner)
+    assert runner.stop() == 0
