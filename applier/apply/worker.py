@@ -12,11 +12,13 @@ Overview
 retry: a session opens the target (an apply session owning the replication
 origin, plus an autocommit connection for the catalog, flush checks and the
 status row), reads the origin's progress, opens the replication connection,
-creates the slot if absent (at the current position, no snapshot), and
-streams from the origin's progress (or the slot's confirmed position when the
-origin has none). Every message goes through :meth:`Applier.dispatch`: a
-table maps each message kind to its handler and to the session states in
-which it may arrive; anything else is a :class:`ProtocolError`.
+runs the checks of :mod:`applier.apply.preflight` (no unfinished bootstrap,
+the recorded source, the slot: created only for an origin without progress,
+at the current position and with no snapshot), and streams from the origin's
+progress (or the slot's confirmed position when the origin has none). Every
+message goes through :meth:`Applier.dispatch`: a table maps each message kind
+to its handler and to the session states in which it may arrive; anything
+else is a :class:`ProtocolError`.
 
 Restart and idempotence
 =======================
@@ -40,8 +42,16 @@ Faults
 Connection loss, a server restart, a terminated walsender or backend
 (SQLSTATE class 08, 57P01-57P03), a slot or origin still held by the
 previous process (55006): :class:`TransientError`, retried with jittered
-exponential backoff; the session starts over from the origin, rolling back
-(and ``pg_replication_origin_xact_reset()``) whatever was in hand. Anything
+exponential backoff (tenacity: attempt n waits up to
+min(30, 0.5 * 2**(n-1)) s); the session starts over from the origin, rolling
+back (and ``pg_replication_origin_xact_reset()``) whatever was in hand. A
+session that applied and confirmed progress (or streamed for
+``HEALTHY_AFTER`` s) resets the attempt count, so a fault after a healthy
+period reconnects within 0.5 s plus the connection set-up, however many
+faults the process has seen; only a fault that persists backs off to 30 s.
+The status row's connection is reopened as needed and shows the fault
+(:mod:`.state`). A missing or wrong slot, another source, an unfinished
+bootstrap (:mod:`.preflight`) are permanent (exit 3), never retried. Anything
 else the target refuses is an :class:`ApplyError` naming the source LSN, xid,
 table, key and SQLSTATE: the worker rolls back, records it in
 ``applier.worker_status.last_error`` and exits non-zero; the origin has not
