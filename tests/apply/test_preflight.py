@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from applykit import ROOT, Runner, origin_lsn, wait_equal
+from applykit import ROOT, Runner, origin_lsn, wait_equal, wait_for
 from conftest import Pair
 
 from applier.errors import EXIT_PERMANENT
@@ -211,3 +212,36 @@ def test_bootstrap_records_the_source_and_run_accepts_it(pair: Pair) -> None:
     pair.pub_exec("INSERT INTO t VALUES (101, 'b')")
     wait_equal(pair, ["t"], runner=runner)
     assert runner.stop() == 0
+
+
+@pytest.mark.slow
+def test_timeline_change_of_the_same_source(make_pair: Callable[..., Pair]) -> None:
+    """A promotion (new timeline, same system) is accepted if it branched after the progress."""
+    pair = make_pair(15, 15)
+    cfg = _replicated(pair)
+    assert pair.sub_exec("SELECT timeline FROM applier.source_identity") == [(1,)]
+    # Archive recovery that finds no archive promotes at the end of the local WAL:
+    # timeline 2, same system identifier, the slot still there.
+    pair.pub.stop()
+    with open(pair.pub.datadir / "postgresql.auto.conf", "a") as f:
+        f.write("restore_command = 'false'\n")
+    (pair.pub.datadir / "recovery.signal").touch()
+    pair.pub.start()
+    wait_for(lambda: not pair.pub.execute("SELECT pg_is_in_recovery()")[0][0], 30, "promotion")
+    pair.pub_exec("INSERT INTO t VALUES (1000, 'after the promotion')")
+
+    runner = Runner(pair, cfg, log_name="promoted.log").start().ready()
+    wait_equal(pair, ["t"], runner=runner)
+    assert runner.stop() == 0
+    assert "the source changed timeline" in runner.log()
+    assert pair.sub_exec("SELECT timeline FROM applier.source_identity") == [(2,)]
+
+    # A timeline the recorded one is not an ancestor of: refused.
+    pair.sub_exec("UPDATE applier.source_identity SET timeline = 5")
+    rc, log = _exits(pair, cfg, "lower.log")
+    assert rc == EXIT_PERMANENT and "does not descend from timeline 5" in log, log
+    # The origin past the point where the new timeline branched off: refused.
+    pair.sub_exec("UPDATE applier.source_identity SET timeline = 1")
+    pair.sub_exec(f"SELECT pg_replication_origin_advance('{pair.slot}', 'FF/0')")
+    rc, log = _exits(pair, cfg, "forked.log")
+    assert rc == EXIT_PERMANENT and "branched off timeline 1" in log, log
