@@ -2,8 +2,10 @@
 
 Commands import their layer lazily so ``applier --help`` stays instant and
 never starts a JVM. Every :class:`~applier.errors.ApplierError` ends the
-command with one line on stderr and the error's exit code (2 for bad input,
-1 otherwise); usage errors exit 2 (click's convention).
+command with one line on stderr and the error's exit code (``EXIT_*`` in
+:mod:`applier.errors`: 1 transient, 2 bad input, 3 a restart will not fix
+it); usage errors exit 2 (click's convention). The group's and ``run``'s
+``--help`` list the codes.
 """
 
 from __future__ import annotations
@@ -73,6 +75,14 @@ def cli() -> None:
 
     Bootstrap the target from an exported snapshot (a Spark job), then replay
     the source's logical changes (pgoutput) exactly once.
+
+    \b
+    Exit codes (every command):
+      0  stopped cleanly
+      1  transient failure: a restart may cure it (systemd restarts)
+      2  bad configuration or usage
+      3  stopped on an error a restart will not fix (apply error, slot
+         missing, wrong source, unfinished bootstrap): a person must act
     """
 
 
@@ -87,6 +97,22 @@ def run(config_path: Path, log_level: str | None) -> int:
     applied transaction: after any crash or restart the worker resumes where
     the target's last commit left off, skipping nothing and applying nothing
     twice. SIGTERM/SIGINT stop it cleanly (exit 0).
+
+    Before streaming it checks that no bootstrap of the slot is unfinished,
+    that the source is the one the origin was recorded from, and that the slot
+    exists (it is created only for an origin without progress) and is a
+    logical pgoutput slot of the source database.
+
+    \b
+    Exit codes:
+      0  stopped by SIGTERM/SIGINT
+      1  a failure that may pass (target unreachable at start, a source
+         refusal such as a missing publication); systemd restarts it.
+         Connection losses while running are retried in-process.
+      2  bad configuration or usage
+      3  a restart will not fix it: the target refused a change, the slot is
+         missing or not applier's, the source is another one, a bootstrap of
+         the slot is unfinished; the error line says what to do
     """
     from .apply.worker import run_worker
 

@@ -7,4 +7,5 @@
 * :mod:`.origin` - replication origin progress and the flush position we report.
 * :mod:`.spool` - streamed transactions spooled until their commit.
 * :mod:`.state` - the worker's row in ``applier.worker_status``.
+* :mod:`.preflight` - checks before streaming: bootstrap, source identity, slot.
 """

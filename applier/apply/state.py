@@ -4,6 +4,13 @@ Written on its own autocommit connection, never the apply session: the row
 must not ride on (or roll back with) an applied transaction, and its commits
 must not carry the replication origin. Failing to write it is logged, never
 fatal: status is a window, not part of replication.
+
+The connection outlives the apply sessions, so it breaks with them (a target
+restart, a terminated backend). A write on a broken connection drops it, and
+the next write (the next heartbeat, the retry's error record) opens a new one
+with ``reopen``; otherwise the row would freeze at the first fault, showing
+"running" with a stale heartbeat and no error. While the target is down a
+reopen fails fast (connection refused) and is only logged.
 """
 
 from __future__ import annotations
@@ -12,30 +19,66 @@ import json
 import logging
 import os
 import socket
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
 import psycopg
 
-from applier.errors import ErrorRecord
+from applier.errors import ApplierError, ErrorRecord
 from applier.lsn import Lsn, pg_timestamp
 
 log = logging.getLogger("applier.apply")
 
 
 class WorkerState:
-    def __init__(self, conn: psycopg.Connection[Any] | None, origin: str, slot: str) -> None:
+    def __init__(
+        self,
+        conn: psycopg.Connection[Any] | None,
+        origin: str,
+        slot: str,
+        reopen: Callable[[], psycopg.Connection[Any]] | None = None,
+    ) -> None:
         self.conn = conn
         self.origin = origin
         self.slot = slot
+        self._reopen = reopen
+
+    def _usable(self) -> psycopg.Connection[Any] | None:
+        conn = self.conn
+        if conn is not None and not conn.closed and not conn.broken:
+            return conn
+        if self._reopen is None:
+            return None
+        self.close()
+        try:
+            self.conn = self._reopen()
+        except ApplierError as e:  # the target is still down: the next write tries again
+            log.warning("cannot reopen the status connection: %s", e)
+            return None
+        log.info("status connection reopened")
+        return self.conn
 
     def _exec(self, query: str, params: tuple[Any, ...]) -> None:
-        if self.conn is None or self.conn.closed:
-            return
-        try:
-            self.conn.execute(query, params)
-        except psycopg.Error as e:
-            log.warning("cannot update applier.worker_status: %s", str(e).strip())
+        for _ in range(2):  # once more on a fresh connection if this one just broke
+            conn = self._usable()
+            if conn is None:
+                return
+            try:
+                conn.execute(query, params)
+                return
+            except psycopg.Error as e:
+                log.warning("cannot update applier.worker_status: %s", str(e).strip())
+                if not (conn.closed or conn.broken):
+                    return
+
+    def close(self) -> None:
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:  # closing a broken connection must not mask anything
+                log.debug("closing the status connection failed", exc_info=True)
 
     def started(self) -> None:
         self._exec(
@@ -89,4 +132,17 @@ class WorkerState:
              WHERE origin = %s
             """,
             (record, self.origin),
+        )
+
+    def retrying(self, exc: BaseException) -> None:
+        """A transient error the worker is retrying: still running, the error shown."""
+        record = json.dumps(asdict(ErrorRecord.from_exc(exc)))
+        self._exec(
+            """
+            UPDATE applier.worker_status
+               SET state = 'running', heartbeat_at = now(), pid = %s,
+                   last_error = %s::jsonb, last_error_at = now()
+             WHERE origin = %s
+            """,
+            (os.getpid(), record, self.origin),
         )

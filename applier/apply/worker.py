@@ -12,11 +12,13 @@ Overview
 retry: a session opens the target (an apply session owning the replication
 origin, plus an autocommit connection for the catalog, flush checks and the
 status row), reads the origin's progress, opens the replication connection,
-creates the slot if absent (at the current position, no snapshot), and
-streams from the origin's progress (or the slot's confirmed position when the
-origin has none). Every message goes through :meth:`Applier.dispatch`: a
-table maps each message kind to its handler and to the session states in
-which it may arrive; anything else is a :class:`ProtocolError`.
+runs the checks of :mod:`applier.apply.preflight` (no unfinished bootstrap,
+the recorded source, the slot: created only for an origin without progress,
+at the current position and with no snapshot), and streams from the origin's
+progress (or the slot's confirmed position when the origin has none). Every
+message goes through :meth:`Applier.dispatch`: a table maps each message kind
+to its handler and to the session states in which it may arrive; anything
+else is a :class:`ProtocolError`.
 
 Restart and idempotence
 =======================
@@ -40,8 +42,16 @@ Faults
 Connection loss, a server restart, a terminated walsender or backend
 (SQLSTATE class 08, 57P01-57P03), a slot or origin still held by the
 previous process (55006): :class:`TransientError`, retried with jittered
-exponential backoff; the session starts over from the origin, rolling back
-(and ``pg_replication_origin_xact_reset()``) whatever was in hand. Anything
+exponential backoff (tenacity: attempt n waits up to
+min(30, 0.5 * 2**(n-1)) s); the session starts over from the origin, rolling
+back (and ``pg_replication_origin_xact_reset()``) whatever was in hand. A
+session that applied and confirmed progress (or streamed for
+``HEALTHY_AFTER`` s) resets the attempt count, so a fault after a healthy
+period reconnects within 0.5 s plus the connection set-up, however many
+faults the process has seen; only a fault that persists backs off to 30 s.
+The status row's connection is reopened as needed and shows the fault
+(:mod:`.state`). A missing or wrong slot, another source, an unfinished
+bootstrap (:mod:`.preflight`) are permanent (exit 3), never retried. Anything
 else the target refuses is an :class:`ApplyError` naming the source LSN, xid,
 table, key and SQLSTATE: the worker rolls back, records it in
 ``applier.worker_status.last_error`` and exits non-zero; the origin has not
@@ -100,6 +110,7 @@ from applier.schema import schema_at_head, upgrade_target
 from .handlers import IDLE, Applier
 from .mapping import Catalog
 from .origin import ensure_origin, local_flush_lsn, origin_progress
+from .preflight import check_before_streaming
 from .session import TargetSession, connect, is_transient_sqlstate
 from .spool import SpoolSet
 from .state import WorkerState
@@ -119,6 +130,14 @@ def source_conninfo(cfg: Config) -> str:
 #: Seconds between two reads of the target's WAL flush position while applying.
 FLUSH_CHECK_INTERVAL = 0.1
 
+
+#: The longest wait between two reconnection attempts (tenacity's jittered
+#: exponential backoff: attempt n waits up to min(MAX_BACKOFF, 0.5 * 2**(n-1)) s).
+MAX_BACKOFF = 30.0
+
+#: A session that streamed this long without a fault counts as healthy (resets
+#: the backoff) even if the source was idle and no position moved.
+HEALTHY_AFTER = 60.0
 
 #: Seconds between two garbage collections while applying.
 GC_INTERVAL = 10.0
@@ -179,6 +198,7 @@ class Worker:
         # Counters that survive reconnects.
         self._applied = 0
         self._skipped = 0
+        self._retry_state: RetryCallState | None = None
         self.group_limit = cfg.apply.group_commit
         #: After a failed group: apply one by one up to this source position.
         self.no_group_until = Lsn(0)
@@ -207,10 +227,18 @@ class Worker:
                 }
             },
         )
-        status_conn = connect(cfg.target.conninfo(), "applier status")
+        target_ci = cfg.target.conninfo()
+        status_conn = connect(target_ci, "applier status")
         if not schema_at_head(status_conn):
-            upgrade_target(cfg.target.conninfo())
-        self.status = WorkerState(status_conn, cfg.origin, cfg.source.slot)
+            upgrade_target(target_ci)
+        # Reopened on the next write after it broke (a target restart, a terminated
+        # backend): the row must keep showing a fresh heartbeat and the last error.
+        self.status = WorkerState(
+            status_conn,
+            cfg.origin,
+            cfg.source.slot,
+            reopen=lambda: connect(target_ci, "applier status"),
+        )
         self.status.started()
 
         def before_sleep(rs: RetryCallState) -> None:
@@ -221,16 +249,21 @@ class Worker:
                 exc,
                 extra={"ctx": {"attempt": rs.attempt_number, "wait_s": round(wait, 1)}},
             )
+            if exc is not None and self.status is not None:
+                self.status.retrying(exc)
 
         retrying = Retrying(
             retry=retry_if_exception(_retryable),
-            wait=wait_random_exponential(multiplier=0.5, max=30),
+            wait=wait_random_exponential(multiplier=0.5, max=MAX_BACKOFF),
             sleep=self._sleep,
             before_sleep=before_sleep,
             reraise=True,
         )
         try:
             for attempt in retrying:
+                # One Retrying spans the process; a healthy session resets its
+                # attempt count (_healthy), so a fault after one backs off from the start.
+                self._retry_state = attempt.retry_state
                 with attempt:
                     while not self.stopping:
                         try:
@@ -248,12 +281,29 @@ class Worker:
         else:
             self.status.stopped()
         finally:
-            status_conn_close(status_conn)
+            self.status.close()
         log.info(
             "applier run stopped",
             extra={"ctx": {"applied_txns": self._applied, "skipped_changes": self._skipped}},
         )
         return 0
+
+    def _healthy(self) -> None:
+        """This session confirmed progress (or streamed for HEALTHY_AFTER s): reset the backoff.
+
+        tenacity counts attempts in the RetryCallState of the running loop;
+        setting it back to 1 makes the next fault wait what a first fault
+        waits (up to 0.5 s) instead of growing with every fault of the
+        process's life. Applied *and* confirmed, not just connected: a fault
+        that recurs before anything is applied keeps backing off.
+        """
+        rs = self._retry_state
+        if rs is not None and rs.attempt_number > 1:
+            log.debug(
+                "session healthy; retry backoff reset",
+                extra={"ctx": {"faults": rs.attempt_number - 1}},
+            )
+            rs.attempt_number = 1
 
     # -- one session -------------------------------------------------------------------
 
@@ -277,8 +327,11 @@ class Worker:
             )
             progress = origin_progress(session.conn, cfg.origin)
             repl = ReplicationConnection.open(source_conninfo(cfg), application_name="applier")
-            if not repl.slot_exists(cfg.source.slot):
-                repl.create_slot(cfg.source.slot, snapshot="nothing", two_phase=cfg.apply.two_phase)
+            try:
+                check_before_streaming(catalog_conn, repl, cfg, progress)
+            except BaseException:
+                repl.close()
+                raise
             stream = LogicalStream(
                 repl,
                 StreamOptions(
@@ -368,8 +421,10 @@ class Worker:
         collect: Callable[[float], None],
     ) -> None:
         interval = self.cfg.apply.status_interval
-        last_beat = last_log = time.monotonic()
-        txns_at_log = applier.applied_txns
+        last_beat = last_log = started = time.monotonic()
+        txns_at_log = txns_at_start = applier.applied_txns
+        start_lsn = stream.options.start_lsn
+        healthy = False
         dispatch = applier.dispatch
         assert self.status is not None
         while not self.stopping:
@@ -391,6 +446,12 @@ class Worker:
             self._confirm(stream, applier, catalog_conn)
             now = time.monotonic()
             collect(now)
+            if not healthy and (
+                (applier.applied_txns > txns_at_start and stream.confirmed > start_lsn)
+                or now - started >= HEALTHY_AFTER
+            ):
+                healthy = True
+                self._healthy()
             if now - last_beat >= interval:
                 last_beat = now
                 self.status.heartbeat(

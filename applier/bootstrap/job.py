@@ -270,6 +270,11 @@ def copy_under_new_slot(
             log.warning("dropping replication slot", extra={"ctx": {"slot": slot}})
             repl.drop_slot(slot)
         run_id = start_run(tgt, slot)
+        # The origin will replicate from this source (checked by `applier run`).
+        # Before the slot: the exported snapshot dies with the next command on `repl`.
+        from ..apply.preflight import record_source
+
+        record_source(tgt, cfg.origin, slot, repl.identify_system())
         info = repl.create_slot(slot, snapshot="export", two_phase=cfg.apply.two_phase)
         assert info.snapshot_name is not None
         # From here until every task is done, `repl` must stay idle and open.
@@ -586,6 +591,8 @@ def finish(cfg: Config, tgt: Conn, run: PriorRun) -> int:
         log.info("post-data done", extra={"ctx": {"seconds": round(time.monotonic() - started, 1)}})
     nseq = set_values(tgt, run.sequences)
     assert run.consistent_lsn is not None
+    # Again right before the hand-off: the post-data DDL may have taken hours.
+    _require_slot(cfg, run)
     set_origin(tgt, cfg.origin, Lsn.parse(run.consistent_lsn))
     set_phase(tgt, cfg.source.slot, "done")
     log.info(
@@ -623,6 +630,13 @@ def _require_slot(cfg: Config, run: PriorRun) -> None:
             f"replication slot {cfg.source.slot} is gone; the copied data cannot be continued",
             hint="rerun with --recreate-slot --truncate to bootstrap anew",
         )
+    # Someone consumed the slot (an early `applier run`, pg_recvlogical): the
+    # changes it confirmed past the consistent point would never reach the target.
+    from ..apply.preflight import check_slot_not_moved
+
+    assert run.consistent_lsn is not None
+    confirmed = Lsn.parse(row[0]) if row[0] else None
+    check_slot_not_moved(cfg.source.slot, confirmed, Lsn.parse(run.consistent_lsn))
 
 
 def set_origin(tgt: Conn, origin: str, lsn: Lsn) -> None:

@@ -7,8 +7,13 @@ moves and ``applier run`` later sees exactly the same changes.
 
 It requests what ``applier run`` would: the highest proto_version, streaming
 "on" when ``apply.streaming`` is not "off" (parallel streaming only changes
-how the worker applies, not what is worth printing), two_phase and binary as
-configured, and logical decoding messages.
+how the worker applies, not what is worth printing), binary as configured,
+and logical decoding messages. two_phase is the exception: asking for it
+on a slot created without it switches two-phase decoding on *for the slot*,
+for good (the walsender persists ``two_phase``), so it is requested only
+when the slot has it already (``pg_replication_slots.two_phase``); otherwise
+prepared transactions show at COMMIT PREPARED as ordinary transactions,
+which is what this slot really streams, and a note says so.
 
 Output (``--format json``): one JSON object per message with ``lsn`` (the
 XLogData start, ``X/Y``), ``type`` (the message kind) and ``xid`` (the
@@ -26,6 +31,7 @@ with ``pg_recvlogical --endpos``); without it, on SIGINT/SIGTERM (exit 0).
 from __future__ import annotations
 
 import json
+import logging
 import signal
 import sys
 import threading
@@ -36,7 +42,7 @@ from types import FrameType
 from typing import Any, TextIO
 
 from applier.config import Config
-from applier.errors import ProtocolError
+from applier.errors import ProtocolError, SlotMissing
 from applier.lsn import Lsn, pg_timestamp
 from applier.protocol import (
     BINARY,
@@ -56,9 +62,11 @@ from applier.protocol import (
     Update,
 )
 from applier.stream.client import LogicalStream, StreamOptions
-from applier.stream.replconn import ReplicationConnection
+from applier.stream.replconn import CREATE_HINT, ReplicationConnection
 
 __all__ = ["MessageFormatter", "run_decode"]
+
+log = logging.getLogger("applier.stream")
 
 #: How long one read waits, so a signal is noticed within this many seconds.
 POLL_SECONDS = 0.5
@@ -84,21 +92,27 @@ def run_decode(
     out: TextIO = sys.stdout,
 ) -> int:
     """Stream the slot and print every message until ``end`` or a signal; return 0."""
+    slot = slot or cfg.source.slot
+    conn = ReplicationConnection.open(cfg.source.conninfo(), application_name="applier-decode")
+    try:
+        two_phase = _slot_two_phase(conn, slot, cfg.apply.two_phase)
+    except BaseException:
+        conn.close()
+        raise
     options = StreamOptions(
-        slot=slot or cfg.source.slot,
+        slot=slot,
         publications=cfg.source.publications,
         start_lsn=Lsn(start or 0),
         binary=cfg.apply.binary,
         messages=True,
         streaming="on" if cfg.apply.streaming != "off" else "off",
-        two_phase=cfg.apply.two_phase,
+        two_phase=two_phase,
         status_interval=cfg.apply.status_interval,
         timeout=cfg.apply.timeout,
         report_flush=False,  # never advance the slot
     )
     formatter = MessageFormatter()
     write = formatter.json_line if fmt == "json" else formatter.text_line
-    conn = ReplicationConnection.open(cfg.source.conninfo(), application_name="applier-decode")
     stream = LogicalStream(conn, options)
     try:
         stream.start()
@@ -109,6 +123,20 @@ def run_decode(
     finally:
         stream.stop()
     return 0
+
+
+def _slot_two_phase(conn: ReplicationConnection, slot: str, wanted: bool) -> bool:
+    """Whether to ask for two_phase: only if the slot has it, so the slot never changes."""
+    state = conn.slot_state(slot)
+    if state is None:
+        raise SlotMissing(f"replication slot {slot!r} does not exist", hint=CREATE_HINT, slot=slot)
+    if wanted and not state.two_phase:
+        log.warning(
+            "the slot was created without two-phase: prepared transactions are shown at "
+            "COMMIT PREPARED (decode never switches two-phase on for a slot)",
+            extra={"ctx": {"slot": slot}},
+        )
+    return state.two_phase
 
 
 def _pump(

@@ -1,10 +1,11 @@
 """One ``replication=database`` connection to the source: replication commands over psycopg 3.
 
 psycopg 3 has no replication API, so this module speaks the walsender's
-replication commands (IDENTIFY_SYSTEM, CREATE_REPLICATION_SLOT,
-DROP_REPLICATION_SLOT) as plain SQL text over the *simple* query protocol:
-the walsender refuses the extended protocol, and psycopg only uses the simple
-protocol for a query without parameters (``conn.execute(bytes, prepare=False)``).
+replication commands (IDENTIFY_SYSTEM, TIMELINE_HISTORY, CREATE_REPLICATION_SLOT,
+DROP_REPLICATION_SLOT; also plain SQL on ``pg_replication_slots``) as plain SQL
+text over the *simple* query protocol: the walsender refuses the extended
+protocol, and psycopg only uses the simple protocol for a query without
+parameters (``conn.execute(bytes, prepare=False)``).
 Having no parameters, every identifier and literal is quoted here
 (:func:`quote_ident`, :func:`quote_literal`).
 
@@ -47,6 +48,7 @@ from applier.lsn import Lsn
 __all__ = [
     "ReplicationConnection",
     "SlotInfo",
+    "SlotState",
     "SystemInfo",
     "map_server_error",
     "quote_ident",
@@ -70,7 +72,10 @@ _CONNECTION_CLASSES = ("08", "57P01", "57P02", "57P03", "57P05")
 
 _SLOT_NAME = re.compile(r"^[a-z0-9_]{1,63}$")
 
-CREATE_HINT = "create it with `applier bootstrap` (or `applier run`, which creates a missing slot)"
+CREATE_HINT = (
+    "create it with `applier bootstrap` (`applier run` creates a missing slot only for an "
+    "origin that has no progress yet)"
+)
 
 
 @dataclass(frozen=True)
@@ -91,6 +96,19 @@ class SlotInfo:
     consistent_point: Lsn
     snapshot_name: str | None
     output_plugin: str
+
+
+@dataclass(frozen=True)
+class SlotState:
+    """A slot as ``pg_replication_slots`` shows it (what the apply worker checks)."""
+
+    slot_name: str
+    slot_type: str  # 'logical' or 'physical'
+    plugin: str | None
+    database: str | None
+    two_phase: bool
+    confirmed_flush_lsn: Lsn | None
+    active: bool
 
 
 def quote_ident(name: str) -> str:
@@ -212,6 +230,11 @@ def _connect_refusal(message: str) -> str | None:
     return None
 
 
+def _flag(value: Any) -> bool:
+    # The simple protocol gives text: 't'/'f' unless psycopg already loaded a bool.
+    return value is True or value in ("t", "true")
+
+
 class ReplicationConnection:
     """Owns one replication=database connection (psycopg 3, autocommit, simple protocol only)."""
 
@@ -306,6 +329,47 @@ class ReplicationConnection:
             return False
         sql = f"SELECT 1 FROM pg_catalog.pg_replication_slots WHERE slot_name = '{name}'"  # noqa: S608
         return bool(self.command(sql))
+
+    def slot_state(self, name: str) -> SlotState | None:
+        """The slot's row of ``pg_replication_slots``, None when there is no such slot.
+
+        A ``replication=database`` walsender runs plain SQL too (simple protocol).
+        """
+        if not _SLOT_NAME.match(name):
+            return None
+        rows = self.command(
+            "SELECT slot_name, slot_type, plugin, database, two_phase, "  # noqa: S608
+            "confirmed_flush_lsn::text, active FROM pg_catalog.pg_replication_slots "
+            f"WHERE slot_name = '{name}'"
+        )
+        if not rows:
+            return None
+        name_, kind, plugin, database, two_phase, confirmed, active = rows[0]
+        return SlotState(
+            slot_name=str(name_),
+            slot_type=str(kind),
+            plugin=None if plugin is None else str(plugin),
+            database=None if database is None else str(database),
+            two_phase=_flag(two_phase),
+            confirmed_flush_lsn=None if confirmed is None else Lsn.parse(str(confirmed)),
+            active=_flag(active),
+        )
+
+    def timeline_history(self, timeline: int) -> list[tuple[int, Lsn]]:
+        """TIMELINE_HISTORY: ``(parent timeline, switch point)`` for each ancestor, oldest first.
+
+        Each line of the history file says where the server switched from a
+        parent timeline to the next; comments and blank lines are skipped.
+        """
+        rows = self.command(f"TIMELINE_HISTORY {int(timeline)}")
+        content = rows[0][1] if rows else b""
+        text = bytes(content).decode() if isinstance(content, bytes | memoryview) else str(content)
+        out = []
+        for line in text.splitlines():
+            fields = line.split()
+            if len(fields) >= 2 and not line.lstrip().startswith("#"):
+                out.append((int(fields[0]), Lsn.parse(fields[1])))
+        return out
 
     def drop_slot(self, name: str, *, wait: bool = True) -> None:
         """DROP_REPLICATION_SLOT; ``wait`` waits for an active consumer to go away."""

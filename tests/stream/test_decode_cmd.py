@@ -8,14 +8,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import psycopg
 from streamkit import (
     Golden,
+    emit_marker,
     golden_fixture,  # noqa: F401 - the `golden` fixture
     slot_position,
 )
 from workload import BIG
 
 from applier.localpg import LocalCluster
+from applier.stream.replconn import ReplicationConnection
 
 APPLIER = str(Path(sys.executable).with_name("applier"))
 
@@ -144,3 +147,38 @@ def test_decode_missing_slot_is_a_clear_error(
     assert proc.returncode == 3
     assert "replication slot 'nosuchslot' does not exist" in proc.stderr
     assert "hint: create it" in proc.stderr
+
+
+def test_decode_never_enables_two_phase_on_the_slot(
+    publisher: tuple[LocalCluster, str], tmp_path: Path
+) -> None:
+    """two_phase = true in the config must not switch two-phase on for the slot (for good)."""
+    cluster, db = publisher
+    slot = f"n_{db}"
+    cluster.execute("CREATE TABLE t (id int PRIMARY KEY); CREATE PUBLICATION pub FOR TABLE t", db)
+    with ReplicationConnection.open(cluster.dsn(db)) as rc:
+        rc.create_slot(slot)  # without two-phase
+    with psycopg.connect(cluster.dsn(db), autocommit=True) as conn:
+        conn.execute("BEGIN")
+        conn.execute("INSERT INTO t VALUES (1)")
+        conn.execute(f"PREPARE TRANSACTION 'g_{db}'")
+        conn.execute(f"COMMIT PREPARED 'g_{db}'")
+    end = emit_marker(cluster, db)
+    before = slot_position(cluster, db, slot)
+
+    proc = _decode(_config(tmp_path, cluster, db, slot), "--end", str(end))  # two_phase = true
+    assert proc.returncode == 0, proc.stderr
+    two_phase = cluster.execute(
+        f"SELECT two_phase FROM pg_replication_slots WHERE slot_name = '{slot}'", db
+    )
+    assert two_phase == [(False,)]
+    assert slot_position(cluster, db, slot) == before
+    lines = [json.loads(line) for line in proc.stdout.splitlines()]
+    # The stream as the slot gives it: the prepared transaction decoded at COMMIT PREPARED.
+    assert [o["type"] for o in lines if o["type"] != "relation"][:3] == [
+        "begin",
+        "insert",
+        "commit",
+    ]
+    assert any(o["type"] == "insert" and o["new"] == {"id": "1"} for o in lines)
+    cluster.execute(f"SELECT pg_drop_replication_slot('{slot}')", db)
