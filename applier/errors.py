@@ -157,6 +157,14 @@ class SlotMissing(PermanentError):
     """The replication slot to use does not exist (or is not the one we made)."""
 
 
+class BootstrapUnfinished(PermanentError):
+    """``applier run`` was started while a bootstrap of its slot is still unfinished."""
+
+
+class SlotMoved(PermanentError):
+    """The slot was advanced past the bootstrap's consistent point by another consumer."""
+
+
 class SourceMismatch(PermanentError):
     """The source is not the one the target's origin was recorded from."""
 

@@ -96,7 +96,7 @@ def _source_side(cfg: Config, st: Status) -> None:
     if st.slot is None:
         st.errors.append(
             f"slot {cfg.source.slot!r} does not exist on the source "
-            "(applier bootstrap or applier run creates it)"
+            "(applier bootstrap creates it; applier run only for an origin without progress)"
         )
 
 

@@ -61,7 +61,12 @@ from typing import Any
 import psycopg
 
 from applier.config import Config
-from applier.errors import PermanentError, SlotMissing, SourceMismatch
+from applier.errors import (
+    BootstrapUnfinished,
+    SlotMissing,
+    SlotMoved,
+    SourceMismatch,
+)
 from applier.lsn import Lsn
 from applier.stream.replconn import ReplicationConnection, SlotState, SystemInfo
 
@@ -73,14 +78,6 @@ REBOOTSTRAP = (
     "re-bootstrap the target with `applier bootstrap --recreate-slot --truncate` "
     "(see the README, 'Exit codes and what to do')"
 )
-
-
-class BootstrapUnfinished(PermanentError):
-    """``applier run`` was started while a bootstrap of its slot is still unfinished."""
-
-
-class SlotMoved(PermanentError):
-    """The slot was advanced past the bootstrap's consistent point by another consumer."""
 
 
 def check_before_streaming(
