@@ -118,14 +118,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import psycopg
-
 from applier.config import Config
 from applier.errors import (
     ApplyError,
     ProtocolError,
-    SchemaMismatch,
-    TransientError,
 )
 from applier.lsn import Lsn
 from applier.protocol import (
@@ -153,11 +149,11 @@ from applier.protocol import (
     decode_streamed,
 )
 
-from . import mapping
 from .mapping import Catalog, RelMap
 from .merge import MAX_HELD, UpdateMerger
 from .origin import FLUSHED, FlushTracker
 from .planner import Planner, key_of
+from .relations import RelationCache
 from .session import TargetSession
 from .spool import Spool, SpoolSet
 
@@ -241,9 +237,9 @@ class Applier:
         self.state = IDLE
         self.txn: Txn | None = None
         self.spool: Spool | None = None
-        self.relations: dict[int, Relation] = {}
-        self.relmaps: dict[int, RelMap] = {}
-        self.types: dict[int, tuple[str, str]] = {}
+        self.rels = RelationCache(cfg, catalog, self._forget)
+        self.relations = self.rels.relations
+        self.relmaps = self.rels.relmaps
         self.applied_txns = 0
         self.skipped_changes = 0
         self.missing_rows = 0
@@ -396,66 +392,26 @@ class Applier:
             extra={"ctx": {"prefix": m.prefix, "lsn": m.lsn, "transactional": m.transactional}},
         )
 
-    # -- schema ----------------------------------------------------------------------
+    # -- schema (see applier.apply.relations) ------------------------------------------
 
     def on_relation(self, lsn: Lsn, m: Relation) -> None:
-        self._send_held()  # rows held under the old mapping go first
-        self.relations[m.oid] = m
-        self.relmaps.pop(m.oid, None)
+        # A changed message supersedes the mapping: _forget sends its held rows first.
+        self.rels.on_relation(m)
 
     def on_type(self, lsn: Lsn, m: Type) -> None:
-        # pgoutput writes pg_catalog as the empty string.
-        self.types[m.oid] = (m.namespace or "pg_catalog", m.name)
+        self.rels.on_type(m)
 
     def relmap(self, oid: int, lsn: Lsn) -> RelMap:
-        rm = self.relmaps.get(oid)
-        if rm is not None:
-            return rm
-        rel = self.relations.get(oid)
-        if rel is None:
-            raise ProtocolError(
-                f"change for relation {oid} before its Relation message", lsn=str(lsn)
-            )
-        if not self.cfg.tables.includes(rel.namespace, rel.name):
-            rm = mapping.skipped(rel)
-        else:
-            try:
-                target = self.catalog.table(rel.namespace, rel.name)
-                accepts = None
-                if target is not None:
-                    binary = self.cfg.apply.binary
-                    accepts = {
-                        i: self.catalog.accepts(
-                            c.type_oid,
-                            self.types.get(c.type_oid),
-                            target.columns[c.name].type_oid,
-                            binary,
-                        )
-                        for i, c in enumerate(rel.columns)
-                        if c.name in target.columns
-                    }
-                names = dict(self.types)
-                for c in rel.columns:
-                    if c.type_oid < mapping.FIRST_NORMAL_OID:
-                        names[c.type_oid] = self.catalog.type_name(c.type_oid)
-                rm = mapping.build(rel, target, accepts, names)
-            except SchemaMismatch as e:
-                e.context.update({"lsn": str(lsn), "xid": self.txn.xid if self.txn else None})
-                raise
-            except psycopg.OperationalError as e:
-                raise TransientError(f"catalog lookup failed: {str(e).strip()}") from None
-            log.info(
-                "table mapped",
-                extra={
-                    "ctx": {
-                        "table": rm.qualname,
-                        "columns": len(rel.columns),
-                        "replident": rel.replident,
-                    }
-                },
-            )
-        self.relmaps[oid] = rm
-        return rm
+        return self.rels.get(oid, lsn, self._xid())
+
+    def _forget(self, rm: RelMap) -> None:
+        """A mapping was superseded or evicted: its prepared statements go too."""
+        if self.merger.holds(rm.relation.oid):
+            self._send_held(rm.relation.oid)
+        self.merger.forget(rm.version)
+        names = self.planner.forget(rm.version)
+        if names:
+            self.session.forget_statements(names)
 
     # -- changes -----------------------------------------------------------------------
 

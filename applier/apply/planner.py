@@ -42,6 +42,7 @@ does not depend on whether a value came as text or binary.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -103,6 +104,8 @@ class Planner:
 
     def __init__(self) -> None:
         self._cache: dict[tuple[int, str, bytes, bytes], Stmt] = {}
+        #: Statement names are never reused in a session (entries are forgotten).
+        self._serial = itertools.count()
         #: (mapping version, new kinds, old kinds) -> statement and parameter formats:
         #: the column kinds decide both, so the hot path is one lookup per change.
         self._inserts: dict[tuple[int, bytes], tuple[Stmt, Formats]] = {}
@@ -180,6 +183,17 @@ class Planner:
             stmt = self._build_update_many(rm, shape, n)
         return stmt
 
+    def forget(self, version: int) -> list[bytes]:
+        """Drop what was planned for mapping ``version``; the names of its statements."""
+        names = [stmt.name for key, stmt in self._cache.items() if key[0] == version]
+        caches: tuple[dict[Any, Any], ...] = (
+            self._cache, self._inserts, self._updates, self._deletes,
+        )  # fmt: skip
+        for cache in caches:
+            for key in [k for k in cache if k[0] == version]:
+                del cache[key]
+        return names
+
     @staticmethod
     def set_shape(rm: RelMap, kinds: bytes) -> bytes:
         """The SET columns of an UPDATE that keeps its key (no old key part sent).
@@ -236,7 +250,7 @@ class Planner:
     # -- building ----------------------------------------------------------------
 
     def _name(self, rm: RelMap, op: str) -> bytes:
-        return f"applier_{rm.version}_{op}{len(self._cache)}".encode()
+        return f"applier_{rm.version}_{op}{next(self._serial)}".encode()
 
     def _build_insert(self, rm: RelMap, shape: bytes) -> Stmt:
         idx = tuple(i for i, p in enumerate(shape) if p)
