@@ -48,11 +48,20 @@ With ``two_phase`` (protocol 3), Begin Prepare .. Prepare is applied and
 ended with ``PREPARE TRANSACTION 'applier_<origin>_<xid>'`` (deterministic,
 like PostgreSQL's ``pg_gid_<subid>_<xid>``), the origin stamped with the
 prepare's end LSN. Commit/Rollback Prepared stamp the origin and run
-``COMMIT/ROLLBACK PREPARED``. After a crash between prepare and commit: a
-Begin Prepare whose GID is already prepared on the target is skipped (its
-rows are in the prepared transaction), and a Commit Prepared whose GID is not
-prepared (we committed it before the crash) or whose end LSN is behind the
-progress is skipped.
+``COMMIT/ROLLBACK PREPARED``.
+
+As in worker.c, a prepare is never skipped by its LSN: a transaction prepared
+before the slot's ``two_phase_at`` (two-phase switched on for an existing
+slot, or prepared between the slot's snapshot and its consistent point) is
+sent whole at its COMMIT PREPARED, Begin Prepare and Prepare carrying their
+prepare-time LSNs, below our progress; it is prepared (the origin stamp does
+not move the origin back) and committed. A Begin Prepare whose GID is already
+prepared on the target is skipped (its rows are in the prepared transaction:
+a restart between prepare and commit). A Commit Prepared whose GID is not
+prepared is skipped when its end LSN is <= the progress (committed here
+before); otherwise its changes never reached the target, and that is an
+:class:`~applier.errors.ApplyError` (exit 3), never a log line. A Rollback
+Prepared of a GID not prepared here is skipped (nothing to undo).
 
 Group commit
 ============
@@ -118,10 +127,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import psycopg
+
 from applier.config import Config
 from applier.errors import (
     ApplyError,
     ProtocolError,
+    TransientError,
 )
 from applier.lsn import Lsn
 from applier.protocol import (
@@ -432,9 +444,23 @@ class Applier:
             self.session.begin()
         return rm
 
+    def _width_error(self, lsn: Lsn, rm: RelMap, got: int) -> ProtocolError:
+        want = len(rm.relation.columns)
+        return ProtocolError(
+            f"a change for {rm.qualname} carries {got} column values, its Relation message "
+            f"has {want} columns",
+            lsn=str(Lsn(lsn)),
+            xid=self._xid(),
+            table=rm.qualname,
+            hint="the stream is corrupt or out of order; nothing of this transaction was "
+            "applied, applier run restarts from the origin",
+        )
+
     def on_insert(self, lsn: Lsn, m: Insert) -> None:
         rm = self._target(lsn, m.relation_oid)
         if rm is not None:
+            if len(m.new.kinds) != len(rm.columns):
+                raise self._width_error(lsn, rm, len(m.new.kinds))
             if self.merger.tables:
                 self._before_change(rm)
             stmt, params, fmts = self.planner.insert(rm, m)
@@ -444,6 +470,10 @@ class Applier:
         rm = self._target(lsn, m.relation_oid)
         if rm is None:
             return
+        width = len(rm.columns)
+        if len(m.new.kinds) != width or (m.old is not None and len(m.old.kinds) != width):
+            bad = m.new if len(m.new.kinds) != width else m.old
+            raise self._width_error(lsn, rm, len(bad.kinds) if bad is not None else 0)
         if rm.merge and self.merging:
             held = self.merger.add(rm, m, ChangeCtx(lsn, self._xid(), rm, m))
             if held:
@@ -453,7 +483,10 @@ class Applier:
         self._keyed_change(lsn, m, self.planner.update, rm)
 
     def on_delete(self, lsn: Lsn, m: Delete) -> None:
-        self._keyed_change(lsn, m, self.planner.delete, self._target(lsn, m.relation_oid))
+        rm = self._target(lsn, m.relation_oid)
+        if rm is not None and len(m.old.kinds) != len(rm.columns):
+            raise self._width_error(lsn, rm, len(m.old.kinds))
+        self._keyed_change(lsn, m, self.planner.delete, rm)
 
     def _keyed_change(
         self, lsn: Lsn, m: Any, plan: Callable[[RelMap, Any], Any], rm: RelMap | None
@@ -480,11 +513,41 @@ class Applier:
         self.skipped_changes += len(rms) - len(included)
         if not included:
             return
+        self._check_truncate(lsn, included)
         if not self.session.in_txn:
             self.session.begin()
         self._send_held()
-        query = self.planner.truncate(included, m.cascade, m.restart_identity)
+        query = self.planner.truncate(included, m.restart_identity)
         self.session.execute_sql(query, ChangeCtx(lsn, txn.xid, included[0], m))
+
+    def _check_truncate(self, lsn: Lsn, rms: list[RelMap]) -> None:
+        """Never cascade on the target (worker.c: RESTRICT): refuse, naming the tables,
+        when a table outside the message references one it truncates."""
+        oids = [rm.target.oid for rm in rms if rm.target is not None]
+        try:
+            refs = self.catalog.referencing(oids)
+        except psycopg.OperationalError as e:
+            raise TransientError(f"catalog lookup failed: {str(e).strip()}") from None
+        except psycopg.Error as e:
+            raise ApplyError(
+                f"looking up foreign keys on the target failed: {str(e).strip()}",
+                lsn=str(Lsn(lsn)),
+                xid=self._xid(),
+                sqlstate=e.sqlstate,
+            ) from None
+        if refs:
+            referencing, referenced = refs[0]
+            others = f" (and {len(refs) - 1} more)" if len(refs) > 1 else ""
+            raise ApplyError(
+                f"TRUNCATE of {referenced} would cascade on the target: {referencing} "
+                f"references it{others}, and the source did not truncate {referencing}",
+                lsn=str(Lsn(lsn)),
+                xid=self._xid(),
+                table=referenced,
+                referencing=referencing,
+                hint=f"empty {referencing} on the target (or drop its foreign key to "
+                f"{referenced}, or publish it), then restart applier run",
+            )
 
     # -- merged UPDATEs (see applier.apply.merge) ---------------------------------------
 
@@ -520,6 +583,16 @@ class Applier:
     # -- streamed transactions -------------------------------------------------------
 
     def on_stream_start(self, lsn: Lsn, m: StreamStart) -> None:
+        if not m.first_segment and self.spools.get(m.xid) is None:
+            # Its first segments never reached us: a spool from here would replay
+            # a partial transaction at its Stream Commit.
+            raise ProtocolError(
+                "a Stream Start continues a streamed transaction whose first segment was "
+                "not received",
+                lsn=str(Lsn(lsn)),
+                xid=m.xid,
+                hint="the stream is out of order; applier run restarts from the origin",
+            )
         self.state = STREAM
         self.spool = self.spools.open(m.xid, m.first_segment)
 
@@ -569,7 +642,7 @@ class Applier:
     def on_stream_prepare(self, lsn: Lsn, m: StreamPrepare) -> None:
         self.commit_group()
         gid = self.gid(m.xid)
-        if m.end_lsn <= self.progress or self.is_prepared(gid):
+        if self.is_prepared(gid):  # not by LSN: see "Two-phase"
             self.spools.discard(m.xid)
             self.flush.store(m.end_lsn, FLUSHED)
             return
@@ -597,7 +670,11 @@ class Applier:
     def on_begin_prepare(self, lsn: Lsn, m: BeginPrepare) -> None:
         self.commit_group()
         gid = self.gid(m.xid)
-        skip = m.end_lsn <= self.progress or self.is_prepared(gid)
+        # Not by LSN (worker.c neither): a transaction prepared before the slot's
+        # two_phase_at comes at its COMMIT PREPARED with its prepare-time LSNs, below
+        # our progress. The walsender sends no prepare twice from one start point, so
+        # the only duplicate is one already prepared here (its rows are in it).
+        skip = self.is_prepared(gid)
         if skip:
             log.info("skipping a transaction prepared before", extra={"ctx": {"gid": gid}})
         self.state = PREPARE
@@ -624,10 +701,22 @@ class Applier:
     def on_commit_prepared(self, lsn: Lsn, m: CommitPrepared) -> None:
         self.commit_group()
         gid = self.gid(m.xid)
-        if m.end_lsn <= self.progress or not self.is_prepared(gid):
-            log.info("COMMIT PREPARED skipped: not prepared here", extra={"ctx": {"gid": gid}})
-            self.flush.store(m.end_lsn, FLUSHED)
-            return
+        if not self.is_prepared(gid):
+            if m.end_lsn <= self.progress:
+                # Committed here before (the origin is past its COMMIT PREPARED).
+                self.skipped_txns += 1
+                self.flush.store(m.end_lsn, FLUSHED)
+                return
+            raise ApplyError(
+                f"COMMIT PREPARED of transaction {gid}, which is neither prepared on the "
+                "target nor applied before",
+                gid=gid,
+                xid=m.xid,
+                lsn=str(Lsn(m.end_lsn)),
+                progress=str(Lsn(self.progress)),
+                hint="its changes never reached the target (someone ran ROLLBACK PREPARED "
+                "there, or the target was restored); re-bootstrap the target",
+            )
         local = self.session.finish_prepared(gid, True, m.end_lsn, m.commit_ts)
         self._committed(m.end_lsn, m.commit_ts, local)
 

@@ -251,6 +251,31 @@ class Catalog:
         sets = tuple(frozenset(str(c) for c in r[1]) if r[0] else None for r in indexes)
         return bool(row and row[0]), sets
 
+    def referencing(self, oids: list[int]) -> list[tuple[str, str]]:
+        """(referencing, referenced) tables of foreign keys into the tables ``oids``
+        (with their partitions) from tables outside them: what TRUNCATE would cascade to."""
+        rows = self.conn.execute(
+            """
+            WITH t(oid) AS (
+                SELECT o FROM pg_catalog.unnest(%(oids)s::pg_catalog.oid[]) o
+                UNION
+                SELECT p.relid FROM pg_catalog.unnest(%(oids)s::pg_catalog.oid[]) o,
+                       LATERAL pg_catalog.pg_partition_tree(o) p
+            )
+            SELECT DISTINCT rn.nspname || '.' || r.relname, fn.nspname || '.' || f.relname
+              FROM pg_catalog.pg_constraint c
+              JOIN pg_catalog.pg_class r ON r.oid = c.conrelid
+              JOIN pg_catalog.pg_namespace rn ON rn.oid = r.relnamespace
+              JOIN pg_catalog.pg_class f ON f.oid = c.confrelid
+              JOIN pg_catalog.pg_namespace fn ON fn.oid = f.relnamespace
+             WHERE c.contype = 'f' AND c.confrelid IN (SELECT oid FROM t)
+               AND c.conrelid NOT IN (SELECT oid FROM t)
+             ORDER BY 1, 2
+            """,
+            {"oids": oids},
+        ).fetchall()
+        return [(str(r[0]), str(r[1])) for r in rows]
+
     def _type(self, oid: int) -> tuple[str, int, int, int, str, bool, str, str]:
         t = self._types.get(oid)
         if t is None:

@@ -26,6 +26,10 @@ source's output text: no round trip through Python types), in text format
   ``WHERE ctid = (SELECT ctid ... LIMIT 1)``, joined on ``tableoid`` too
   for partitioned targets where a ctid is only unique per partition.
   NOTHING cannot locate a row: UPDATE/DELETE raise :class:`ApplyError`.
+  UPDATE and DELETE (with the FULL subselect and the merged form) name a
+  plain table with ``ONLY``: with table inheritance a parent's statement must
+  not reach a child's row with the same key, nor the child row at the same
+  ctid (each inheritance child has its own changes in the stream).
 * Multi-row INSERTs (:func:`insert_rows`): the rows of a run of INSERTs too
   short for COPY (:mod:`applier.apply.copyrun`), in one VALUES list.
 * Merged UPDATEs (:mod:`applier.apply.merge`): ``n`` rows of new values in
@@ -34,7 +38,10 @@ source's output text: no round trip through Python types), in text format
   rows were found.
 * TRUNCATE lists every included relation of the message in one statement,
   ``ONLY`` for plain tables (a partitioned target is truncated with its
-  partitions), with RESTART IDENTITY and CASCADE when the source used them.
+  partitions), with RESTART IDENTITY when the source used it, and always
+  RESTRICT, as worker.c: the message already lists every published relation
+  the source's CASCADE reached, and cascading on the target would also empty
+  target-only or excluded tables (the handler refuses those first).
 
 Parameter formats are per execution, not per prepared statement, so a shape
 does not depend on whether a value came as text or binary.
@@ -93,6 +100,14 @@ def _ph(n: int) -> sql.SQL:
 
 def _qualified(rm: RelMap) -> sql.Composable:
     return sql.Identifier(rm.relation.namespace, rm.relation.name)
+
+
+def _changed(rm: RelMap) -> sql.Composable:
+    """The relation an UPDATE/DELETE names: ``ONLY`` unless partitioned, so an
+    inheritance parent never reaches its children's rows (same key, same ctid)."""
+    if rm.target is not None and rm.target.partitioned:
+        return _qualified(rm)
+    return sql.Composed([sql.SQL("ONLY "), _qualified(rm)])
 
 
 def _present(kinds: bytes) -> bytes:
@@ -210,7 +225,8 @@ class Planner:
         return bytes(masked) if any(masked) else shape
 
     @staticmethod
-    def truncate(rms: Sequence[RelMap], cascade: bool, restart_identity: bool) -> bytes:
+    def truncate(rms: Sequence[RelMap], restart_identity: bool) -> bytes:
+        """TRUNCATE of the message's included relations, never CASCADE (see module doc)."""
         parts: list[sql.Composable] = []
         for rm in rms:
             only = (
@@ -220,9 +236,7 @@ class Planner:
         q = sql.SQL("TRUNCATE {}").format(sql.SQL(", ").join(parts))
         if restart_identity:
             q = sql.Composed([q, sql.SQL(" RESTART IDENTITY")])
-        if cascade:
-            q = sql.Composed([q, sql.SQL(" CASCADE")])
-        return q.as_bytes(None)
+        return sql.Composed([q, sql.SQL(" RESTRICT")]).as_bytes(None)
 
     # -- identity ----------------------------------------------------------------
 
@@ -317,7 +331,7 @@ class Planner:
         cond = self._conditions(rm, where, first, full)
         if not full:
             return sql.Composed([head, sql.SQL(" WHERE "), cond])
-        q = _qualified(rm)
+        q = _changed(rm)
         if rm.target is not None and rm.target.partitioned:
             return sql.SQL(
                 "{head} {join} (SELECT tableoid AS o, ctid AS c FROM {q} WHERE {cond} LIMIT 1) "
@@ -338,11 +352,11 @@ class Planner:
             for n, i in enumerate(new_idx, start=1)
         )
         if partitioned:
-            head = sql.SQL("UPDATE {} AS applier_t SET {}").format(_qualified(rm), sets)
+            head = sql.SQL("UPDATE {} AS applier_t SET {}").format(_changed(rm), sets)
             body = self._locate(rm, head, where, len(new_idx) + 1, full, join="FROM")
             query = body.as_bytes(None)
         else:
-            head = sql.SQL("UPDATE {} SET {}").format(_qualified(rm), sets)
+            head = sql.SQL("UPDATE {} SET {}").format(_changed(rm), sets)
             query = self._locate(rm, head, where, len(new_idx) + 1, full).as_bytes(None)
         types = tuple(rm.columns[i].type_oid for i in new_idx + where)
         stmt = Stmt(self._name(rm, UPDATE), query, types, new_idx, where, True, False)
@@ -377,7 +391,7 @@ class Planner:
             "UPDATE {q} AS {t} SET {sets} FROM (VALUES {rows}) AS {v} (applier_o, {names}) "
             "WHERE {match} RETURNING {v}.applier_o"
         ).format(
-            q=_qualified(rm), t=t, sets=sets, rows=rows, v=v,
+            q=_changed(rm), t=t, sets=sets, rows=rows, v=v,
             names=sql.SQL(", ").join(names), match=match,
         )  # fmt: skip
         types = tuple(rm.columns[i].type_oid for i in cols) * n
@@ -391,9 +405,9 @@ class Planner:
         where = self._where_cols(rm, old_shape)
         full = old_shape.startswith(b"f")
         if full and rm.target is not None and rm.target.partitioned:
-            head = sql.SQL("DELETE FROM {} AS applier_t").format(_qualified(rm))
+            head = sql.SQL("DELETE FROM {} AS applier_t").format(_changed(rm))
         else:
-            head = sql.SQL("DELETE FROM {}").format(_qualified(rm))
+            head = sql.SQL("DELETE FROM {}").format(_changed(rm))
         query = self._locate(rm, head, where, 1, full).as_bytes(None)
         types = tuple(rm.columns[i].type_oid for i in where)
         stmt = Stmt(self._name(rm, DELETE), query, types, (), where, True, False)
