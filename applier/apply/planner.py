@@ -31,7 +31,12 @@ source's output text: no round trip through Python types), in text format
   not reach a child's row with the same key, nor the child row at the same
   ctid (each inheritance child has its own changes in the stream).
 * Multi-row INSERTs (:func:`insert_rows`): the rows of a run of INSERTs too
-  short for COPY (:mod:`applier.apply.copyrun`), in one VALUES list.
+  short for COPY (:mod:`applier.apply.copyrun`), in one VALUES list. Neither
+  COPY nor multi-row INSERTs (nor merged UPDATEs, see
+  :func:`~applier.apply.mapping._mergeable`) for a target table with an
+  enabled ALWAYS/REPLICA trigger or rule (:attr:`TargetTable.observed`): its
+  changes go one statement per row, so rules fire (COPY ignores them) and
+  statement triggers and transition tables see one row per statement.
 * Merged UPDATEs (:mod:`applier.apply.merge`): ``n`` rows of new values in
   one ``UPDATE ... FROM (VALUES ...) WHERE key = v.key RETURNING ordinal``,
   one statement per (mapping, SET shape, n); the ordinals returned say which
@@ -279,9 +284,13 @@ class Planner:
             head, sql.SQL(", ").join(_ph(n) for n in range(1, len(idx) + 1))
         )
         # COPY writes identity columns like OVERRIDING SYSTEM VALUE. It refuses
-        # tables where row-level security applies, so those keep INSERT.
+        # tables where row-level security applies, so those keep INSERT. A table
+        # something watches (an ALWAYS/REPLICA trigger or rule) gets one INSERT per
+        # row: COPY fires no rules, and COPY or a multi-row INSERT fire statement
+        # triggers (and fill transition tables) once for many rows and AFTER ROW
+        # triggers after all of them; no copy statement means no run, so neither.
         copy = b""
-        if rm.target is not None and not rm.target.rls:
+        if rm.target is not None and not rm.target.rls and not rm.target.observed:
             copy = (
                 sql.SQL("COPY {} ({}) FROM STDIN")
                 .format(_qualified(rm), sql.SQL(", ").join(cols))

@@ -156,6 +156,8 @@ class RelationCache:
         accepts = None
         if target is not None:
             binary = self.cfg.apply.binary
+            if binary:
+                _refuse_binary_doubts(catalog, rel, target)
             accepts = {
                 i: catalog.accepts(
                     c.type_oid,
@@ -171,3 +173,21 @@ class RelationCache:
             if c.type_oid < mapping.FIRST_NORMAL_OID:
                 names[c.type_oid] = catalog.type_name(c.type_oid)
         return mapping.build(rel, target, accepts, names)
+
+
+def _refuse_binary_doubts(catalog: Catalog, rel: Relation, target: mapping.TargetTable) -> None:
+    """``[apply] binary`` cannot send one column as text: refuse the columns whose
+    binary values the target may refuse or misread (see Catalog.binary_in_doubt)."""
+    for c in rel.columns:
+        tc = target.columns.get(c.name)
+        if tc is not None and catalog.binary_in_doubt(tc.type_oid):
+            name = f"{rel.namespace}.{rel.name}"
+            raise SchemaMismatch(
+                f"table {name}: column {c.name!r} has type {tc.type_sql}, which holds a "
+                "user-defined composite type: its binary values are read by the target's "
+                "member types, unchecked",
+                table=name,
+                column=c.name,
+                hint="set [apply] binary = false (every value then travels as text) and "
+                "restart applier run",
+            )

@@ -59,7 +59,8 @@ def test_prepared_before_the_consistent_point(pair: Pair) -> None:
     s2 = pair.pub_conn(autocommit=True)
     s3 = pair.pub_conn(autocommit=True)
     creator = pair.pub_conn(autocommit=True)
-    pair.cleanup.append(lambda: [c.close() for c in (s2, s3, creator)] and None)
+    for conn in (s2, s3, creator):
+        pair.cleanup.append(conn.close)
     s2.execute("BEGIN")
     x2 = str(s2.execute("SELECT pg_current_xact_id()").fetchone()[0])  # type: ignore[index]
     failed: list[Any] = []

@@ -140,7 +140,11 @@ def test_catalog_error_is_an_apply_error(kit: Kit) -> None:
     pair = kit.pair
     role = f"weak_{uuid.uuid4().hex[:8]}"
     pair.sub_exec(f"CREATE ROLE {role} LOGIN")
-    pair.cleanup.append(lambda: pair.sub.execute(f"DROP ROLE IF EXISTS {role}"))
+
+    def drop_role() -> None:
+        pair.sub.execute(f"DROP ROLE IF EXISTS {role}")
+
+    pair.cleanup.append(drop_role)
     pair.sub_exec("REVOKE SELECT ON pg_catalog.pg_trigger FROM PUBLIC")
     weak = psycopg.connect(pair.sub.dsn(pair.sub_db, user=role), autocommit=True)
     try:
