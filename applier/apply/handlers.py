@@ -24,6 +24,17 @@ positions whose local commit is flushed on the target are confirmed to the
 slot. Empty transactions and idle periods are confirmed once nothing before
 them is pending.
 
+Bad input
+=========
+
+A change whose tuple has more or fewer values than its Relation message has
+columns, and a Stream Start that continues (not first segment) a transaction
+whose first segment never came, are :class:`~applier.errors.ProtocolError`
+naming LSN, xid and table, raised before anything of the transaction is
+committed. Relation and Type messages and the mappings built from them are in
+:mod:`applier.apply.relations` (bounded; catalog errors there are clear errors
+too).
+
 TOAST
 =====
 
@@ -44,24 +55,7 @@ carries its LSN, which we do not need).
 Two-phase
 =========
 
-With ``two_phase`` (protocol 3), Begin Prepare .. Prepare is applied and
-ended with ``PREPARE TRANSACTION 'applier_<origin>_<xid>'`` (deterministic,
-like PostgreSQL's ``pg_gid_<subid>_<xid>``), the origin stamped with the
-prepare's end LSN. Commit/Rollback Prepared stamp the origin and run
-``COMMIT/ROLLBACK PREPARED``.
-
-As in worker.c, a prepare is never skipped by its LSN: a transaction prepared
-before the slot's ``two_phase_at`` (two-phase switched on for an existing
-slot, or prepared between the slot's snapshot and its consistent point) is
-sent whole at its COMMIT PREPARED, Begin Prepare and Prepare carrying their
-prepare-time LSNs, below our progress; it is prepared (the origin stamp does
-not move the origin back) and committed. A Begin Prepare whose GID is already
-prepared on the target is skipped (its rows are in the prepared transaction:
-a restart between prepare and commit). A Commit Prepared whose GID is not
-prepared is skipped when its end LSN is <= the progress (committed here
-before); otherwise its changes never reached the target, and that is an
-:class:`~applier.errors.ApplyError` (exit 3), never a log line. A Rollback
-Prepared of a GID not prepared here is skipped (nothing to undo).
+See :mod:`applier.apply.twophase` (Begin Prepare .. Commit/Rollback Prepared).
 
 Group commit
 ============
@@ -121,10 +115,8 @@ for each commit).
 
 from __future__ import annotations
 
-import enum
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -168,19 +160,10 @@ from .planner import Planner, key_of
 from .relations import RelationCache
 from .session import TargetSession
 from .spool import Spool, SpoolSet
+from .states import State, Txn
+from .twophase import TwoPhase
 
 log = logging.getLogger("applier.apply")
-
-
-class State(enum.Enum):
-    IDLE = "idle"
-    TXN = "in transaction"
-    PREPARE = "in prepared transaction"
-    STREAM = "in stream"
-
-    # Enum hashes by name in Python code; members are singletons, so identity will do
-    # (dispatch checks the state of every message against a frozenset).
-    __hash__ = object.__hash__
 
 
 IDLE, TXN, PREPARE, STREAM = State.IDLE, State.TXN, State.PREPARE, State.STREAM
@@ -214,15 +197,7 @@ class ChangeCtx:
 MissingRowPolicy = Callable[[ChangeCtx], None]
 
 
-@dataclass
-class Txn:
-    xid: int
-    commit_lsn: Lsn
-    skip: bool
-    gid: str | None = None
-
-
-class Applier:
+class Applier(TwoPhase):
     """The message state machine: one handler per message kind, states in one place."""
 
     def __init__(
@@ -638,97 +613,6 @@ class Applier:
 
     def on_stream_abort(self, lsn: Lsn, m: StreamAbort) -> None:
         self.spools.abort(m.xid, m.subxid)
-
-    def on_stream_prepare(self, lsn: Lsn, m: StreamPrepare) -> None:
-        self.commit_group()
-        gid = self.gid(m.xid)
-        if self.is_prepared(gid):  # not by LSN: see "Two-phase"
-            self.spools.discard(m.xid)
-            self.flush.store(m.end_lsn, FLUSHED)
-            return
-        try:
-            self._replay(m.xid, m.prepare_lsn, gid)
-            self._finish_prepare(m.end_lsn, m.prepare_ts)
-        finally:
-            self.state = IDLE
-            self.spools.discard(m.xid)
-
-    # -- two-phase -------------------------------------------------------------------
-
-    def gid(self, xid: int) -> str:
-        return f"{self.gid_prefix}{xid}"
-
-    def is_prepared(self, gid: str) -> bool:
-        return bool(
-            self.session.query_one(
-                "SELECT count(*) FROM pg_catalog.pg_prepared_xacts "
-                "WHERE gid = %s AND database = pg_catalog.current_database()",
-                (gid,),
-            )
-        )
-
-    def on_begin_prepare(self, lsn: Lsn, m: BeginPrepare) -> None:
-        self.commit_group()
-        gid = self.gid(m.xid)
-        # Not by LSN (worker.c neither): a transaction prepared before the slot's
-        # two_phase_at comes at its COMMIT PREPARED with its prepare-time LSNs, below
-        # our progress. The walsender sends no prepare twice from one start point, so
-        # the only duplicate is one already prepared here (its rows are in it).
-        skip = self.is_prepared(gid)
-        if skip:
-            log.info("skipping a transaction prepared before", extra={"ctx": {"gid": gid}})
-        self.state = PREPARE
-        self._start_txn(m.xid, m.prepare_lsn, skip, gid)
-
-    def on_prepare(self, lsn: Lsn, m: Prepare) -> None:
-        self._finish_prepare(m.end_lsn, m.prepare_ts)
-
-    def _finish_prepare(self, end_lsn: Lsn, prepare_ts: int) -> None:
-        txn = self.txn
-        assert txn is not None and txn.gid is not None
-        self.state = IDLE
-        self.txn = None
-        if txn.skip:
-            self.session.rollback()
-            self.flush.store(end_lsn, FLUSHED)
-            return
-        if not self.session.in_txn:
-            self.session.begin()  # an empty prepared transaction, so COMMIT PREPARED finds it
-        self._send_held()
-        local = self.session.prepare(txn.gid, end_lsn, prepare_ts)
-        self._committed(end_lsn, prepare_ts, local)
-
-    def on_commit_prepared(self, lsn: Lsn, m: CommitPrepared) -> None:
-        self.commit_group()
-        gid = self.gid(m.xid)
-        if not self.is_prepared(gid):
-            if m.end_lsn <= self.progress:
-                # Committed here before (the origin is past its COMMIT PREPARED).
-                self.skipped_txns += 1
-                self.flush.store(m.end_lsn, FLUSHED)
-                return
-            raise ApplyError(
-                f"COMMIT PREPARED of transaction {gid}, which is neither prepared on the "
-                "target nor applied before",
-                gid=gid,
-                xid=m.xid,
-                lsn=str(Lsn(m.end_lsn)),
-                progress=str(Lsn(self.progress)),
-                hint="its changes never reached the target (someone ran ROLLBACK PREPARED "
-                "there, or the target was restored); re-bootstrap the target",
-            )
-        local = self.session.finish_prepared(gid, True, m.end_lsn, m.commit_ts)
-        self._committed(m.end_lsn, m.commit_ts, local)
-
-    def on_rollback_prepared(self, lsn: Lsn, m: RollbackPrepared) -> None:
-        self.commit_group()
-        gid = self.gid(m.xid)
-        if m.rollback_end_lsn <= self.progress or not self.is_prepared(gid):
-            self.flush.store(m.rollback_end_lsn, FLUSHED)
-            return
-        local = self.session.finish_prepared(gid, False, m.rollback_end_lsn, m.rollback_ts)
-        self._committed(m.rollback_end_lsn, m.rollback_ts, local)
-        self.applied_txns -= 1
 
     # -- shutdown ----------------------------------------------------------------------
 
