@@ -16,10 +16,12 @@ Bounded over months
   are handed to ``forget`` (the applier drops them from the planner and closes
   them on the target session), so a table altered a thousand times holds the
   statements of one shape, not a thousand.
-* At most :data:`MAX_MAPPINGS` mappings are kept, least recently used first out
+* At most :data:`MAX_MAPPINGS` mappings are kept, the oldest built first out
   (rolling partitions: a dropped partition's mapping and statements go once
-  it is no longer used). The Relation messages themselves (a few hundred
-  bytes each) stay: a change for an evicted relation rebuilds its mapping.
+  newer ones pushed it out; the per-change path does not reorder, it is the
+  hot path). The Relation messages themselves (a few hundred bytes each)
+  stay: a change for an evicted relation rebuilds its mapping (a few catalog
+  queries).
 
 Errors
 ======
@@ -73,7 +75,7 @@ class RelationCache:
         self.forget = forget
         self.limit = max(1, limit)
         self.relations: dict[int, Relation] = {}
-        #: Built mappings, least recently used first.
+        #: Built mappings, oldest first.
         self.relmaps: OrderedDict[int, RelMap] = OrderedDict()
         self.types: dict[int, tuple[str, str]] = {}
 
@@ -96,7 +98,6 @@ class RelationCache:
         relmaps = self.relmaps
         rm = relmaps.get(oid)
         if rm is not None:
-            relmaps.move_to_end(oid)
             return rm
         rel = self.relations.get(oid)
         if rel is None:
