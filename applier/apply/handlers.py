@@ -24,6 +24,17 @@ positions whose local commit is flushed on the target are confirmed to the
 slot. Empty transactions and idle periods are confirmed once nothing before
 them is pending.
 
+Bad input
+=========
+
+A change whose tuple has more or fewer values than its Relation message has
+columns, and a Stream Start that continues (not first segment) a transaction
+whose first segment never came, are :class:`~applier.errors.ProtocolError`
+naming LSN, xid and table, raised before anything of the transaction is
+committed. Relation and Type messages and the mappings built from them are in
+:mod:`applier.apply.relations` (bounded; catalog errors there are clear errors
+too).
+
 TOAST
 =====
 
@@ -44,15 +55,7 @@ carries its LSN, which we do not need).
 Two-phase
 =========
 
-With ``two_phase`` (protocol 3), Begin Prepare .. Prepare is applied and
-ended with ``PREPARE TRANSACTION 'applier_<origin>_<xid>'`` (deterministic,
-like PostgreSQL's ``pg_gid_<subid>_<xid>``), the origin stamped with the
-prepare's end LSN. Commit/Rollback Prepared stamp the origin and run
-``COMMIT/ROLLBACK PREPARED``. After a crash between prepare and commit: a
-Begin Prepare whose GID is already prepared on the target is skipped (its
-rows are in the prepared transaction), and a Commit Prepared whose GID is not
-prepared (we committed it before the crash) or whose end LSN is behind the
-progress is skipped.
+See :mod:`applier.apply.twophase` (Begin Prepare .. Commit/Rollback Prepared).
 
 Group commit
 ============
@@ -112,10 +115,8 @@ for each commit).
 
 from __future__ import annotations
 
-import enum
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -124,7 +125,6 @@ from applier.config import Config
 from applier.errors import (
     ApplyError,
     ProtocolError,
-    SchemaMismatch,
     TransientError,
 )
 from applier.lsn import Lsn
@@ -153,26 +153,17 @@ from applier.protocol import (
     decode_streamed,
 )
 
-from . import mapping
 from .mapping import Catalog, RelMap
 from .merge import MAX_HELD, UpdateMerger
 from .origin import FLUSHED, FlushTracker
 from .planner import Planner, key_of
+from .relations import RelationCache
 from .session import TargetSession
 from .spool import Spool, SpoolSet
+from .states import State, Txn
+from .twophase import TwoPhase
 
 log = logging.getLogger("applier.apply")
-
-
-class State(enum.Enum):
-    IDLE = "idle"
-    TXN = "in transaction"
-    PREPARE = "in prepared transaction"
-    STREAM = "in stream"
-
-    # Enum hashes by name in Python code; members are singletons, so identity will do
-    # (dispatch checks the state of every message against a frozenset).
-    __hash__ = object.__hash__
 
 
 IDLE, TXN, PREPARE, STREAM = State.IDLE, State.TXN, State.PREPARE, State.STREAM
@@ -206,15 +197,7 @@ class ChangeCtx:
 MissingRowPolicy = Callable[[ChangeCtx], None]
 
 
-@dataclass
-class Txn:
-    xid: int
-    commit_lsn: Lsn
-    skip: bool
-    gid: str | None = None
-
-
-class Applier:
+class Applier(TwoPhase):
     """The message state machine: one handler per message kind, states in one place."""
 
     def __init__(
@@ -241,9 +224,9 @@ class Applier:
         self.state = IDLE
         self.txn: Txn | None = None
         self.spool: Spool | None = None
-        self.relations: dict[int, Relation] = {}
-        self.relmaps: dict[int, RelMap] = {}
-        self.types: dict[int, tuple[str, str]] = {}
+        self.rels = RelationCache(cfg, catalog, self._forget)
+        self.relations = self.rels.relations
+        self.relmaps = self.rels.relmaps
         self.applied_txns = 0
         self.skipped_changes = 0
         self.missing_rows = 0
@@ -396,66 +379,26 @@ class Applier:
             extra={"ctx": {"prefix": m.prefix, "lsn": m.lsn, "transactional": m.transactional}},
         )
 
-    # -- schema ----------------------------------------------------------------------
+    # -- schema (see applier.apply.relations) ------------------------------------------
 
     def on_relation(self, lsn: Lsn, m: Relation) -> None:
-        self._send_held()  # rows held under the old mapping go first
-        self.relations[m.oid] = m
-        self.relmaps.pop(m.oid, None)
+        # A changed message supersedes the mapping: _forget sends its held rows first.
+        self.rels.on_relation(m)
 
     def on_type(self, lsn: Lsn, m: Type) -> None:
-        # pgoutput writes pg_catalog as the empty string.
-        self.types[m.oid] = (m.namespace or "pg_catalog", m.name)
+        self.rels.on_type(m)
 
     def relmap(self, oid: int, lsn: Lsn) -> RelMap:
-        rm = self.relmaps.get(oid)
-        if rm is not None:
-            return rm
-        rel = self.relations.get(oid)
-        if rel is None:
-            raise ProtocolError(
-                f"change for relation {oid} before its Relation message", lsn=str(lsn)
-            )
-        if not self.cfg.tables.includes(rel.namespace, rel.name):
-            rm = mapping.skipped(rel)
-        else:
-            try:
-                target = self.catalog.table(rel.namespace, rel.name)
-                accepts = None
-                if target is not None:
-                    binary = self.cfg.apply.binary
-                    accepts = {
-                        i: self.catalog.accepts(
-                            c.type_oid,
-                            self.types.get(c.type_oid),
-                            target.columns[c.name].type_oid,
-                            binary,
-                        )
-                        for i, c in enumerate(rel.columns)
-                        if c.name in target.columns
-                    }
-                names = dict(self.types)
-                for c in rel.columns:
-                    if c.type_oid < mapping.FIRST_NORMAL_OID:
-                        names[c.type_oid] = self.catalog.type_name(c.type_oid)
-                rm = mapping.build(rel, target, accepts, names)
-            except SchemaMismatch as e:
-                e.context.update({"lsn": str(lsn), "xid": self.txn.xid if self.txn else None})
-                raise
-            except psycopg.OperationalError as e:
-                raise TransientError(f"catalog lookup failed: {str(e).strip()}") from None
-            log.info(
-                "table mapped",
-                extra={
-                    "ctx": {
-                        "table": rm.qualname,
-                        "columns": len(rel.columns),
-                        "replident": rel.replident,
-                    }
-                },
-            )
-        self.relmaps[oid] = rm
-        return rm
+        return self.rels.get(oid, lsn, self._xid())
+
+    def _forget(self, rm: RelMap) -> None:
+        """A mapping was superseded or evicted: its prepared statements go too."""
+        if self.merger.holds(rm.relation.oid):
+            self._send_held(rm.relation.oid)
+        self.merger.forget(rm.version)
+        names = self.planner.forget(rm.version)
+        if names:
+            self.session.forget_statements(names)
 
     # -- changes -----------------------------------------------------------------------
 
@@ -476,9 +419,23 @@ class Applier:
             self.session.begin()
         return rm
 
+    def _width_error(self, lsn: Lsn, rm: RelMap, got: int) -> ProtocolError:
+        want = len(rm.relation.columns)
+        return ProtocolError(
+            f"a change for {rm.qualname} carries {got} column values, its Relation message "
+            f"has {want} columns",
+            lsn=str(Lsn(lsn)),
+            xid=self._xid(),
+            table=rm.qualname,
+            hint="the stream is corrupt or out of order; nothing of this transaction was "
+            "applied, applier run restarts from the origin",
+        )
+
     def on_insert(self, lsn: Lsn, m: Insert) -> None:
         rm = self._target(lsn, m.relation_oid)
         if rm is not None:
+            if len(m.new.kinds) != len(rm.columns):
+                raise self._width_error(lsn, rm, len(m.new.kinds))
             if self.merger.tables:
                 self._before_change(rm)
             stmt, params, fmts = self.planner.insert(rm, m)
@@ -488,6 +445,10 @@ class Applier:
         rm = self._target(lsn, m.relation_oid)
         if rm is None:
             return
+        width = len(rm.columns)
+        if len(m.new.kinds) != width or (m.old is not None and len(m.old.kinds) != width):
+            bad = m.new if len(m.new.kinds) != width else m.old
+            raise self._width_error(lsn, rm, len(bad.kinds) if bad is not None else 0)
         if rm.merge and self.merging:
             held = self.merger.add(rm, m, ChangeCtx(lsn, self._xid(), rm, m))
             if held:
@@ -497,7 +458,10 @@ class Applier:
         self._keyed_change(lsn, m, self.planner.update, rm)
 
     def on_delete(self, lsn: Lsn, m: Delete) -> None:
-        self._keyed_change(lsn, m, self.planner.delete, self._target(lsn, m.relation_oid))
+        rm = self._target(lsn, m.relation_oid)
+        if rm is not None and len(m.old.kinds) != len(rm.columns):
+            raise self._width_error(lsn, rm, len(m.old.kinds))
+        self._keyed_change(lsn, m, self.planner.delete, rm)
 
     def _keyed_change(
         self, lsn: Lsn, m: Any, plan: Callable[[RelMap, Any], Any], rm: RelMap | None
@@ -524,11 +488,41 @@ class Applier:
         self.skipped_changes += len(rms) - len(included)
         if not included:
             return
+        self._check_truncate(lsn, included)
         if not self.session.in_txn:
             self.session.begin()
         self._send_held()
-        query = self.planner.truncate(included, m.cascade, m.restart_identity)
+        query = self.planner.truncate(included, m.restart_identity)
         self.session.execute_sql(query, ChangeCtx(lsn, txn.xid, included[0], m))
+
+    def _check_truncate(self, lsn: Lsn, rms: list[RelMap]) -> None:
+        """Never cascade on the target (worker.c: RESTRICT): refuse, naming the tables,
+        when a table outside the message references one it truncates."""
+        oids = [rm.target.oid for rm in rms if rm.target is not None]
+        try:
+            refs = self.catalog.referencing(oids)
+        except psycopg.OperationalError as e:
+            raise TransientError(f"catalog lookup failed: {str(e).strip()}") from None
+        except psycopg.Error as e:
+            raise ApplyError(
+                f"looking up foreign keys on the target failed: {str(e).strip()}",
+                lsn=str(Lsn(lsn)),
+                xid=self._xid(),
+                sqlstate=e.sqlstate,
+            ) from None
+        if refs:
+            referencing, referenced = refs[0]
+            others = f" (and {len(refs) - 1} more)" if len(refs) > 1 else ""
+            raise ApplyError(
+                f"TRUNCATE of {referenced} would cascade on the target: {referencing} "
+                f"references it{others}, and the source did not truncate {referencing}",
+                lsn=str(Lsn(lsn)),
+                xid=self._xid(),
+                table=referenced,
+                referencing=referencing,
+                hint=f"empty {referencing} on the target (or drop its foreign key to "
+                f"{referenced}, or publish it), then restart applier run",
+            )
 
     # -- merged UPDATEs (see applier.apply.merge) ---------------------------------------
 
@@ -564,6 +558,16 @@ class Applier:
     # -- streamed transactions -------------------------------------------------------
 
     def on_stream_start(self, lsn: Lsn, m: StreamStart) -> None:
+        if not m.first_segment and self.spools.get(m.xid) is None:
+            # Its first segments never reached us: a spool from here would replay
+            # a partial transaction at its Stream Commit.
+            raise ProtocolError(
+                "a Stream Start continues a streamed transaction whose first segment was "
+                "not received",
+                lsn=str(Lsn(lsn)),
+                xid=m.xid,
+                hint="the stream is out of order; applier run restarts from the origin",
+            )
         self.state = STREAM
         self.spool = self.spools.open(m.xid, m.first_segment)
 
@@ -609,81 +613,6 @@ class Applier:
 
     def on_stream_abort(self, lsn: Lsn, m: StreamAbort) -> None:
         self.spools.abort(m.xid, m.subxid)
-
-    def on_stream_prepare(self, lsn: Lsn, m: StreamPrepare) -> None:
-        self.commit_group()
-        gid = self.gid(m.xid)
-        if m.end_lsn <= self.progress or self.is_prepared(gid):
-            self.spools.discard(m.xid)
-            self.flush.store(m.end_lsn, FLUSHED)
-            return
-        try:
-            self._replay(m.xid, m.prepare_lsn, gid)
-            self._finish_prepare(m.end_lsn, m.prepare_ts)
-        finally:
-            self.state = IDLE
-            self.spools.discard(m.xid)
-
-    # -- two-phase -------------------------------------------------------------------
-
-    def gid(self, xid: int) -> str:
-        return f"{self.gid_prefix}{xid}"
-
-    def is_prepared(self, gid: str) -> bool:
-        return bool(
-            self.session.query_one(
-                "SELECT count(*) FROM pg_catalog.pg_prepared_xacts "
-                "WHERE gid = %s AND database = pg_catalog.current_database()",
-                (gid,),
-            )
-        )
-
-    def on_begin_prepare(self, lsn: Lsn, m: BeginPrepare) -> None:
-        self.commit_group()
-        gid = self.gid(m.xid)
-        skip = m.end_lsn <= self.progress or self.is_prepared(gid)
-        if skip:
-            log.info("skipping a transaction prepared before", extra={"ctx": {"gid": gid}})
-        self.state = PREPARE
-        self._start_txn(m.xid, m.prepare_lsn, skip, gid)
-
-    def on_prepare(self, lsn: Lsn, m: Prepare) -> None:
-        self._finish_prepare(m.end_lsn, m.prepare_ts)
-
-    def _finish_prepare(self, end_lsn: Lsn, prepare_ts: int) -> None:
-        txn = self.txn
-        assert txn is not None and txn.gid is not None
-        self.state = IDLE
-        self.txn = None
-        if txn.skip:
-            self.session.rollback()
-            self.flush.store(end_lsn, FLUSHED)
-            return
-        if not self.session.in_txn:
-            self.session.begin()  # an empty prepared transaction, so COMMIT PREPARED finds it
-        self._send_held()
-        local = self.session.prepare(txn.gid, end_lsn, prepare_ts)
-        self._committed(end_lsn, prepare_ts, local)
-
-    def on_commit_prepared(self, lsn: Lsn, m: CommitPrepared) -> None:
-        self.commit_group()
-        gid = self.gid(m.xid)
-        if m.end_lsn <= self.progress or not self.is_prepared(gid):
-            log.info("COMMIT PREPARED skipped: not prepared here", extra={"ctx": {"gid": gid}})
-            self.flush.store(m.end_lsn, FLUSHED)
-            return
-        local = self.session.finish_prepared(gid, True, m.end_lsn, m.commit_ts)
-        self._committed(m.end_lsn, m.commit_ts, local)
-
-    def on_rollback_prepared(self, lsn: Lsn, m: RollbackPrepared) -> None:
-        self.commit_group()
-        gid = self.gid(m.xid)
-        if m.rollback_end_lsn <= self.progress or not self.is_prepared(gid):
-            self.flush.store(m.rollback_end_lsn, FLUSHED)
-            return
-        local = self.session.finish_prepared(gid, False, m.rollback_end_lsn, m.rollback_ts)
-        self._committed(m.rollback_end_lsn, m.rollback_ts, local)
-        self.applied_txns -= 1
 
     # -- shutdown ----------------------------------------------------------------------
 

@@ -151,6 +151,10 @@ class UpdateMerger:
     def discard(self) -> None:
         self.tables.clear()
 
+    def forget(self, version: int) -> None:
+        """Mapping ``version`` is gone (superseded or evicted): drop its shapes."""
+        self._shapes.pop(version, None)
+
     # -- planning ----------------------------------------------------------------------
 
     def _plan(self, rm: RelMap, rows: dict[Hashable, _Held]) -> list[Batch]:

@@ -26,15 +26,27 @@ source's output text: no round trip through Python types), in text format
   ``WHERE ctid = (SELECT ctid ... LIMIT 1)``, joined on ``tableoid`` too
   for partitioned targets where a ctid is only unique per partition.
   NOTHING cannot locate a row: UPDATE/DELETE raise :class:`ApplyError`.
+  UPDATE and DELETE (with the FULL subselect and the merged form) name a
+  plain table with ``ONLY``: with table inheritance a parent's statement must
+  not reach a child's row with the same key, nor the child row at the same
+  ctid (each inheritance child has its own changes in the stream).
 * Multi-row INSERTs (:func:`insert_rows`): the rows of a run of INSERTs too
-  short for COPY (:mod:`applier.apply.copyrun`), in one VALUES list.
+  short for COPY (:mod:`applier.apply.copyrun`), in one VALUES list. Neither
+  COPY nor multi-row INSERTs (nor merged UPDATEs, see
+  :func:`~applier.apply.mapping._mergeable`) for a target table with an
+  enabled ALWAYS/REPLICA trigger or rule (:attr:`TargetTable.observed`): its
+  changes go one statement per row, so rules fire (COPY ignores them) and
+  statement triggers and transition tables see one row per statement.
 * Merged UPDATEs (:mod:`applier.apply.merge`): ``n`` rows of new values in
   one ``UPDATE ... FROM (VALUES ...) WHERE key = v.key RETURNING ordinal``,
   one statement per (mapping, SET shape, n); the ordinals returned say which
   rows were found.
 * TRUNCATE lists every included relation of the message in one statement,
   ``ONLY`` for plain tables (a partitioned target is truncated with its
-  partitions), with RESTART IDENTITY and CASCADE when the source used them.
+  partitions), with RESTART IDENTITY when the source used it, and always
+  RESTRICT, as worker.c: the message already lists every published relation
+  the source's CASCADE reached, and cascading on the target would also empty
+  target-only or excluded tables (the handler refuses those first).
 
 Parameter formats are per execution, not per prepared statement, so a shape
 does not depend on whether a value came as text or binary.
@@ -42,6 +54,7 @@ does not depend on whether a value came as text or binary.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -94,6 +107,14 @@ def _qualified(rm: RelMap) -> sql.Composable:
     return sql.Identifier(rm.relation.namespace, rm.relation.name)
 
 
+def _changed(rm: RelMap) -> sql.Composable:
+    """The relation an UPDATE/DELETE names: ``ONLY`` unless partitioned, so an
+    inheritance parent never reaches its children's rows (same key, same ctid)."""
+    if rm.target is not None and rm.target.partitioned:
+        return _qualified(rm)
+    return sql.Composed([sql.SQL("ONLY "), _qualified(rm)])
+
+
 def _present(kinds: bytes) -> bytes:
     return kinds.translate(_PRESENT)
 
@@ -103,6 +124,8 @@ class Planner:
 
     def __init__(self) -> None:
         self._cache: dict[tuple[int, str, bytes, bytes], Stmt] = {}
+        #: Statement names are never reused in a session (entries are forgotten).
+        self._serial = itertools.count()
         #: (mapping version, new kinds, old kinds) -> statement and parameter formats:
         #: the column kinds decide both, so the hot path is one lookup per change.
         self._inserts: dict[tuple[int, bytes], tuple[Stmt, Formats]] = {}
@@ -180,6 +203,17 @@ class Planner:
             stmt = self._build_update_many(rm, shape, n)
         return stmt
 
+    def forget(self, version: int) -> list[bytes]:
+        """Drop what was planned for mapping ``version``; the names of its statements."""
+        names = [stmt.name for key, stmt in self._cache.items() if key[0] == version]
+        caches: tuple[dict[Any, Any], ...] = (
+            self._cache, self._inserts, self._updates, self._deletes,
+        )  # fmt: skip
+        for cache in caches:
+            for key in [k for k in cache if k[0] == version]:
+                del cache[key]
+        return names
+
     @staticmethod
     def set_shape(rm: RelMap, kinds: bytes) -> bytes:
         """The SET columns of an UPDATE that keeps its key (no old key part sent).
@@ -196,7 +230,8 @@ class Planner:
         return bytes(masked) if any(masked) else shape
 
     @staticmethod
-    def truncate(rms: Sequence[RelMap], cascade: bool, restart_identity: bool) -> bytes:
+    def truncate(rms: Sequence[RelMap], restart_identity: bool) -> bytes:
+        """TRUNCATE of the message's included relations, never CASCADE (see module doc)."""
         parts: list[sql.Composable] = []
         for rm in rms:
             only = (
@@ -206,9 +241,7 @@ class Planner:
         q = sql.SQL("TRUNCATE {}").format(sql.SQL(", ").join(parts))
         if restart_identity:
             q = sql.Composed([q, sql.SQL(" RESTART IDENTITY")])
-        if cascade:
-            q = sql.Composed([q, sql.SQL(" CASCADE")])
-        return q.as_bytes(None)
+        return sql.Composed([q, sql.SQL(" RESTRICT")]).as_bytes(None)
 
     # -- identity ----------------------------------------------------------------
 
@@ -236,7 +269,7 @@ class Planner:
     # -- building ----------------------------------------------------------------
 
     def _name(self, rm: RelMap, op: str) -> bytes:
-        return f"applier_{rm.version}_{op}{len(self._cache)}".encode()
+        return f"applier_{rm.version}_{op}{next(self._serial)}".encode()
 
     def _build_insert(self, rm: RelMap, shape: bytes) -> Stmt:
         idx = tuple(i for i, p in enumerate(shape) if p)
@@ -251,9 +284,13 @@ class Planner:
             head, sql.SQL(", ").join(_ph(n) for n in range(1, len(idx) + 1))
         )
         # COPY writes identity columns like OVERRIDING SYSTEM VALUE. It refuses
-        # tables where row-level security applies, so those keep INSERT.
+        # tables where row-level security applies, so those keep INSERT. A table
+        # something watches (an ALWAYS/REPLICA trigger or rule) gets one INSERT per
+        # row: COPY fires no rules, and COPY or a multi-row INSERT fire statement
+        # triggers (and fill transition tables) once for many rows and AFTER ROW
+        # triggers after all of them; no copy statement means no run, so neither.
         copy = b""
-        if rm.target is not None and not rm.target.rls:
+        if rm.target is not None and not rm.target.rls and not rm.target.observed:
             copy = (
                 sql.SQL("COPY {} ({}) FROM STDIN")
                 .format(_qualified(rm), sql.SQL(", ").join(cols))
@@ -303,7 +340,7 @@ class Planner:
         cond = self._conditions(rm, where, first, full)
         if not full:
             return sql.Composed([head, sql.SQL(" WHERE "), cond])
-        q = _qualified(rm)
+        q = _changed(rm)
         if rm.target is not None and rm.target.partitioned:
             return sql.SQL(
                 "{head} {join} (SELECT tableoid AS o, ctid AS c FROM {q} WHERE {cond} LIMIT 1) "
@@ -324,11 +361,11 @@ class Planner:
             for n, i in enumerate(new_idx, start=1)
         )
         if partitioned:
-            head = sql.SQL("UPDATE {} AS applier_t SET {}").format(_qualified(rm), sets)
+            head = sql.SQL("UPDATE {} AS applier_t SET {}").format(_changed(rm), sets)
             body = self._locate(rm, head, where, len(new_idx) + 1, full, join="FROM")
             query = body.as_bytes(None)
         else:
-            head = sql.SQL("UPDATE {} SET {}").format(_qualified(rm), sets)
+            head = sql.SQL("UPDATE {} SET {}").format(_changed(rm), sets)
             query = self._locate(rm, head, where, len(new_idx) + 1, full).as_bytes(None)
         types = tuple(rm.columns[i].type_oid for i in new_idx + where)
         stmt = Stmt(self._name(rm, UPDATE), query, types, new_idx, where, True, False)
@@ -363,7 +400,7 @@ class Planner:
             "UPDATE {q} AS {t} SET {sets} FROM (VALUES {rows}) AS {v} (applier_o, {names}) "
             "WHERE {match} RETURNING {v}.applier_o"
         ).format(
-            q=_qualified(rm), t=t, sets=sets, rows=rows, v=v,
+            q=_changed(rm), t=t, sets=sets, rows=rows, v=v,
             names=sql.SQL(", ").join(names), match=match,
         )  # fmt: skip
         types = tuple(rm.columns[i].type_oid for i in cols) * n
@@ -377,9 +414,9 @@ class Planner:
         where = self._where_cols(rm, old_shape)
         full = old_shape.startswith(b"f")
         if full and rm.target is not None and rm.target.partitioned:
-            head = sql.SQL("DELETE FROM {} AS applier_t").format(_qualified(rm))
+            head = sql.SQL("DELETE FROM {} AS applier_t").format(_changed(rm))
         else:
-            head = sql.SQL("DELETE FROM {}").format(_qualified(rm))
+            head = sql.SQL("DELETE FROM {}").format(_changed(rm))
         query = self._locate(rm, head, where, 1, full).as_bytes(None)
         types = tuple(rm.columns[i].type_oid for i in where)
         stmt = Stmt(self._name(rm, DELETE), query, types, (), where, True, False)

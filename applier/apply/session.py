@@ -808,6 +808,40 @@ class TargetSession:
         if sel is not None:
             sel.close()
 
+    def forget_statements(self, names: list[bytes]) -> None:
+        """Close the prepared statements ``names`` (and their multi-row forms) on the target.
+
+        For mappings that were superseded or evicted (applier.apply.relations): in the
+        pipeline inside a transaction (a close is not transactional; if the transaction
+        fails first, the statement merely stays until the session ends), else at once.
+        """
+        doomed = set(names)
+        for key in [k for k in self._multi if k[0] in doomed]:
+            doomed.add(self._multi.pop(key).name)
+        if self._run is not None and self._run.stmt.name in doomed:
+            self._end_run()
+        doomed &= self._prepared
+        if not doomed:
+            return
+        self._prepared -= doomed
+        try:
+            if not self.in_txn:
+                self.settle()
+                for name in sorted(doomed):
+                    self.conn.execute(b"DEALLOCATE " + name)
+                return
+            for name in sorted(doomed):
+                if pq.version() >= 170000:
+                    self.pg.send_close_prepared(name)
+                else:
+                    self.pg.send_query_params(b"DEALLOCATE " + name, None)
+                self._q.append((_CTL, "closing a prepared statement"))
+                self._after_send()
+        except psycopg.OperationalError as e:
+            raise _lost(e) from None
+        except psycopg.Error as e:
+            raise self._error(e, "closing prepared statements") from None
+
 
 class _CopyCtx:
     """Error context of a COPY run: the change on the failing line."""

@@ -63,6 +63,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from ..apply.mapping import Catalog
 from ..config import Config
 from ..errors import ApplierError, BootstrapError
 from ..lsn import Lsn
@@ -231,7 +232,8 @@ def resolve_targets(tgt: Conn, plan: SourcePlan, slice_size: int, workers: int =
                 f"target table {t.dst[0]}.{t.dst[1]} lacks column(s) {', '.join(lacking)}",
                 hint="add the columns on the target (same types as on the source) and rerun",
             )
-        t.binary = all(dst_cols[c.name] == c.type_name for c in t.columns)
+        same_types = all(dst_cols[c.name] == c.type_name for c in t.columns)
+        t.binary = same_types and not Catalog(tgt).binary_doubts(*t.dst)  # composites: text
         t.slices = cut_slices(t.blocks, t.heap_bytes, slice_size, workers)
 
 

@@ -58,7 +58,7 @@ def test_update_leaves_unchanged_toast_out_and_uses_old_key() -> None:
     new = TupleData(b"ttu", (b"2", b"{}", None))
     old = TupleData(b"tnn", (b"1", None, None))
     stmt, params, _ = Planner().update(_rm(), Update(None, 1, old, "K", new))
-    assert stmt.query == b'UPDATE "s"."t" SET "id" = $1, "j" = $2 WHERE "id" = $3'
+    assert stmt.query == b'UPDATE ONLY "s"."t" SET "id" = $1, "j" = $2 WHERE "id" = $3'
     assert params == [b"2", b"{}", b"1"]
 
 
@@ -74,8 +74,8 @@ def test_full_identity_one_row_text_compare_for_json() -> None:
 
 
 def test_truncate_options() -> None:
-    q = Planner.truncate([_rm(), _rm(partitioned=True)], cascade=True, restart_identity=True)
-    assert q == b'TRUNCATE ONLY "s"."t", "s"."t" RESTART IDENTITY CASCADE'
+    q = Planner.truncate([_rm(), _rm(partitioned=True)], restart_identity=True)
+    assert q == b'TRUNCATE ONLY "s"."t", "s"."t" RESTART IDENTITY RESTRICT'
 
 
 def test_spool_subxact_abort_in_memory_and_on_disk(tmp_path: Path) -> None:

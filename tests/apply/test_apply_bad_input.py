@@ -1,0 +1,159 @@
+"""Bad protocol input through the real Applier on a real target (issue 12, items 2 and 15).
+
+Messages are built with the encoder and decoded as the stream would; each bad
+one must stop with a clear error (LSN, xid, table) before anything is
+committed, the origin unmoved.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from conftest import Pair
+
+from applier.apply.handlers import Applier
+from applier.apply.mapping import Catalog
+from applier.apply.origin import ensure_origin, origin_progress
+from applier.apply.session import TargetSession
+from applier.apply.spool import SpoolSet
+from applier.errors import ApplierError, ApplyError, ProtocolError
+from applier.lsn import Lsn
+from applier.protocol import (
+    Begin,
+    Column,
+    Commit,
+    CommitPrepared,
+    Insert,
+    PgOutputMessage,
+    Relation,
+    StreamStart,
+    TupleData,
+)
+from applier.protocol.decoder import PgOutputDecoder
+from applier.protocol.encoder import encode
+
+REL = Relation(None, 16500, "public", "t", "d", (Column(1, "id", 23, -1), Column(0, "v", 25, -1)))
+
+
+class Kit:
+    def __init__(self, pair: Pair, tmp: Path) -> None:
+        self.pair = pair
+        self.cfg = pair.config()
+        self.catalog_conn = pair.sub_conn(autocommit=True)
+        ensure_origin(self.catalog_conn, self.cfg.origin)
+        self.session = TargetSession(pair.sub_dsn, self.cfg.origin, "on")
+        self.applier = Applier(
+            self.cfg,
+            self.session,
+            Catalog(self.catalog_conn),
+            SpoolSet(tmp, "bad", 1 << 20),
+            Lsn(0),
+        )
+
+    def feed(self, *msgs: PgOutputMessage, proto: int = 3) -> None:
+        """Encode, decode (as the stream does) and dispatch each message."""
+        decoder = PgOutputDecoder(proto)
+        for n, m in enumerate(msgs):
+            self.applier.dispatch(Lsn(0x1000 + n), decoder.decode(encode(m, proto)))
+        self.applier.commit_group()
+        self.session.settle()
+
+    def close(self) -> None:
+        self.applier.abandon()
+        self.session.close()
+        self.catalog_conn.close()
+
+    def progress(self) -> Lsn:
+        return origin_progress(self.catalog_conn, self.cfg.origin)
+
+
+@pytest.fixture
+def kit(pair: Pair, tmp_path: Path) -> Iterator[Kit]:
+    pair.sub_exec("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    k = Kit(pair, tmp_path)
+    try:
+        yield k
+    finally:
+        k.close()
+
+
+def _txn(xid: int, *changes: PgOutputMessage) -> list[PgOutputMessage]:
+    return [
+        Begin(Lsn(0x5000), 0, xid),
+        REL,
+        *changes,
+        Commit(0, Lsn(0x5000), Lsn(0x5100), 0),
+    ]
+
+
+def test_good_row_applies(kit: Kit) -> None:
+    kit.feed(*_txn(700, Insert(None, REL.oid, TupleData.text(b"1", b"a"))))
+    assert kit.pair.sub_exec("SELECT id, v FROM t") == [(1, "a")]
+    assert kit.progress() == Lsn(0x5100)
+
+
+@pytest.mark.parametrize(
+    "values", [(b"1", b"a", b"extra"), (b"1",)], ids=["more_columns", "fewer_columns"]
+)
+def test_tuple_not_matching_its_relation(kit: Kit, values: tuple[bytes, ...]) -> None:
+    bad = Insert(None, REL.oid, TupleData.text(*values))
+    with pytest.raises(ProtocolError) as info:
+        kit.feed(*_txn(701, Insert(None, REL.oid, TupleData.text(b"2", b"b")), bad))
+    err = info.value
+    assert err.context["table"] == "public.t" and err.context["xid"] == 701, err
+    assert "lsn" in err.context and "column" in str(err)
+    kit.applier.abandon()
+    assert kit.pair.sub_exec("SELECT count(*) FROM t") == [(0,)]
+    assert kit.progress() == Lsn(0)
+
+
+def test_stream_continuation_for_an_unknown_transaction(kit: Kit) -> None:
+    with pytest.raises(ProtocolError) as info:
+        kit.feed(StreamStart(702, False))
+    assert info.value.context["xid"] == 702 and "lsn" in info.value.context
+    assert kit.applier.spools.get(702) is None
+    assert kit.progress() == Lsn(0)
+
+
+def test_commit_prepared_of_an_unknown_transaction(kit: Kit) -> None:
+    msg = CommitPrepared(0, Lsn(0x6000), Lsn(0x6100), 0, 703, "g")
+    with pytest.raises(ApplyError) as info:
+        kit.feed(msg)
+    ctx = info.value.context
+    assert ctx["xid"] == 703 and ctx["gid"].endswith("_703") and "lsn" in ctx
+    assert info.value.hint
+    assert kit.progress() == Lsn(0)
+
+
+def test_commit_prepared_already_applied_is_skipped(kit: Kit) -> None:
+    kit.applier.progress = Lsn(0x7000)
+    kit.feed(CommitPrepared(0, Lsn(0x6000), Lsn(0x6100), 0, 704, "g"))
+    assert kit.applier.skipped_txns == 1
+
+
+def test_catalog_error_is_an_apply_error(kit: Kit) -> None:
+    """A catalog look-up the target refuses (not a lost connection): no traceback."""
+    pair = kit.pair
+    role = f"weak_{uuid.uuid4().hex[:8]}"
+    pair.sub_exec(f"CREATE ROLE {role} LOGIN")
+
+    def drop_role() -> None:
+        pair.sub.execute(f"DROP ROLE IF EXISTS {role}")
+
+    pair.cleanup.append(drop_role)
+    pair.sub_exec("REVOKE SELECT ON pg_catalog.pg_trigger FROM PUBLIC")
+    weak = psycopg.connect(pair.sub.dsn(pair.sub_db, user=role), autocommit=True)
+    try:
+        kit.applier.catalog = kit.applier.rels.catalog = Catalog(weak)
+        with pytest.raises(ApplierError) as info:
+            kit.feed(*_txn(705, Insert(None, REL.oid, TupleData.text(b"3", b"c"))))
+    finally:
+        weak.close()
+    err = info.value
+    assert isinstance(err, ApplyError) and err.sqlstate == "42501", err
+    assert err.context["table"] == "public.t" and err.context["xid"] == 705
+    assert kit.progress() == Lsn(0)
