@@ -103,6 +103,7 @@ from .origin import ensure_origin, local_flush_lsn, origin_progress
 from .session import TargetSession, connect, is_transient_sqlstate
 from .spool import SpoolSet
 from .state import WorkerState
+from .targetconn import client_keepalives
 
 log = logging.getLogger("applier.apply")
 
@@ -113,6 +114,8 @@ def source_conninfo(cfg: Config) -> str:
     params = conninfo_to_dict(base)
     opts = str(params.get("options") or "")
     ours = "-c datestyle=ISO -c intervalstyle=postgres -c extra_float_digits=3 -c timezone=UTC"
+    # Keepalives and tcp_user_timeout (unless the DSN sets them): see targetconn.
+    base = client_keepalives(base, cfg.apply.timeout)
     return make_conninfo(base, options=f"{opts} {ours}".strip(), client_encoding="UTF8")
 
 
@@ -207,7 +210,7 @@ class Worker:
                 }
             },
         )
-        status_conn = connect(cfg.target.conninfo(), "applier status")
+        status_conn = connect(cfg.target.conninfo(), "applier status", cfg.apply.target_timeout)
         if not schema_at_head(status_conn):
             upgrade_target(cfg.target.conninfo())
         self.status = WorkerState(status_conn, cfg.origin, cfg.source.slot)
@@ -264,7 +267,7 @@ class Worker:
         cfg = self.cfg
         self.sessions += 1
         target_ci = cfg.target.conninfo()
-        catalog_conn = connect(target_ci, "applier catalog")
+        catalog_conn = connect(target_ci, "applier catalog", cfg.apply.target_timeout)
         session: TargetSession | None = None
         stream: LogicalStream | None = None
         applier: Applier | None = None
@@ -273,7 +276,11 @@ class Worker:
         try:
             ensure_origin(catalog_conn, cfg.origin)
             session = TargetSession(
-                target_ci, cfg.origin, cfg.apply.synchronous_commit, cfg.apply.copy_threshold
+                target_ci,
+                cfg.origin,
+                cfg.apply.synchronous_commit,
+                cfg.apply.copy_threshold,
+                cfg.apply.target_timeout,
             )
             progress = origin_progress(session.conn, cfg.origin)
             repl = ReplicationConnection.open(source_conninfo(cfg), application_name="applier")
