@@ -69,12 +69,10 @@ from __future__ import annotations
 import gc
 import logging
 import signal
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -101,7 +99,7 @@ from .handlers import IDLE, Applier
 from .mapping import Catalog
 from .origin import ensure_origin, local_flush_lsn, origin_progress
 from .session import TargetSession, connect, is_transient_sqlstate
-from .spool import SpoolSet
+from .spool import SpoolSet, check_spool_dir, default_spool_dir
 from .state import WorkerState
 from .targetconn import client_keepalives
 
@@ -176,7 +174,7 @@ class Worker:
         self._flush_checked = 0.0
         self._stop_event = threading.Event()
         self.applier: Applier | None = None
-        self.spool_dir = cfg.apply.spool_dir or Path(tempfile.gettempdir()) / "applier-spool"
+        self.spool_dir = cfg.apply.spool_dir or default_spool_dir()
         self.status: WorkerState | None = None
         self.sessions = 0
         # Counters that survive reconnects.
@@ -266,12 +264,13 @@ class Worker:
 
         cfg = self.cfg
         self.sessions += 1
+        check_spool_dir(self.spool_dir)  # private and writable, before anything is opened
         target_ci = cfg.target.conninfo()
         catalog_conn = connect(target_ci, "applier catalog", cfg.apply.target_timeout)
         session: TargetSession | None = None
         stream: LogicalStream | None = None
         applier: Applier | None = None
-        spools = SpoolSet(self.spool_dir, cfg.origin, cfg.apply.memory_limit)
+        spools = SpoolSet(self.spool_dir, cfg.origin, cfg.apply.memory_limit, cfg.apply.spool_limit)
         spools.clear_stale()
         try:
             ensure_origin(catalog_conn, cfg.origin)
