@@ -50,6 +50,10 @@ Made from inside COMMIT and PREPARE TRANSACTION through the tables of the
 applier schema (:mod:`applier.apply.stamp`); a role that cannot write them is
 refused when the session opens.
 
+After ANY failure the transaction is rolled back and
+``pg_replication_origin_xact_reset()`` is called: the session's origin
+LSN/timestamp survive a ROLLBACK and would otherwise stamp the next commit.
+
 Connection
 ==========
 
@@ -57,10 +61,6 @@ Connection
 database default may change, psycopg's own statement preparation off (it
 would ``DEALLOCATE ALL`` on a ROLLBACK, dropping the session's statements), and
 a bound on how long the socket may stay silent while results are owed.
-
-After ANY failure the transaction is rolled back and
-``pg_replication_origin_xact_reset()`` is called: the session's origin
-LSN/timestamp survive a ROLLBACK and would otherwise stamp the next commit.
 """
 
 from __future__ import annotations

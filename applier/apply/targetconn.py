@@ -248,10 +248,51 @@ class GuardedConnection(psycopg.Connection[Any]):
         with dog.blocking():
             return super().wait(gen, interval, timeout)
 
+    #: (pid, backend_start) of its server backend.
+    backend: tuple[int, Any] | None = None
+
     def close(self) -> None:
         if self.watchdog is not None:
             self.watchdog.close()
+        if self.backend is not None:
+            _closed.append(self.backend)
+            self.backend = None
         super().close()
+
+
+#: Backends of connections this process closed. A stalled connection cannot tell
+#: its backend that it closed, and the backend (its peer a middlebox that still
+#: acknowledges, or a half-open socket) may live on, holding the replication
+#: origin, so the next session could never take it. The next connection ends
+#: whichever of them still exists, matched by pid *and* start time, so nothing but
+#: our own abandoned backends is touched.
+_closed: list[tuple[int, Any]] = []
+
+
+def _end_abandoned(conn: psycopg.Connection[Any]) -> None:
+    if not _closed:
+        return
+    pids = [pid for pid, _ in _closed]
+    starts = [start for _, start in _closed]
+    _closed.clear()
+    try:
+        rows = conn.execute(
+            "SELECT a.pid, pg_catalog.pg_terminate_backend(a.pid, 5000) "
+            "FROM pg_catalog.pg_stat_activity a "
+            "JOIN ROWS FROM (pg_catalog.unnest(%s::pg_catalog.int4[]), "
+            "pg_catalog.unnest(%s::pg_catalog.timestamptz[])) AS x(pid, started) ON a.pid = x.pid AND a.backend_start = x.started",
+            (pids, starts),
+        ).fetchall()
+    except psycopg.OperationalError:
+        raise
+    except psycopg.Error as e:  # e.g. not allowed to: the server's keepalives will do it
+        log.debug("ending abandoned target backends failed: %s", e)
+        return
+    if rows:
+        log.info(
+            "ended target backends of abandoned connections",
+            extra={"ctx": {"pids": [r[0] for r in rows]}},
+        )
 
 
 def connect(
@@ -274,12 +315,20 @@ def connect(
             hint="check [target] dsn and that the server is up; applier run retries",
         ) from None
     settings = pinned_settings(conn.info.server_version, timeout)
-    calls = ", ".join(["pg_catalog.set_config(%s, %s, false)"] * len(settings))
     try:
-        conn.execute(f"SELECT {calls}", [v for pair in settings for v in pair])
+        row = conn.execute(
+            "SELECT (SELECT backend_start FROM pg_catalog.pg_stat_activity "
+            "WHERE pid = pg_catalog.pg_backend_pid()), "
+            "(SELECT count(pg_catalog.set_config(n, v, false)) "
+            "FROM ROWS FROM (pg_catalog.unnest(%s::pg_catalog.text[]), "
+            "pg_catalog.unnest(%s::pg_catalog.text[])) AS s(n, v))",
+            ([n for n, _ in settings], [v for _, v in settings]),
+        ).fetchone()
+        _end_abandoned(conn)
     except psycopg.OperationalError as e:
         conn.close()
         raise ConnectionLost(f"setting up a target connection: {str(e).strip()}") from None
+    conn.backend = (conn.info.backend_pid, row[0] if row else None)
     dog = Watchdog(ci, timeout, application_name.removeprefix("applier "))
     dog.attach(conn)
     conn.watchdog = dog
