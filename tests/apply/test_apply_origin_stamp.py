@@ -31,7 +31,8 @@ _STATEMENT_STAMP = (
 
 def _progress(pair: Pair, origin: str) -> str | None:
     rows = pair.sub_exec(f"SELECT pg_replication_origin_progress('{origin}', false)::text")
-    return rows[0][0]
+    value = rows[0][0]
+    return None if value is None else str(value)
 
 
 @pytest.mark.parametrize("in_commit", [True, False], ids=["in_commit", "statement"])

@@ -20,6 +20,7 @@ from applykit import Runner, origin_lsn, wait_equal, wait_for
 from conftest import Pair
 
 from applier.apply.spool import check_spool_dir, default_spool_dir
+from applier.config import config_from_dict
 from applier.errors import ConfigError
 
 BIG = "INSERT INTO t SELECT g, repeat('x', 500) FROM generate_series(1, 20000) g"
@@ -140,3 +141,14 @@ def test_planted_symlink_is_not_followed(pair: Pair) -> None:
     assert "on_disk=True" in runner.log()  # it did spill, where the symlink was
     assert not planted[0].is_symlink()
     assert not list(spool.glob("*.spool"))
+
+
+def test_spool_limit_and_target_timeout_are_validated() -> None:
+    base = {"source": {"dsn": "host=x", "publications": ["p"]}, "target": {"dsn": "host=y"}}
+    cfg = config_from_dict({**base, "apply": {"spool_limit": "2GB", "target_timeout": 5}})
+    assert cfg.apply.spool_limit == 2 * 1024**3 and cfg.apply.target_timeout == 5
+    assert config_from_dict(base).apply.spool_limit == 0  # no limit by default
+    with pytest.raises(ConfigError, match=r"apply\.spool_limit: expected a size"):
+        config_from_dict({**base, "apply": {"spool_limit": "lots"}})
+    with pytest.raises(ConfigError, match=r"apply\.target_timeout"):
+        config_from_dict({**base, "apply": {"target_timeout": 0}})
