@@ -95,6 +95,9 @@ class Pipeline:
         self._local_lsn = Lsn(0)
         #: Context added to every error (lsn, xid) by the worker.
         self.txn_context: dict[str, Any] = {}
+        #: Statements whose Parse the server has, or will have (it is queued); one
+        #: whose Parse the server skipped or refused is taken out again (see _drain).
+        self._prepared: set[bytes] = set()
         #: Called with the context of an UPDATE/DELETE that found no row.
         self.on_missing: Callable[[Any], None] = lambda ctx: None
 
@@ -200,11 +203,14 @@ class Pipeline:
                     self.committed = ctx[3]
                     ctx[0](self._local_lsn)
             elif status == ExecStatus.FATAL_ERROR:
+                self._parse_failed(kind, ctx)
                 if self._failure is None:
                     self._failure = (res, ctx)
                     self.failed_inflight = self._failed_in_pipelined_commit()
             elif status == ExecStatus.PIPELINE_ABORTED:
-                pass  # skipped after an error: no row count to judge
+                # Skipped after an error: no row count to judge, and a Parse skipped
+                # leaves no statement behind.
+                self._parse_failed(kind, ctx)
             elif kind == _MOD:
                 if res.command_tuples == 0:
                     self.on_missing(ctx)
@@ -220,6 +226,10 @@ class Pipeline:
                 value = res.get_value(0, 0)
                 if value:
                     self._local_lsn = Lsn.parse(value.decode())
+
+    def _parse_failed(self, kind: int, ctx: Any) -> None:
+        if kind == _CTL and isinstance(ctx, tuple) and ctx[0] == "prepare":
+            self._prepared.discard(ctx[2])
 
     def _failed_in_pipelined_commit(self) -> bool:
         """Whether the failing item (the queue's head) belongs to a commit sent without

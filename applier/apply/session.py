@@ -161,8 +161,6 @@ class TargetSession(Pipeline):
         except BaseException:
             self.close()
             raise
-        #: Statements whose Parse the server has (or will have: a Parse is queued).
-        self._prepared: set[bytes] = set()
         self.in_txn = False
         #: The guard's chain: the id the last transaction set (see "Pipelined commits").
         self._txn_seq = 0
@@ -201,7 +199,7 @@ class TargetSession(Pipeline):
         try:
             if stmt.name not in self._prepared:
                 pg.send_prepare(stmt.name, stmt.query, param_types=stmt.types)
-                self._q.append((_CTL, ("prepare", ctx)))
+                self._q.append((_CTL, ("prepare", ctx, stmt.name)))
                 self._prepared.add(stmt.name)
             pg.send_query_prepared(stmt.name, params, param_formats=formats)
         except psycopg.OperationalError as e:

@@ -280,7 +280,8 @@ def _end_abandoned(conn: psycopg.Connection[Any]) -> None:
             "SELECT a.pid, pg_catalog.pg_terminate_backend(a.pid, 5000) "
             "FROM pg_catalog.pg_stat_activity a "
             "JOIN ROWS FROM (pg_catalog.unnest(%s::pg_catalog.int4[]), "
-            "pg_catalog.unnest(%s::pg_catalog.timestamptz[])) AS x(pid, started) ON a.pid = x.pid AND a.backend_start = x.started",
+            "pg_catalog.unnest(%s::pg_catalog.timestamptz[])) AS x(pid, started) "
+            "ON a.pid = x.pid AND a.backend_start = x.started",
             (pids, starts),
         ).fetchall()
     except psycopg.OperationalError:
