@@ -122,11 +122,22 @@ class ApplyConfig(_Section):
     memory_limit: int = Field(
         default=64 * 1024**2, description="bytes of a streamed txn kept in memory"
     )
+    #: None: a private state directory (see applier.apply.spool.default_spool_dir).
     spool_dir: Path | None = None
+    spool_limit: int = Field(
+        default=0, description="bytes on disk a streamed txn's spool may take; 0 = no limit"
+    )
     synchronous_commit: Literal["on", "off", "local", "remote_write", "remote_apply"] = "off"
     status_interval: float = Field(default=10.0, gt=0)
     timeout: float = Field(
         default=60.0, gt=0, description="seconds of server silence before reconnecting"
+    )
+    # See applier/apply/targetconn.py, "A stalled connection".
+    target_timeout: float = Field(
+        default=60.0,
+        ge=1,
+        description="seconds a target socket may stay silent while results are owed "
+        "before the server is asked whether our backend still executes",
     )
     # 100: see "Group commit" in applier/apply/handlers.py and bench/README-apply.md.
     group_commit: int = Field(
@@ -142,7 +153,7 @@ class ApplyConfig(_Section):
         default=1000, ge=0, description="runs of this many INSERTs into one table use COPY; 0 = off"
     )
 
-    @field_validator("memory_limit", mode="before")
+    @field_validator("memory_limit", "spool_limit", mode="before")
     @classmethod
     def _size(cls, v: int | str) -> int:
         return parse_size(v)

@@ -16,16 +16,11 @@ owns the origin, so each commit records the source position atomically.
 Executor
 ========
 
-Rows go through libpq's pipeline mode at the pq level: the connection is
-non-blocking, each change is one ``send_query_prepared`` (its statement is
-prepared once per session with ``send_prepare``, parameter types = target
-column type OIDs) with the protocol's bytes as parameter values and their
-text/binary formats, and nothing waits for the server until the commit's
-Sync. Results are read as they arrive (whenever we send, and whenever the
-socket is full), matched against a queue of what was sent, so an error or an
-UPDATE/DELETE that hit no row is attributed to its change (LSN, table, key)
-without a round trip per row. The queue is bounded so a huge transaction
-cannot run away with memory when the target is slower than the stream.
+Each change is one ``send_query_prepared`` on the pipeline of
+:mod:`applier.apply.pipeline` (its statement prepared once per session with
+``send_prepare``, parameter types = target column type OIDs), which also reads
+the results and attributes errors to their change. Nothing waits for the
+server until the commit's Sync.
 
 Runs of INSERTs into one table leave the pipeline for ``COPY ... FROM STDIN``
 (:mod:`applier.apply.copyrun`); every other call ends the run in hand first,
@@ -51,47 +46,55 @@ failure, where the error must name its own transaction.
 Origin stamp
 ============
 
-``pg_replication_origin_xact_setup`` sets session values that the next commit
-record carries; but an *abort* record carries them too and advances the
-origin as well (seen on PG15 and PG18: a backend that exits between the stamp
-and COMMIT; on PG18 also a COMMIT that fails after it), so a restart would
-skip a transaction that never committed. Hence the stamp is made from inside
-COMMIT: each session creates a temporary table whose deferred constraint
-trigger (ENABLE ALWAYS) calls ``xact_setup`` with the row's values; a commit
-inserts one row, and the trigger fires in COMMIT after every deferred trigger
-queued before it. A client that dies before COMMIT reached the server leaves
-the origin alone; a failure inside COMMIT after the stamp (a trigger queued
-later, ON COMMIT actions) is undone while the session lives
-(:meth:`TargetSession._rewind_origin`). PREPARE TRANSACTION cannot touch
-temporary tables: it stamps the same way through a table of the applier schema
-(migration 0003) whose trigger also deletes the row. Where those objects are
-missing (a session opened outside ``applier run``) or not writable, and without
-the TEMPORARY privilege, the stamp is a statement right before, after
-``SET CONSTRAINTS ALL IMMEDIATE``.
+Made from inside COMMIT and PREPARE TRANSACTION through the tables of the
+applier schema (:mod:`applier.apply.stamp`); a role that cannot write them is
+refused when the session opens.
 
 After ANY failure the transaction is rolled back and
 ``pg_replication_origin_xact_reset()`` is called: the session's origin
 LSN/timestamp survive a ROLLBACK and would otherwise stamp the next commit.
+
+Connection
+==========
+
+:func:`applier.apply.targetconn.connect`: TCP keepalives, settings no role or
+database default may change, psycopg's own statement preparation off (it
+would ``DEALLOCATE ALL`` on a ROLLBACK, dropping the session's statements), and
+a bound on how long the socket may stay silent while results are owed.
 """
 
 from __future__ import annotations
 
 import logging
-import selectors
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 import psycopg
 from psycopg import pq
 
-from applier.config import redact_dsn
-from applier.errors import ApplierError, ApplyError, ConnectionLost
+from applier.errors import ConnectionLost
 from applier.lsn import Lsn, pg_timestamp
 
 from .copyrun import BINARY, CHUNK, NO_COPY, Run, copy_query, error_line, row_format
 from .merge import MAX_HELD, MergedCtx, chunks
+from .pipeline import (
+    _CTL,
+    _LSN,
+    _MANY,
+    _MOD,
+    _ROW,
+    _SYNC,
+    PUMP_EVERY,
+    ExecStatus,
+    Pipeline,
+    is_transient_sqlstate,
+    lost,
+)
 from .planner import Formats, Params, Stmt, insert_rows, max_rows
+from .stamp import PREPARE_STAMP, STAMP, check_stamp, literal, stamp_params
+from .targetconn import DEFAULT_TIMEOUT, connect
+
+__all__ = ["TargetSession", "connect", "is_transient_sqlstate", "session_settings"]
 
 log = logging.getLogger("applier.apply")
 
@@ -104,55 +107,10 @@ _GUARD = (
     b"pg_catalog.set_config('applier.txn', $2, false)"
 )
 
-#: Session-local objects that stamp the origin from inside COMMIT (see "Origin stamp"):
-#: a row inserted into the temporary table fires the deferred trigger at COMMIT.
-_STAMP_SETUP = (
-    b"CREATE FUNCTION pg_temp.applier_stamp() RETURNS trigger LANGUAGE plpgsql AS $$ "
-    b"BEGIN PERFORM pg_catalog.pg_replication_origin_xact_setup(NEW.lsn, NEW.ts); "
-    b"RETURN NULL; END $$",
-    b"CREATE TEMPORARY TABLE applier_stamp "
-    b"(lsn pg_catalog.pg_lsn, ts pg_catalog.timestamptz) ON COMMIT DELETE ROWS",
-    b"CREATE CONSTRAINT TRIGGER applier_stamp AFTER INSERT ON pg_temp.applier_stamp "
-    b"DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION pg_temp.applier_stamp()",
-    # Fires under session_replication_role = replica too.
-    b"ALTER TABLE pg_temp.applier_stamp ENABLE ALWAYS TRIGGER applier_stamp",
-)
-_STAMP = (
-    b"INSERT INTO pg_temp.applier_stamp VALUES ($1::pg_catalog.pg_lsn, $2::pg_catalog.timestamptz)"
-)
-#: The same for PREPARE TRANSACTION, which cannot touch temporary tables: a table of
-#: the applier schema (migration 0003) whose deferred trigger also deletes the row.
-_PREPARE_STAMP = (
-    b"INSERT INTO applier.prepare_stamp VALUES ($1::pg_catalog.pg_lsn, $2::pg_catalog.timestamptz)"
-)
-
-# Queue item kinds.
-_CTL, _ROW, _MOD, _LSN, _SYNC, _MANY = range(6)
-
-#: Send this many statements between non-blocking result reads.
-PUMP_EVERY = 256
-#: Block when this many statements await their results.
-MAX_INFLIGHT = 20_000
-
-#: SQLSTATE classes/codes that mean "the connection is gone", not "the change is bad".
-TRANSIENT_SQLSTATES = ("08", "57P01", "57P02", "57P03", "55006", "40P01", "40001", "53300")
-
-ExecStatus = pq.ExecStatus
-
-
-def is_transient_sqlstate(state: str | None) -> bool:
-    return bool(state) and any(state.startswith(p) for p in TRANSIENT_SQLSTATES)  # type: ignore[union-attr]
-
-
-def _lost(e: BaseException, what: str = "target") -> ConnectionLost:
-    detail = str(e).strip().replace("\n", " ")
-    return ConnectionLost(
-        f"lost the connection to the {what}: {detail}",
-        hint="applier run reconnects and resumes from the origin's progress",
-    )
-
 
 def session_settings(synchronous_commit: str) -> list[tuple[str, str]]:
+    """The apply session's own settings (see "Target session"); the pinned
+    timeouts and isolation come with every target connection (targetconn)."""
     return [
         ("session_replication_role", "replica"),
         ("search_path", "pg_catalog"),
@@ -165,23 +123,16 @@ def session_settings(synchronous_commit: str) -> list[tuple[str, str]]:
     ]
 
 
-def connect(conninfo: str, application_name: str, **kw: Any) -> psycopg.Connection[Any]:
-    try:
-        return psycopg.connect(
-            conninfo, autocommit=True, application_name=application_name, connect_timeout=10, **kw
-        )
-    except psycopg.OperationalError as e:
-        raise ConnectionLost(
-            f"cannot connect to the target ({redact_dsn(conninfo)}): {str(e).strip()}",
-            hint="check [target] dsn and that the server is up; applier run retries",
-        ) from None
-
-
-class TargetSession:
+class TargetSession(Pipeline):
     """The apply connection; one open target transaction at most."""
 
     def __init__(
-        self, conninfo: str, origin: str, synchronous_commit: str, copy_threshold: int = 64
+        self,
+        conninfo: str,
+        origin: str,
+        synchronous_commit: str,
+        copy_threshold: int = 64,
+        timeout: float = DEFAULT_TIMEOUT,
     ) -> None:
         self.origin = origin
         #: Runs of at least this many INSERTs go out as COPY (0: never).
@@ -191,75 +142,29 @@ class TargetSession:
         #: an error names its row: the worker's replay after a failure).
         self.multi_row = True
         self._multi: dict[tuple[bytes, int], Stmt] = {}
-        self.conn = connect(conninfo, "applier apply")
-        self.pg = self.conn.pgconn
+        conn = connect(conninfo, "applier apply", timeout)
+        assert conn.watchdog is not None
+        super().__init__(conn, conn.watchdog)
         self.flush_wait = synchronous_commit == "off"
         try:
             for name, value in session_settings(synchronous_commit):
                 self.conn.execute("SELECT pg_catalog.set_config(%s, %s, false)", (name, value))
+            check_stamp(self.conn)
             self.conn.execute(
                 "SELECT pg_catalog.pg_replication_origin_session_setup(%s)", (origin,)
             )
             #: The origin's progress as of the last commit known to have succeeded.
             self.committed = self._origin_position()
-            self.stamp_in_commit = self._create_stamp()
-            self.stamp_in_prepare = self._can_stamp_prepare()
-            self._warned_prepare = False
         except psycopg.Error as e:
             self.close()
             raise self._error(e, "setting up the target session") from None
-        self._prepared: set[bytes] = set()
-        self._q: deque[tuple[int, Any]] = deque()
-        self._sent = 0
-        self._sel = selectors.DefaultSelector()
-        self._sel.register(self.pg.socket, selectors.EVENT_READ)
+        except BaseException:
+            self.close()
+            raise
         self.in_txn = False
-        self._pipeline = False
-        self._failure: tuple[pq.abc.PGresult, Any] | None = None
-        #: The failure was found while earlier commits were in flight: its context may
-        #: name a later transaction than the one that failed.
-        self.failed_inflight = False
-        #: The guard's chain: the id the last transaction set, and the last committed.
+        #: The guard's chain: the id the last transaction set (see "Pipelined commits").
         self._txn_seq = 0
         self._guard_expect: bytes | None = None
-        self._guard_committed: bytes | None = None
-        self._local_lsn = Lsn(0)
-        #: Called with the context of an UPDATE/DELETE that found no row.
-        self.on_missing: Callable[[Any], None] = lambda ctx: None
-        #: Context added to every error (lsn, xid) by the worker.
-        self.txn_context: dict[str, Any] = {}
-
-    def _create_stamp(self) -> bool:
-        try:
-            with self.conn.transaction():
-                for query in _STAMP_SETUP:
-                    self.conn.execute(query)
-        except psycopg.errors.InsufficientPrivilege as e:
-            log.warning(
-                "cannot create temporary objects on the target (%s); the origin is stamped "
-                "just before COMMIT instead, and a connection lost between the two can make "
-                "a restart skip that transaction: GRANT TEMPORARY ON DATABASE to the role",
-                str(e).strip(),
-            )
-            return False
-        return True
-
-    def _can_stamp_prepare(self) -> bool:
-        row = self.conn.execute(
-            "SELECT pg_catalog.to_regclass('applier.prepare_stamp') IS NOT NULL "
-            "AND pg_catalog.has_table_privilege('applier.prepare_stamp', 'INSERT, DELETE')"
-        ).fetchone()
-        return bool(row and row[0])
-
-    # -- errors ----------------------------------------------------------------------
-
-    def _error(self, e: psycopg.Error, where: str) -> ApplierError:
-        state = e.sqlstate
-        if (isinstance(e, psycopg.OperationalError) and state is None) or is_transient_sqlstate(
-            state
-        ):
-            return ConnectionLost(f"{where}: {str(e).strip()}", sqlstate=state)
-        return ApplyError(f"{where}: {str(e).strip()}", sqlstate=state)
 
     # -- pipeline ----------------------------------------------------------------------
 
@@ -278,12 +183,7 @@ class TargetSession:
             self._send_ctl(_GUARD, "guard", [self._guard_expect, mine])
             self._guard_expect = mine
         except psycopg.OperationalError as e:
-            raise _lost(e) from None
-
-    def _send_ctl(self, query: bytes, what: str, params: Params | None = None) -> None:
-        self.pg.send_query_params(query, params, result_format=0)
-        self._q.append((_CTL, what))
-        self._after_send()
+            raise lost(e) from None
 
     def execute(
         self, stmt: Stmt, params: Params, formats: Formats, ctx: Any, merged: bool = False
@@ -299,11 +199,11 @@ class TargetSession:
         try:
             if stmt.name not in self._prepared:
                 pg.send_prepare(stmt.name, stmt.query, param_types=stmt.types)
-                self._q.append((_CTL, ("prepare", ctx)))
+                self._q.append((_CTL, ("prepare", ctx, stmt.name)))
                 self._prepared.add(stmt.name)
             pg.send_query_prepared(stmt.name, params, param_formats=formats)
         except psycopg.OperationalError as e:
-            raise _lost(e) from None
+            raise lost(e) from None
         self._q.append((_MANY if merged else _MOD if stmt.modifies else _ROW, ctx))
         # _after_send(), inlined: this runs for every change.
         self._sent += 1
@@ -319,7 +219,7 @@ class TargetSession:
         try:
             self.pg.send_query_params(query, None)
         except psycopg.OperationalError as e:
-            raise _lost(e) from None
+            raise lost(e) from None
         self._q.append((_ROW, ctx))
         self._after_send()
 
@@ -396,7 +296,7 @@ class TargetSession:
             pg.send_query(copy_query(run.stmt, run.fmt))
             res = self._next_result()
         except psycopg.OperationalError as e:
-            raise _lost(e) from None
+            raise lost(e) from None
         if res is None or res.status != ExecStatus.COPY_IN:
             self._run = None
             self._collect(res)
@@ -419,7 +319,7 @@ class TargetSession:
                 self._wait_socket(write=True)
         except psycopg.OperationalError as e:
             if pg.status != pq.ConnStatus.OK:
-                raise _lost(e) from None
+                raise lost(e) from None
             # The server ended the COPY with an error: collect and report it.
             self._run = None
             self._copy_failed(run, self._collect(None))
@@ -433,7 +333,7 @@ class TargetSession:
                 self._wait_socket(write=True)
             error = self._collect(None)
         except psycopg.OperationalError as e:
-            raise _lost(e) from None
+            raise lost(e) from None
         if abort:
             self._reenter_pipeline()
         else:
@@ -447,175 +347,11 @@ class TargetSession:
             self._failure = (error, _CopyCtx(run, line))
             self._raise()
 
-    def _collect(self, first: pq.abc.PGresult | None) -> pq.abc.PGresult | None:
-        """Read results until libpq has no more; return the first error."""
-        error = first if first is not None and first.status == ExecStatus.FATAL_ERROR else None
-        while (res := self._next_result()) is not None:
-            if error is None and res.status == ExecStatus.FATAL_ERROR:
-                error = res
-        return error
-
-    def _next_result(self) -> pq.abc.PGresult | None:
-        pg = self.pg
-        while True:
-            pending = pg.flush()
-            pg.consume_input()
-            if not pg.is_busy():
-                return pg.get_result()
-            self._wait_socket(write=bool(pending))
-
-    def _wait_socket(self, write: bool) -> None:
-        pg = self.pg
-        self._sel.modify(pg.socket, selectors.EVENT_READ | (selectors.EVENT_WRITE if write else 0))
-        for _key, events in self._sel.select(1.0):
-            if events & selectors.EVENT_READ:
-                pg.consume_input()  # notices, or the error that ends the COPY
-
-    def _reenter_pipeline(self) -> None:
-        try:
-            self._enter_pipeline()
-        except psycopg.OperationalError as e:
-            raise _lost(e) from None
-
-    def _enter_pipeline(self) -> None:
-        self.pg.enter_pipeline_mode()
-        self._pipeline = True
-
-    def _after_send(self) -> None:
-        self._sent += 1
-        if self._sent % PUMP_EVERY == 0:
-            self._pump(until_empty=False)
-            if self._failure is not None:
-                self._raise()
-
-    def _pump(self, until_empty: bool) -> None:
-        """Send what libpq holds and read what results have come, waiting only if needed."""
-        pg = self.pg
-        q = self._q
-        try:
-            while True:
-                pending = pg.flush()
-                pg.consume_input()
-                self._drain()
-                if pending == 0 and (not q or not until_empty) and len(q) <= MAX_INFLIGHT:
-                    return
-                events = selectors.EVENT_READ | (selectors.EVENT_WRITE if pending else 0)
-                self._sel.modify(pg.socket, events)
-                self._sel.select(1.0)
-        except psycopg.OperationalError as e:
-            raise _lost(e) from None
-
-    def _drain(self) -> None:
-        pg = self.pg
-        q = self._q
-        while q and not pg.is_busy():
-            res = pg.get_result()
-            kind, ctx = q[0]
-            if res is None:
-                if kind != _SYNC:
-                    q.popleft()
-                continue
-            status = res.status
-            if status == ExecStatus.PIPELINE_SYNC:
-                q.popleft()
-                # A commit's Sync: (callback, guard id, waited, end_lsn).
-                if ctx is not None and self._failure is None:
-                    self._guard_committed = ctx[1]
-                    self.committed = ctx[3]
-                    ctx[0](self._local_lsn)
-            elif status == ExecStatus.FATAL_ERROR:
-                if self._failure is None:
-                    self._failure = (res, ctx)
-                    self.failed_inflight = self._failed_in_pipelined_commit()
-            elif status == ExecStatus.PIPELINE_ABORTED:
-                pass  # skipped after an error: no row count to judge
-            elif kind == _MOD:
-                if res.command_tuples == 0:
-                    self.on_missing(ctx)
-            elif kind == _MANY:
-                rows = ctx.ctxs
-                if res.ntuples < len(rows):
-                    # RETURNING gave the (1-based) ordinals of the rows found.
-                    found = {int(res.get_value(i, 0) or 0) for i in range(res.ntuples)}
-                    for n, row in enumerate(rows, 1):
-                        if n not in found:
-                            self.on_missing(row)
-            elif kind == _LSN and status == ExecStatus.TUPLES_OK:
-                value = res.get_value(0, 0)
-                if value:
-                    self._local_lsn = Lsn.parse(value.decode())
-
-    def _failed_in_pipelined_commit(self) -> bool:
-        """Whether the failing item (the queue's head) belongs to a commit sent without
-        waiting: the worker has moved on, so its context may name a later transaction."""
-        for kind, ctx in self._q:
-            if kind == _SYNC and ctx is not None:
-                return not ctx[2]
-        return False
-
-    def _sync(self) -> None:
-        """Sync the pipeline, wait for everything, leave pipeline mode."""
-        try:
-            self.pg.pipeline_sync()
-        except psycopg.OperationalError as e:
-            raise _lost(e) from None
-        self._q.append((_SYNC, None))
-        self._pump(until_empty=True)
-        try:
-            self.pg.exit_pipeline_mode()
-            self._pipeline = False
-        except psycopg.OperationalError as e:
-            raise _lost(e) from None
-
-    def _raise(self) -> None:
-        assert self._failure is not None
-        res, ctx = self._failure
-        state_b = res.error_field(pq.DiagnosticField.SQLSTATE)
-        state = state_b.decode() if state_b else None
-        msg_b = res.error_field(pq.DiagnosticField.MESSAGE_PRIMARY) or res.error_message
-        detail_b = res.error_field(pq.DiagnosticField.MESSAGE_DETAIL)
-        msg = msg_b.decode("utf-8", "replace").strip()
-        if detail_b:
-            msg += f" ({detail_b.decode('utf-8', 'replace').strip()})"
-        context = dict(self.txn_context)
-        if "lsn" in context:
-            context["lsn"] = str(Lsn(context["lsn"]))
-        describe = getattr(ctx, "describe", None)
-        if callable(describe):
-            context.update(describe())
-        elif isinstance(ctx, tuple) and ctx and ctx[0] == "prepare":
-            inner = getattr(ctx[1], "describe", None)
-            if callable(inner):
-                context.update(inner())
-        elif ctx == "guard":
-            msg = f"an earlier target transaction of this session did not commit ({msg})"
-        elif isinstance(ctx, str):
-            msg = f"{ctx}: {msg}"
-        if is_transient_sqlstate(state):
-            raise ConnectionLost(f"the target failed: {msg}", sqlstate=state)
-        raise ApplyError(f"the target refused a change: {msg}", sqlstate=state, **context)
-
     # -- transaction end -------------------------------------------------------------
 
     def _stamp(self, end_lsn: Lsn, ts: int) -> None:
-        """Queue the origin stamp of a COMMIT (see "Origin stamp")."""
-        if self.stamp_in_commit:
-            self._send_ctl(_STAMP, "origin stamp", _stamp_params(end_lsn, ts))
-        else:
-            self._origin_setup(end_lsn, ts)
-
-    def _origin_setup(self, end_lsn: Lsn, ts: int) -> None:
-        # Deferred constraint triggers (ENABLE ALWAYS/REPLICA ones fire under
-        # session_replication_role = replica) run now, not inside COMMIT/PREPARE:
-        # a transaction that aborts *after* pg_replication_origin_xact_setup can
-        # advance the origin past itself (see "Origin stamp").
-        self._send_ctl(b"SET CONSTRAINTS ALL IMMEDIATE", "deferred constraints")
-        self._send_ctl(
-            b"SELECT pg_catalog.pg_replication_origin_xact_setup($1::pg_catalog.pg_lsn, "
-            b"$2::pg_catalog.timestamptz)",
-            "pg_replication_origin_xact_setup",
-            _stamp_params(end_lsn, ts),
-        )
+        """Queue the origin stamp of a COMMIT (see :mod:`applier.apply.stamp`)."""
+        self._send_ctl(STAMP, "origin stamp", stamp_params(end_lsn, ts))
 
     def commit(
         self, end_lsn: Lsn, commit_ts: int, done: Callable[[Lsn], None], wait: bool = False
@@ -637,7 +373,7 @@ class TargetSession:
                 self._q.append((_LSN, None))
             self.pg.pipeline_sync()
         except psycopg.OperationalError as e:
-            raise _lost(e) from None
+            raise lost(e) from None
         self._q.append((_SYNC, (done, self._guard_expect, wait, Lsn(end_lsn))))
         self.in_txn = False
         if wait:
@@ -651,18 +387,8 @@ class TargetSession:
         """Stamp the origin and PREPARE TRANSACTION ``gid``."""
         assert self.in_txn
         self._end_run()
-        if self.stamp_in_prepare:
-            self._send_ctl(_PREPARE_STAMP, "origin stamp", _stamp_params(end_lsn, prepare_ts))
-        else:
-            if not self._warned_prepare:
-                self._warned_prepare = True
-                log.warning(
-                    "applier.prepare_stamp is missing or not writable (INSERT, DELETE) for "
-                    "this role; the origin is stamped just before PREPARE TRANSACTION, and a "
-                    "connection lost between the two can make a restart skip that transaction"
-                )
-            self._origin_setup(end_lsn, prepare_ts)
-        self._send_ctl(b"PREPARE TRANSACTION " + _literal(gid), "PREPARE TRANSACTION")
+        self._send_ctl(PREPARE_STAMP, "origin stamp", stamp_params(end_lsn, prepare_ts))
+        self._send_ctl(b"PREPARE TRANSACTION " + literal(gid), "PREPARE TRANSACTION")
         if self.flush_wait:
             self.pg.send_query_params(b"SELECT pg_catalog.pg_current_wal_insert_lsn()::text", None)
             self._q.append((_LSN, None))
@@ -701,7 +427,7 @@ class TargetSession:
                 (str(Lsn(end_lsn)), pg_timestamp(ts)),
             )
             try:
-                self.conn.execute(verb + _literal(gid))
+                self.conn.execute(verb + literal(gid))
             except psycopg.Error:
                 self.conn.execute("SELECT pg_catalog.pg_replication_origin_xact_reset()")
                 self._rewind_origin()
@@ -838,7 +564,7 @@ class TargetSession:
                 self._q.append((_CTL, "closing a prepared statement"))
                 self._after_send()
         except psycopg.OperationalError as e:
-            raise _lost(e) from None
+            raise lost(e) from None
         except psycopg.Error as e:
             raise self._error(e, "closing prepared statements") from None
 
@@ -858,12 +584,3 @@ class _CopyCtx:
         if self.line is not None:
             out["copy_line"] = self.line
         return out
-
-
-def _stamp_params(end_lsn: Lsn, ts: int) -> Params:
-    """(end_lsn, commit timestamp) as text parameters of an origin stamp."""
-    return [str(Lsn(end_lsn)).encode(), pg_timestamp(ts).isoformat().encode()]
-
-
-def _literal(text: str) -> bytes:
-    return ("'" + text.replace("'", "''") + "'").encode()

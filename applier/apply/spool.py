@@ -26,6 +26,28 @@ it or to its descendants (one backend runs one subtransaction at a time, and
 a later sibling can only start after it ended), so truncating is exact; it is
 what worker.c's ``stream_abort`` does too.
 
+The spool directory
+===================
+
+Spooled changes are the source's data: the directory is private. By default
+it is a per-user state directory (:func:`default_spool_dir`:
+``$STATE_DIRECTORY/spool`` under systemd's ``StateDirectory=``, else
+``$XDG_STATE_HOME/applier/spool`` or ``~/.local/state/applier/spool``), never a
+predictable path in a shared ``/tmp``. :func:`check_spool_dir` creates it 0700
+and refuses one that is not a directory, is owned by another user or is
+writable by group or others (someone else could plant files or symlinks), and
+proves at start that a file can be created and written there. Files are opened
+``O_CREAT|O_EXCL|O_NOFOLLOW`` with mode 0600, so a planted symlink or file is
+never followed or reused (it is removed and the file created anew).
+
+A write that fails (ENOSPC, a read-only or vanished directory, EIO) is one
+:class:`~applier.errors.TransientError` line naming the file and the reason;
+the transaction was not applied, nothing was confirmed, and the worker
+retries (the stream sends the transaction again). ``[apply] spool_limit``
+bounds the bytes one transaction's spool may take on disk; a transaction
+beyond it stops the worker (exit 3: it would come again after a restart) with
+the limit and the transaction named.
+
 Rejected: one file per subtransaction (many files, ordering across them is
 the hard part), and pickling decoded messages (measured: 11 us per row to
 pickle and unpickle a slotted dataclass, on top of decoding it at receive
@@ -35,11 +57,15 @@ time; the bytes cost a write and one decode at replay).
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import stat
 import struct
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
+
+from applier.errors import ConfigError, PermanentError, TransientError
 
 _LEN = struct.Struct(">I")
 
@@ -64,6 +90,8 @@ class Spool:
         self.file: IO[bytes] | None = None
         #: subxid -> (message count, file offset or -1) at its first change.
         self.subxacts: dict[int, tuple[int, int]] = {}
+        #: Bytes in the file.
+        self.disk_bytes = 0
 
     @property
     def on_disk(self) -> bool:
@@ -84,16 +112,18 @@ class Spool:
 
     def _write(self, msg: bytes) -> None:
         assert self.file is not None
-        self.file.write(_LEN.pack(len(msg)))
-        self.file.write(msg)
+        try:
+            self.file.write(_LEN.pack(len(msg)))
+            self.file.write(msg)
+        except OSError as e:
+            raise spool_failed(self.path, "writing", e) from None
+        self.disk_bytes += 4 + len(msg)
 
     def spill(self) -> int:
         """Move the in-memory messages to the file; return the bytes freed."""
         if self.file is not None:
             return 0
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
-        self.file = os.fdopen(fd, "w+b", buffering=1 << 20)
+        self.file = os.fdopen(open_private(self.path), "w+b", buffering=1 << 20)
         # Translate the in-memory positions of subxacts into file offsets.
         starts = {pos: sub for sub, (pos, _) in self.subxacts.items()}
         for i, msg in enumerate(self.mem):
@@ -119,9 +149,13 @@ class Spool:
             del self.mem[count:]
             self.mem_bytes -= freed
         else:
-            self.file.flush()
-            self.file.seek(offset)
-            self.file.truncate()
+            try:
+                self.file.flush()
+                self.file.seek(offset)
+                self.file.truncate()
+            except OSError as e:
+                raise spool_failed(self.path, "truncating", e) from None
+            self.disk_bytes = offset
         self.count = count
         self.subxacts = {s: p for s, p in self.subxacts.items() if p[0] < count}
         return freed
@@ -131,8 +165,11 @@ class Spool:
             yield from self.mem
             return
         f = self.file
-        f.flush()
-        f.seek(0)
+        try:
+            f.flush()
+            f.seek(0)
+        except OSError as e:
+            raise spool_failed(self.path, "writing", e) from None
         read = f.read
         for _ in range(self.count):
             (n,) = _LEN.unpack(read(4))
@@ -152,10 +189,14 @@ class Spool:
 class SpoolSet:
     """All open spools of one worker, with the shared memory limit."""
 
-    def __init__(self, directory: Path, prefix: str, memory_limit: int) -> None:
+    def __init__(
+        self, directory: Path, prefix: str, memory_limit: int, disk_limit: int = 0
+    ) -> None:
         self.directory = directory
         self.prefix = prefix
         self.memory_limit = memory_limit
+        #: Bytes one spool may take on disk (0: no limit).
+        self.disk_limit = disk_limit
         self.spools: dict[int, Spool] = {}
         self.mem_bytes = 0
         self.spilled = 0  # how many spools went to disk (for tests and logs)
@@ -179,6 +220,8 @@ class SpoolSet:
 
     def add(self, spool: Spool, msg: bytes, subxid: int | None) -> None:
         self.mem_bytes += spool.add(msg, subxid)
+        if self.disk_limit and spool.disk_bytes > self.disk_limit:
+            self._over_limit(spool)
         while self.mem_bytes > self.memory_limit:
             victim = max(
                 (s for s in self.spools.values() if not s.on_disk),
@@ -189,6 +232,17 @@ class SpoolSet:
                 break
             self.mem_bytes -= victim.spill()
             self.spilled += 1
+            if self.disk_limit and victim.disk_bytes > self.disk_limit:
+                self._over_limit(victim)
+
+    def _over_limit(self, spool: Spool) -> None:
+        raise PermanentError(
+            f"the streamed transaction {spool.xid} needs more than spool_limit = "
+            f"{self.disk_limit} bytes on disk ({spool.path})",
+            hint="raise [apply] spool_limit (and check the free space of spool_dir); "
+            "nothing of this transaction was applied or confirmed",
+            xid=spool.xid,
+        )
 
     def get(self, xid: int) -> Spool | None:
         return self.spools.get(xid)
@@ -217,3 +271,76 @@ class SpoolSet:
 
     def stats(self) -> dict[str, Any]:
         return {"open": len(self.spools), "mem_bytes": self.mem_bytes, "spilled": self.spilled}
+
+
+def default_spool_dir() -> Path:
+    """The private state directory's ``spool`` (see "The spool directory")."""
+    state = os.environ.get("STATE_DIRECTORY")
+    if state:
+        return Path(state.split(":")[0]) / "spool"
+    xdg = os.environ.get("XDG_STATE_HOME")
+    base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".local" / "state"
+    return base / "applier" / "spool"
+
+
+def check_spool_dir(directory: Path) -> None:
+    """Create ``directory`` 0700 if absent; refuse it unless private and writable."""
+    try:
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            directory.mkdir(mode=0o700)
+        st = os.lstat(directory)
+    except OSError as e:
+        raise _unusable(directory, e.strerror or str(e)) from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise _unusable(directory, "not a directory (a symlink is refused too)")
+    if st.st_uid != os.geteuid():
+        raise _unusable(directory, f"owned by uid {st.st_uid}, not by this user")
+    if st.st_mode & 0o022:
+        raise _unusable(directory, f"writable by others (mode {stat.S_IMODE(st.st_mode):o})")
+    probe = directory / f".applier-probe-{os.getpid()}"
+    try:
+        fd = open_private(probe)
+        try:
+            os.write(fd, b"applier spool probe\n")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+            os.unlink(probe)
+    except (OSError, TransientError) as e:
+        reason = e.strerror if isinstance(e, OSError) else str(e)
+        raise _unusable(directory, f"cannot write a file there ({reason})") from None
+
+
+def _unusable(directory: Path, why: str) -> ConfigError:
+    return ConfigError(
+        f"spool_dir {directory}: {why}",
+        hint="use a private directory (mode 0700, owned by the user applier runs as) "
+        "on a writable file system: [apply] spool_dir",
+    )
+
+
+def open_private(path: Path) -> int:
+    """Create ``path`` 0600, never following or reusing what is there already."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        try:
+            return os.open(path, flags, 0o600)
+        except FileExistsError:
+            os.unlink(path)  # a stale or planted file or symlink: unlink never follows
+            return os.open(path, flags, 0o600)
+    except OSError as e:
+        raise spool_failed(path, "creating", e) from None
+
+
+def spool_failed(path: Path, doing: str, e: OSError) -> TransientError:
+    reason = os.strerror(e.errno) if e.errno else str(e)
+    hint = (
+        "free space on the spool file system or set [apply] spool_dir elsewhere"
+        if e.errno == errno.ENOSPC
+        else "check [apply] spool_dir: it must be a private, writable directory"
+    )
+    return TransientError(
+        f"spool file {path}: {doing} failed: {reason}; the transaction was not applied",
+        hint=hint,
+    )

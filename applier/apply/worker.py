@@ -79,12 +79,10 @@ from __future__ import annotations
 import gc
 import logging
 import signal
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -112,8 +110,9 @@ from .mapping import Catalog
 from .origin import ensure_origin, local_flush_lsn, origin_progress
 from .preflight import check_before_streaming
 from .session import TargetSession, connect, is_transient_sqlstate
-from .spool import SpoolSet
+from .spool import SpoolSet, check_spool_dir, default_spool_dir
 from .state import WorkerState
+from .targetconn import client_keepalives
 
 log = logging.getLogger("applier.apply")
 
@@ -124,6 +123,8 @@ def source_conninfo(cfg: Config) -> str:
     params = conninfo_to_dict(base)
     opts = str(params.get("options") or "")
     ours = "-c datestyle=ISO -c intervalstyle=postgres -c extra_float_digits=3 -c timezone=UTC"
+    # Keepalives and tcp_user_timeout (unless the DSN sets them): see targetconn.
+    base = client_keepalives(base, cfg.apply.timeout)
     return make_conninfo(base, options=f"{opts} {ours}".strip(), client_encoding="UTF8")
 
 
@@ -192,7 +193,7 @@ class Worker:
         self._flush_checked = 0.0
         self._stop_event = threading.Event()
         self.applier: Applier | None = None
-        self.spool_dir = cfg.apply.spool_dir or Path(tempfile.gettempdir()) / "applier-spool"
+        self.spool_dir = cfg.apply.spool_dir or default_spool_dir()
         self.status: WorkerState | None = None
         self.sessions = 0
         # Counters that survive reconnects.
@@ -228,7 +229,8 @@ class Worker:
             },
         )
         target_ci = cfg.target.conninfo()
-        status_conn = connect(target_ci, "applier status")
+        timeout = cfg.apply.target_timeout
+        status_conn = connect(target_ci, "applier status", timeout)
         if not schema_at_head(status_conn):
             upgrade_target(target_ci)
         # Reopened on the next write after it broke (a target restart, a terminated
@@ -237,7 +239,7 @@ class Worker:
             status_conn,
             cfg.origin,
             cfg.source.slot,
-            reopen=lambda: connect(target_ci, "applier status"),
+            reopen=lambda: connect(target_ci, "applier status", timeout),
         )
         self.status.started()
 
@@ -313,17 +315,22 @@ class Worker:
 
         cfg = self.cfg
         self.sessions += 1
+        check_spool_dir(self.spool_dir)  # private and writable, before anything is opened
         target_ci = cfg.target.conninfo()
-        catalog_conn = connect(target_ci, "applier catalog")
+        catalog_conn = connect(target_ci, "applier catalog", cfg.apply.target_timeout)
         session: TargetSession | None = None
         stream: LogicalStream | None = None
         applier: Applier | None = None
-        spools = SpoolSet(self.spool_dir, cfg.origin, cfg.apply.memory_limit)
+        spools = SpoolSet(self.spool_dir, cfg.origin, cfg.apply.memory_limit, cfg.apply.spool_limit)
         spools.clear_stale()
         try:
             ensure_origin(catalog_conn, cfg.origin)
             session = TargetSession(
-                target_ci, cfg.origin, cfg.apply.synchronous_commit, cfg.apply.copy_threshold
+                target_ci,
+                cfg.origin,
+                cfg.apply.synchronous_commit,
+                cfg.apply.copy_threshold,
+                cfg.apply.target_timeout,
             )
             progress = origin_progress(session.conn, cfg.origin)
             repl = ReplicationConnection.open(source_conninfo(cfg), application_name="applier")

@@ -5,7 +5,8 @@ PostgreSQL writes the session's origin values into abort records as well, and
 advances the origin with them; were the stamp a statement before COMMIT, the
 applier dying between the two would make a restart skip a transaction that never
 committed. The second case shows that hazard on the server at hand, so the first
-one proves something.
+one proves something. There is no fallback to that statement for a role that cannot
+write the stamp tables: it is refused at start with the GRANT to run.
 """
 
 from __future__ import annotations
@@ -15,24 +16,33 @@ import time
 import pytest
 from conftest import Pair
 
-from applier.apply.session import _PREPARE_STAMP, TargetSession, _stamp_params
+from applier.apply.session import TargetSession
+from applier.apply.stamp import PREPARE_STAMP, stamp_params
+from applier.errors import PermanentError
 from applier.lsn import Lsn, now_pg_timestamp
 from applier.schema import upgrade_target
+
+#: The unsafe stamp that earlier versions fell back to: a statement before COMMIT.
+_STATEMENT_STAMP = (
+    b"SELECT pg_catalog.pg_replication_origin_xact_setup($1::pg_catalog.pg_lsn, "
+    b"$2::pg_catalog.timestamptz)"
+)
 
 
 def _progress(pair: Pair, origin: str) -> str | None:
     rows = pair.sub_exec(f"SELECT pg_replication_origin_progress('{origin}', false)::text")
-    return rows[0][0]
+    value = rows[0][0]
+    return None if value is None else str(value)
 
 
 @pytest.mark.parametrize("in_commit", [True, False], ids=["in_commit", "statement"])
 def test_session_lost_before_commit_leaves_origin_alone(pair: Pair, in_commit: bool) -> None:
     origin = f"stamp_{pair.sub_db}"  # origins are per cluster, shared by the tests
+    upgrade_target(pair.sub_dsn)
     pair.sub_exec(f"CREATE TABLE t (id int); SELECT pg_replication_origin_create('{origin}')")
     session = TargetSession(pair.sub_dsn, origin, "on")
+    _with_temp_objects(session)
     try:
-        assert session.stamp_in_commit  # the test role may create temporary objects
-        session.stamp_in_commit = in_commit
 
         def commit_one(end_lsn: Lsn, row: int) -> None:
             session.begin()
@@ -44,17 +54,30 @@ def test_session_lost_before_commit_leaves_origin_alone(pair: Pair, in_commit: b
         # The next transaction gets as far as its stamp; then the session is gone.
         session.begin()
         session.execute_sql(b"INSERT INTO public.t VALUES (2)", "insert")
-        session._stamp(Lsn(0x6000000), now_pg_timestamp())
+        if in_commit:
+            session._stamp(Lsn(0x6000000), now_pg_timestamp())
+        else:
+            stamp = stamp_params(Lsn(0x6000000), now_pg_timestamp())
+            session._send_ctl(_STATEMENT_STAMP, "stamp", stamp)
         _lose_session_after(session, pair)
     finally:
         session.close()
     assert pair.sub_exec("SELECT id FROM t") == [(1,)]
+    assert pair.sub_exec("SELECT count(*) FROM applier.commit_stamp") == [(0,)]
     progress = _progress(pair, origin)
     pair.sub_exec(f"SELECT pg_replication_origin_drop('{origin}')")
     if in_commit:
         assert progress == "0/5000000"
     else:  # the hazard the in-COMMIT stamp exists for
         assert progress == "0/6000000"
+
+
+def _with_temp_objects(session: TargetSession) -> None:
+    """Give the backend temporary objects: their clean-up at exit aborts the open
+    transaction while the session still holds the origin, which is when the abort
+    record advances it (without them the origin is released first). The statement
+    stamp's hazard shows then; the in-COMMIT stamp must hold either way."""
+    session.conn.execute("CREATE TEMPORARY TABLE applier_test_tmp (x int)")
 
 
 def _lose_session_after(session: TargetSession, pair: Pair) -> None:
@@ -80,10 +103,9 @@ def test_session_lost_before_prepare_leaves_origin_alone(pair: Pair, in_prepare:
     upgrade_target(pair.sub_dsn)
     pair.sub_exec(f"CREATE TABLE t (id int); SELECT pg_replication_origin_create('{origin}')")
     session = TargetSession(pair.sub_dsn, origin, "on")
+    _with_temp_objects(session)
     gid = f"g_{pair.sub_db}"
     try:
-        assert session.stamp_in_prepare  # the applier schema is there and writable
-        session.stamp_in_prepare = in_prepare
         session.begin()
         session.execute_sql(b"INSERT INTO public.t VALUES (1)", "insert")
         session.prepare(gid, Lsn(0x5000000), now_pg_timestamp())
@@ -95,9 +117,10 @@ def test_session_lost_before_prepare_leaves_origin_alone(pair: Pair, in_prepare:
         session.begin()
         session.execute_sql(b"INSERT INTO public.t VALUES (2)", "insert")
         if in_prepare:
-            session._send_ctl(_PREPARE_STAMP, "stamp", _stamp_params(Lsn(0x6000000), 0))
+            session._send_ctl(PREPARE_STAMP, "stamp", stamp_params(Lsn(0x6000000), 0))
         else:
-            session._origin_setup(Lsn(0x6000000), now_pg_timestamp())
+            stamp = stamp_params(Lsn(0x6000000), now_pg_timestamp())
+            session._send_ctl(_STATEMENT_STAMP, "stamp", stamp)
         _lose_session_after(session, pair)
     finally:
         session.close()
@@ -111,10 +134,13 @@ def test_session_lost_before_prepare_leaves_origin_alone(pair: Pair, in_prepare:
         assert progress == "0/6000000"
 
 
-def test_role_without_temporary_privilege_stamps_before_commit(pair: Pair) -> None:
-    """The README's grants are enough for a non-superuser; without TEMPORARY on the
-    target database the session falls back to the statement stamp and still applies."""
+def test_role_without_temporary_privilege_stamps_inside_commit(pair: Pair) -> None:
+    """A non-superuser without TEMPORARY on the target database: a role that may not
+    write the stamp tables is refused at start with the GRANT to run (never stamped
+    by a statement before COMMIT); granted, it stamps inside COMMIT, and a session
+    lost right before its COMMIT leaves the origin alone."""
     origin, role = f"stamp_{pair.sub_db}", f"nt_{pair.sub_db}"
+    upgrade_target(pair.sub_dsn)  # as the superuser: the role does not own the schema
     pair.sub_exec(
         f"CREATE TABLE t (id int); SELECT pg_replication_origin_create('{origin}');"
         f"CREATE ROLE {role} LOGIN; GRANT ALL ON t TO {role};"
@@ -126,13 +152,27 @@ def test_role_without_temporary_privilege_stamps_before_commit(pair: Pair) -> No
         f"GRANT SET ON PARAMETER session_replication_role TO {role};"
         f"REVOKE TEMPORARY ON DATABASE {pair.sub_db} FROM PUBLIC"
     )
+    dsn = pair.sub.dsn(pair.sub_db, user=role)
     try:
-        session = TargetSession(pair.sub.dsn(pair.sub_db, user=role), origin, "on")
+        with pytest.raises(PermanentError) as refused:
+            TargetSession(dsn, origin, "on")
+        text = f"{refused.value} {refused.value.hint}"
+        assert "applier.commit_stamp" in text and "GRANT USAGE ON SCHEMA applier" in text
+        assert f"TO {role}" in text or f'TO "{role}"' in text
+        pair.sub_exec(
+            f"GRANT USAGE ON SCHEMA applier TO {role};"
+            f"GRANT INSERT, DELETE ON applier.commit_stamp, applier.prepare_stamp TO {role}"
+        )
+        session = TargetSession(dsn, origin, "on")
         try:
-            assert not session.stamp_in_commit
             session.begin()
             session.execute_sql(b"INSERT INTO public.t VALUES (1)", "insert")
             session.commit(Lsn(0x7000000), now_pg_timestamp(), lambda local: None, wait=True)
+            assert _progress(pair, origin) == "0/7000000"
+            session.begin()
+            session.execute_sql(b"INSERT INTO public.t VALUES (2)", "insert")
+            session._stamp(Lsn(0x8000000), now_pg_timestamp())
+            _lose_session_after(session, pair)
         finally:
             session.close()
         assert pair.sub_exec("SELECT id FROM t") == [(1,)]
