@@ -9,6 +9,9 @@ COPY applier ./applier
 COPY migrations ./migrations
 RUN pip install --no-cache-dir ".[spark]"
 ENV PYSPARK_PYTHON=/usr/local/bin/python
+# The spool's private state directory (nobody has no home to default to).
+RUN mkdir -m 0700 /var/lib/applier && chown nobody /var/lib/applier
+ENV STATE_DIRECTORY=/var/lib/applier
 USER nobody
 ENTRYPOINT ["applier"]
 CMD ["--help"]
