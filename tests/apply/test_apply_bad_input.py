@@ -35,6 +35,7 @@ from applier.protocol import (
 )
 from applier.protocol.decoder import PgOutputDecoder
 from applier.protocol.encoder import encode
+from applier.schema import upgrade_target
 
 REL = Relation(None, 16500, "public", "t", "d", (Column(1, "id", 23, -1), Column(0, "v", 25, -1)))
 
@@ -45,6 +46,7 @@ class Kit:
         self.cfg = pair.config()
         self.catalog_conn = pair.sub_conn(autocommit=True)
         ensure_origin(self.catalog_conn, self.cfg.origin)
+        upgrade_target(pair.sub_dsn)  # the origin stamp's tables
         self.session = TargetSession(pair.sub_dsn, self.cfg.origin, "on")
         self.applier = Applier(
             self.cfg,

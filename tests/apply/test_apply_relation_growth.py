@@ -22,6 +22,7 @@ from applier.apply.session import TargetSession
 from applier.apply.spool import SpoolSet
 from applier.lsn import Lsn
 from applier.protocol import Begin, Column, Commit, Insert, PgOutputMessage, Relation, TupleData
+from applier.schema import upgrade_target
 
 #: Target tables the "partitions" (new relation OIDs) map to.
 TABLES = 20
@@ -37,6 +38,7 @@ def applier(pair: Pair, tmp_path: Path) -> Iterator[Applier]:
     cfg = pair.config()
     conn = pair.sub_conn(autocommit=True)
     ensure_origin(conn, cfg.origin)
+    upgrade_target(pair.sub_dsn)  # the origin stamp's tables
     session = TargetSession(pair.sub_dsn, cfg.origin, "on")
     a = Applier(cfg, session, Catalog(conn), SpoolSet(tmp_path, "g", 1 << 20), Lsn(0))
     try:
