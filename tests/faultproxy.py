@@ -3,8 +3,12 @@
 ``FaultProxy(port)`` listens on 127.0.0.1 (a free port, :attr:`FaultProxy.port`)
 and forwards every connection to 127.0.0.1:``port``, one thread per direction.
 
-* :meth:`FaultProxy.cut` resets every open connection (SO_LINGER 0: an RST to
-  both ends), as a firewall or a peer's crash-and-restart would.
+* :meth:`FaultProxy.cut` resets every open connection (SO_LINGER 0), as a
+  firewall or a peer's crash-and-restart would. A side whose pump thread is
+  blocked reading gets its RST only once it sends something: a backend waiting
+  for its client (ClientRead) stays connected to the proxy, as behind a
+  firewall that resets only the side that talks. The worker must end such an
+  abandoned backend itself, or it keeps the replication origin forever.
 * :meth:`FaultProxy.stall` freezes every open connection: the proxy keeps both
   sockets open and stops reading and forwarding, so neither end sees an error,
   a FIN or an RST: a half-open connection, or a middlebox that dropped its state.

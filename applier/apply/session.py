@@ -526,8 +526,10 @@ class TargetSession(Pipeline):
 
     def close(self) -> None:
         try:
-            if not self.conn.closed:
-                self.conn.close()
+            # Also when libpq already found it broken: closing is what records its
+            # backend as abandoned (targetconn), which may live on holding the origin
+            # when only our side of the socket was reset.
+            self.conn.close()
         except Exception:  # closing a broken connection must not mask the real error
             log.debug("closing the target session failed", exc_info=True)
         sel = getattr(self, "_sel", None)
