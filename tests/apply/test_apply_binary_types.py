@@ -4,31 +4,7 @@ from __future__ import annotations
 
 from applykit import Runner, origin_lsn, wait_equal
 from conftest import Pair
-
-#: User-defined types created in another order on the target (so their OIDs differ), and a
-#: composite whose member type differs (int4 -> int8: text converts, binary cannot).
-SOURCE = """
-CREATE TYPE e AS ENUM ('a', 'b');
-CREATE TYPE c AS (x e, y int4);
-CREATE DOMAIN d AS e;
-CREATE TYPE cb AS (x int4, y text);
-"""
-TARGET = """
-CREATE TYPE shift AS ENUM ('z');
-CREATE TYPE cb AS (x int8, y text);
-CREATE TYPE e AS ENUM ('a', 'b');
-CREATE TYPE c AS (x e, y int4);
-CREATE DOMAIN d AS e;
-"""
-TABLES = """
-CREATE TABLE arr (id int PRIMARY KEY, ea e[], dd d, da d[], en e);
-CREATE TABLE comp (id int PRIMARY KEY, cc c, cbb cb, cba cb[], ca c[]);
-"""
-ARR_ROWS = "INSERT INTO arr SELECT g, '{a,b}', 'b', '{a,b}', 'a' FROM generate_series(1, 50) g"
-COMP_ROWS = (
-    "INSERT INTO comp SELECT g, '(a,1)', ROW(g, 'x')::cb, ARRAY[ROW(g, 'y')::cb], "
-    "ARRAY['(b,2)']::c[] FROM generate_series(1, 50) g"
-)
+from usertypes import ARR_ROWS, COMP_ROWS, SOURCE, TABLES, TARGET
 
 
 def test_binary_arrays_of_enums_apply_and_composites_are_refused(pair: Pair) -> None:
