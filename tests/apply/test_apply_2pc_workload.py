@@ -48,7 +48,7 @@ def test_two_phase_mixed_workload_never_exits(pair: Pair) -> None:
     script = pair.workdir / "tx2pc.sql"
     script.write_text(SCRIPT)
     bench = subprocess.run(
-        [pair.pub.bin("pgbench"), "-n", "-c", "3", "-T", "20", "-f", str(script),
+        [pair.pub.bin("pgbench"), "-n", "-c", "3", "-T", "8", "-f", str(script),
          "-h", "127.0.0.1", "-p", str(pair.pub.port), "-U", "postgres", pair.pub_db],
         capture_output=True, timeout=90,
     )  # fmt: skip
