@@ -111,16 +111,28 @@ def upgrade_target(conninfo: str) -> None:
 
 def _connect(conninfo: str) -> Any:
     try:
-        return psycopg.connect(conninfo)
+        conn = psycopg.connect(conninfo)
     except psycopg.OperationalError as e:
         raise ConfigError(
             f"cannot connect to the target ({redact_dsn(conninfo)}): {str(e).strip()}",
             hint="check [target] dsn and that the server is up",
         ) from None
+    _pin(conn)
+    return conn
+
+
+def _pin(conn: psycopg.Connection[Any]) -> None:
+    """The apply session's pinned settings: a database's or role's timeouts or
+    serializable default must not fail (or bound) the migrations either."""
+    from .apply.targetconn import DEFAULT_TIMEOUT, pinned_settings
+
+    for name, value in pinned_settings(conn.info.server_version, DEFAULT_TIMEOUT):
+        conn.execute("SELECT pg_catalog.set_config(%s, %s, false)", (name, value))
+    conn.commit()
 
 
 def current_revision(conninfo: str) -> str | None:
-    with psycopg.connect(conninfo) as conn:
+    with _connect(conninfo) as conn:
         exists = conn.execute("SELECT to_regclass('applier.alembic_version')").fetchone()
         if not exists or exists[0] is None:
             return None

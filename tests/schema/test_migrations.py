@@ -61,3 +61,13 @@ def test_script_head_agrees_with_alembic_and_target_check(pair: Pair) -> None:
         assert not schema_at_head(conn)
         upgrade_target(pair.sub_dsn)
         assert schema_at_head(conn)
+
+
+def test_upgrade_ignores_the_target_databases_timeouts(pair: Pair) -> None:
+    """A role's or database's defaults must not make the migrations fail or wait forever."""
+    pair.sub_exec(
+        f"ALTER DATABASE {pair.sub_db} SET statement_timeout = '1ms';"
+        f"ALTER DATABASE {pair.sub_db} SET default_transaction_isolation = 'serializable'"
+    )
+    upgrade_target(pair.sub_dsn)
+    assert current_revision(pair.sub_dsn) == heads()[0]
