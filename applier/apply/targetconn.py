@@ -87,22 +87,32 @@ def client_keepalives(conninfo: str, timeout: float) -> str:
     return make_conninfo(conninfo, **extra) if extra else conninfo
 
 
+#: Timeouts that a role's or database's defaults must not impose on our sessions.
+TIMEOUT_SETTINGS: tuple[tuple[str, str], ...] = (
+    ("statement_timeout", "0"),
+    ("lock_timeout", "0"),
+    ("idle_in_transaction_session_timeout", "0"),
+)
+
+
+def no_timeouts(server_version: int) -> list[tuple[str, str]]:
+    """The timeouts off and read committed: for every target session, also the bootstrap's."""
+    out = [*TIMEOUT_SETTINGS, ("default_transaction_isolation", "read committed")]
+    if server_version >= 170000:
+        out.append(("transaction_timeout", "0"))
+    return out
+
+
 def pinned_settings(server_version: int, timeout: float) -> list[tuple[str, str]]:
     """The settings no role or database default may change (see "Pinned settings")."""
-    out = [
-        ("statement_timeout", "0"),
-        ("lock_timeout", "0"),
-        ("idle_in_transaction_session_timeout", "0"),
-        ("default_transaction_isolation", "read committed"),
+    return [
+        *no_timeouts(server_version),
         # The server's side of the socket (see "A stalled connection").
         ("tcp_keepalives_idle", KEEPALIVES["keepalives_idle"]),
         ("tcp_keepalives_interval", KEEPALIVES["keepalives_interval"]),
         ("tcp_keepalives_count", KEEPALIVES_COUNT),
         ("tcp_user_timeout", str(int(timeout * 1000))),
     ]
-    if server_version >= 170000:
-        out.append(("transaction_timeout", "0"))
-    return out
 
 
 def backend_busy(conninfo: str, pid: int, terminate: bool) -> str | None:

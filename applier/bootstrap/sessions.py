@@ -41,6 +41,7 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from ..apply.targetconn import TIMEOUT_SETTINGS, no_timeouts
 from ..errors import BootstrapError
 
 #: Output formats of a text COPY (and of everything else), as the stream's.
@@ -52,20 +53,9 @@ FORMAT_SETTINGS: tuple[tuple[str, str], ...] = (
     ("timezone", "UTC"),
 )
 
-#: Timeouts that a database's or role's defaults must not impose on a copy.
-TIMEOUT_SETTINGS: tuple[tuple[str, str], ...] = (
-    ("statement_timeout", "0"),
-    ("lock_timeout", "0"),
-    ("idle_in_transaction_session_timeout", "0"),
-)
-
 
 def target_settings(server_version: int) -> list[tuple[str, str]]:
-    pins = [*FORMAT_SETTINGS, *TIMEOUT_SETTINGS]
-    if server_version >= 170000:
-        pins.append(("transaction_timeout", "0"))
-    pins.append(("default_transaction_isolation", "read committed"))
-    return pins
+    return [*FORMAT_SETTINGS, *no_timeouts(server_version)]
 
 
 def pin_target(conn: psycopg.Connection[Any]) -> None:
