@@ -108,7 +108,7 @@ def _qualified(rm: RelMap) -> sql.Composable:
 
 
 def _changed(rm: RelMap) -> sql.Composable:
-    """The relation an UPDATE/DELETE names: ``ONLY`` unless partitioned, so an
+    """The relation an UPDATE/DELETE/TRUNCATE names: ``ONLY`` unless partitioned, so an
     inheritance parent never reaches its children's rows (same key, same ctid)."""
     if rm.target is not None and rm.target.partitioned:
         return _qualified(rm)
@@ -232,13 +232,7 @@ class Planner:
     @staticmethod
     def truncate(rms: Sequence[RelMap], restart_identity: bool) -> bytes:
         """TRUNCATE of the message's included relations, never CASCADE (see module doc)."""
-        parts: list[sql.Composable] = []
-        for rm in rms:
-            only = (
-                sql.SQL("") if rm.target is not None and rm.target.partitioned else sql.SQL("ONLY ")
-            )
-            parts.append(sql.Composed([only, _qualified(rm)]))
-        q = sql.SQL("TRUNCATE {}").format(sql.SQL(", ").join(parts))
+        q = sql.SQL("TRUNCATE {}").format(sql.SQL(", ").join(_changed(rm) for rm in rms))
         if restart_identity:
             q = sql.Composed([q, sql.SQL(" RESTART IDENTITY")])
         return sql.Composed([q, sql.SQL(" RESTRICT")]).as_bytes(None)
