@@ -219,6 +219,7 @@ def set_phase(tgt: Conn, slot: str, phase: str) -> None:
 
 def resolve_targets(tgt: Conn, plan: SourcePlan, slice_size: int, workers: int = 1) -> None:
     """Pick each heap's target table (same name, else its root), columns, format, slices."""
+    catalog = Catalog(tgt)  # one cache of the target's types for every table
     for t in plan.tables:
         t.dst = (t.schema, t.name)
         if ddl.missing_tables(tgt, [t.dst]):
@@ -233,7 +234,7 @@ def resolve_targets(tgt: Conn, plan: SourcePlan, slice_size: int, workers: int =
                 hint="add the columns on the target (same types as on the source) and rerun",
             )
         same_types = all(dst_cols[c.name] == c.type_name for c in t.columns)
-        t.binary = same_types and not Catalog(tgt).binary_doubts(*t.dst)  # composites: text
+        t.binary = same_types and not catalog.binary_doubts(*t.dst)  # composites: text
         t.slices = cut_slices(t.blocks, t.heap_bytes, slice_size, workers)
 
 
