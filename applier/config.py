@@ -13,6 +13,7 @@ DSNs may carry passwords (or take them from ``password_file``, PGPASSWORD,
 from __future__ import annotations
 
 import fnmatch
+import functools
 import re
 import tomllib
 from pathlib import Path
@@ -255,6 +256,7 @@ _SECRET_KEYS = frozenset(
 )
 
 
+@functools.cache
 def secret_keys() -> frozenset[str]:
     """Every libpq keyword whose value must never be shown."""
     from psycopg import pq
