@@ -124,10 +124,9 @@ def _connect(conninfo: str) -> Any:
 def _pin(conn: psycopg.Connection[Any]) -> None:
     """The apply session's pinned settings: a database's or role's timeouts or
     serializable default must not fail (or bound) the migrations either."""
-    from .apply.targetconn import DEFAULT_TIMEOUT, pinned_settings
+    from .apply.targetconn import DEFAULT_TIMEOUT, pin, pinned_settings
 
-    for name, value in pinned_settings(conn.info.server_version, DEFAULT_TIMEOUT):
-        conn.execute("SELECT pg_catalog.set_config(%s, %s, false)", (name, value))
+    pin(conn, pinned_settings(conn.info.server_version, DEFAULT_TIMEOUT))
     conn.commit()
 
 

@@ -92,7 +92,7 @@ from .pipeline import (
 )
 from .planner import Formats, Params, Stmt, insert_rows, max_rows
 from .stamp import PREPARE_STAMP, STAMP, check_stamp, literal, stamp_params
-from .targetconn import DEFAULT_TIMEOUT, connect
+from .targetconn import DEFAULT_TIMEOUT, close_quietly, connect
 
 __all__ = ["TargetSession", "connect", "is_transient_sqlstate", "session_settings"]
 
@@ -525,13 +525,9 @@ class TargetSession(Pipeline):
         return row[0] if row else None
 
     def close(self) -> None:
-        try:
-            # Also when libpq already found it broken: closing is what records its
-            # backend as abandoned (targetconn), which may live on holding the origin
-            # when only our side of the socket was reset.
-            self.conn.close()
-        except Exception:  # closing a broken connection must not mask the real error
-            log.debug("closing the target session failed", exc_info=True)
+        # Also when libpq already found it broken: its backend may live on holding the
+        # origin when only our side of the socket was reset.
+        close_quietly(self.conn, "apply")
         sel = getattr(self, "_sel", None)
         if sel is not None:
             sel.close()

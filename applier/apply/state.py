@@ -28,6 +28,8 @@ import psycopg
 from applier.errors import ApplierError, ErrorRecord
 from applier.lsn import Lsn, pg_timestamp
 
+from .targetconn import close_quietly
+
 log = logging.getLogger("applier.apply")
 
 
@@ -75,10 +77,7 @@ class WorkerState:
     def close(self) -> None:
         conn, self.conn = self.conn, None
         if conn is not None:
-            try:
-                conn.close()
-            except Exception:  # closing a broken connection must not mask anything
-                log.debug("closing the status connection failed", exc_info=True)
+            close_quietly(conn, "status")
 
     def started(self) -> None:
         self._exec(

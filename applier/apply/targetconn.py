@@ -115,6 +115,34 @@ def pinned_settings(server_version: int, timeout: float) -> list[tuple[str, str]
     ]
 
 
+def pin(conn: psycopg.Connection[Any], settings: list[tuple[str, str]]) -> None:
+    """Set ``settings`` for the session (outside a transaction, or committed by the
+    caller: a rolled-back set_config is undone).
+
+    ``statement_timeout`` goes first, alone: a statement runs under the timeout in
+    force when it starts, and a database's 1 ms default cancelled the whole list.
+    """
+    first = [(n, v) for n, v in settings if n == "statement_timeout"]
+    if first:
+        conn.execute("SELECT pg_catalog.set_config('statement_timeout', %s, false)", (first[0][1],))
+        settings = [(n, v) for n, v in settings if n != "statement_timeout"]
+    conn.execute(
+        "SELECT count(pg_catalog.set_config(n, v, false)) "
+        "FROM ROWS FROM (pg_catalog.unnest(%s::pg_catalog.text[]), "
+        "pg_catalog.unnest(%s::pg_catalog.text[])) AS s(n, v)",
+        ([n for n, _ in settings], [v for _, v in settings]),
+    )
+
+
+def close_quietly(conn: psycopg.Connection[Any], what: str) -> None:
+    """Close ``conn`` even when it is broken (that records its backend as abandoned,
+    see :func:`connect`); a failure to close must not mask the error in hand."""
+    try:
+        conn.close()
+    except Exception:
+        log.debug("closing the target %s connection failed", what, exc_info=True)
+
+
 def backend_busy(conninfo: str, pid: int, terminate: bool) -> str | None:
     """What backend ``pid`` is doing, asked on a fresh connection.
 
@@ -327,13 +355,10 @@ def connect(
         ) from None
     settings = pinned_settings(conn.info.server_version, timeout)
     try:
+        pin(conn, settings)
         row = conn.execute(
-            "SELECT (SELECT backend_start FROM pg_catalog.pg_stat_activity "
-            "WHERE pid = pg_catalog.pg_backend_pid()), "
-            "(SELECT count(pg_catalog.set_config(n, v, false)) "
-            "FROM ROWS FROM (pg_catalog.unnest(%s::pg_catalog.text[]), "
-            "pg_catalog.unnest(%s::pg_catalog.text[])) AS s(n, v))",
-            ([n for n, _ in settings], [v for _, v in settings]),
+            "SELECT backend_start FROM pg_catalog.pg_stat_activity "
+            "WHERE pid = pg_catalog.pg_backend_pid()"
         ).fetchone()
         _end_abandoned(conn)
     except psycopg.OperationalError as e:

@@ -112,7 +112,7 @@ from .preflight import check_before_streaming
 from .session import TargetSession, connect, is_transient_sqlstate
 from .spool import SpoolSet, check_spool_dir, default_spool_dir
 from .state import WorkerState
-from .targetconn import client_keepalives
+from .targetconn import client_keepalives, close_quietly
 
 log = logging.getLogger("applier.apply")
 
@@ -414,7 +414,7 @@ class Worker:
             if session is not None:
                 session.close()
             spools.close()
-            status_conn_close(catalog_conn)
+            close_quietly(catalog_conn, "catalog")
 
     def _loop(self, stream: Any, applier: Applier, catalog_conn: psycopg.Connection[Any]) -> None:
         with collect_garbage_on_schedule() as collect:
@@ -524,13 +524,6 @@ class Worker:
             if not final:
                 raise
             log.debug("last status update failed: %s", e)
-
-
-def status_conn_close(conn: psycopg.Connection[Any]) -> None:
-    try:
-        conn.close()
-    except Exception:  # closing a broken connection must not mask the real error
-        log.debug("closing a target connection failed", exc_info=True)
 
 
 def run_worker(cfg: Config) -> int:

@@ -41,7 +41,7 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from ..apply.targetconn import TIMEOUT_SETTINGS, no_timeouts
+from ..apply.targetconn import TIMEOUT_SETTINGS, no_timeouts, pin
 from ..errors import BootstrapError
 
 #: Output formats of a text COPY (and of everything else), as the stream's.
@@ -60,9 +60,7 @@ def target_settings(server_version: int) -> list[tuple[str, str]]:
 
 def pin_target(conn: psycopg.Connection[Any]) -> None:
     """Pin a target session's formats, timeouts and isolation (one round trip)."""
-    pins = target_settings(conn.info.server_version)
-    calls = ", ".join("set_config(%s, %s, false)" for _ in pins)
-    conn.execute(f"SELECT {calls}", [x for pin in pins for x in pin])
+    pin(conn, target_settings(conn.info.server_version))
 
 
 def pinned_source_conninfo(conninfo: str) -> str:
