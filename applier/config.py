@@ -21,7 +21,15 @@ from typing import Any, Literal
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    RootModel,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from .errors import ConfigError
 
@@ -81,6 +89,10 @@ class Endpoint(_Section):
 class SourceConfig(Endpoint):
     publications: list[str] = Field(min_length=1)
     slot: str = "applier"
+    #: ``none``: do not apply transactions that carry a replication origin (they
+    #: were applied here by some replication): loop prevention for two-way setups,
+    #: as PostgreSQL 16's subscription option ``origin``.
+    origin: Literal["any", "none"] = "any"
 
     @field_validator("slot")
     @classmethod
@@ -102,10 +114,7 @@ class TablesConfig(_Section):
     @classmethod
     def _patterns(cls, v: list[str]) -> list[str]:
         for p in v:
-            if p.count(".") != 1 or not all(p.split(".")):
-                raise ValueError(
-                    f"pattern {p!r}: expected schema.table, '*' allowed (e.g. 'sales.*')"
-                )
+            _check_table_pattern(p)
         return v
 
     def includes(self, schema: str, table: str) -> bool:
@@ -114,6 +123,75 @@ class TablesConfig(_Section):
         return any(fnmatch.fnmatchcase(name, p) for p in self.include) and not any(
             fnmatch.fnmatchcase(name, p) for p in self.exclude
         )
+
+
+#: The conflict types (PostgreSQL 18's names) and the policies each may take.
+CONFLICT_POLICIES: dict[str, tuple[str, ...]] = {
+    "insert_exists": ("error", "skip", "keep_local", "apply_remote", "last_update_wins"),
+    "update_exists": ("error", "skip", "keep_local"),
+    "multiple_unique_conflicts": ("error", "skip", "keep_local"),
+    "update_missing": ("error", "skip", "apply_remote"),
+    "delete_missing": ("error", "skip"),
+    "update_origin_differs": ("apply_remote", "error", "skip", "keep_local", "last_update_wins"),
+    "delete_origin_differs": ("apply_remote", "error", "skip", "keep_local", "last_update_wins"),
+}
+#: What applies where the config names nothing (PostgreSQL 18's subscriber behaves so;
+#: the origin_differs types are only checked where the config names them).
+DEFAULT_POLICIES: dict[str, str] = {
+    "insert_exists": "error",
+    "update_exists": "error",
+    "multiple_unique_conflicts": "error",
+    "update_missing": "skip",
+    "delete_missing": "skip",
+    "update_origin_differs": "apply_remote",
+    "delete_origin_differs": "apply_remote",
+}
+
+
+def _check_table_pattern(p: str) -> str:
+    if p.count(".") != 1 or not all(p.split(".")):
+        raise ValueError(f"pattern {p!r}: expected schema.table, '*' allowed (e.g. 'sales.*')")
+    return p
+
+
+class ConflictsConfig(RootModel[dict[str, dict[str, str]]]):
+    """``[conflicts]``: ``default`` and table patterns, each a table of type = policy."""
+
+    root: dict[str, dict[str, str]] = Field(default_factory=dict)
+
+    @field_validator("root")
+    @classmethod
+    def _valid(cls, v: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
+        for key, policies in v.items():
+            if key != "default":
+                try:
+                    _check_table_pattern(key)
+                except ValueError as e:
+                    raise ValueError(f"{key!r}: {e} (or 'default')") from None
+            for kind, policy in policies.items():
+                allowed = CONFLICT_POLICIES.get(kind)
+                if allowed is None:
+                    raise ValueError(
+                        f"{key}.{kind}: unknown conflict type; expected one of "
+                        + ", ".join(CONFLICT_POLICIES)
+                    )
+                if policy not in allowed:
+                    raise ValueError(
+                        f"{key}.{kind} = {policy!r}: expected one of " + ", ".join(allowed)
+                    )
+        return v
+
+    @property
+    def default(self) -> dict[str, str]:
+        return {**DEFAULT_POLICIES, **self.root.get("default", {})}
+
+    @property
+    def patterns(self) -> dict[str, dict[str, str]]:
+        return {k: p for k, p in self.root.items() if k != "default"}
+
+    def named(self, kind: str) -> bool:
+        """Whether the config names conflict type ``kind`` anywhere."""
+        return any(kind in p for p in self.root.values())
 
 
 class ApplyConfig(_Section):
@@ -190,6 +268,7 @@ class Config(_Section):
     target: TargetConfig
     tables: TablesConfig = Field(default_factory=TablesConfig)
     apply: ApplyConfig = Field(default_factory=ApplyConfig)
+    conflicts: ConflictsConfig = Field(default_factory=ConflictsConfig)
     bootstrap: BootstrapConfig = Field(default_factory=BootstrapConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     path: Path | None = Field(default=None, exclude=True)
