@@ -153,12 +153,15 @@ from applier.protocol import (
     decode_streamed,
 )
 
+from .conflicts import Conflict, ConflictPlanner
 from .mapping import Catalog, RelMap
 from .merge import MAX_HELD, UpdateMerger
 from .origin import FLUSHED, FlushTracker
 from .planner import Planner, key_of
 from .relations import RelationCache
+from .resolve import Resolution, op_of
 from .session import TargetSession
+from .skiprules import SkipRules
 from .spool import Spool, SpoolSet
 from .states import State, Txn
 from .twophase import TwoPhase
@@ -174,30 +177,31 @@ _ANY = frozenset(State)
 
 
 class ChangeCtx:
-    """What identifies one applied change in errors and conflict logs."""
+    """What identifies one applied change in errors, conflict and skip records."""
 
-    __slots__ = ("change", "lsn", "rm", "xid")
+    __slots__ = ("change", "check", "lsn", "no", "rm", "txn", "xid")
 
-    def __init__(self, lsn: Lsn, xid: int | None, rm: RelMap, change: Any) -> None:
+    def __init__(self, lsn: Lsn, txn: Txn, rm: RelMap, change: Any) -> None:
         self.lsn = lsn
-        self.xid = xid
+        self.txn = txn
+        self.xid = txn.xid
+        self.no = txn.n
         self.rm = rm
         self.change = change
+        #: For a statement of applier.apply.conflicts: reads its result.
+        self.check: Any = None
 
     def describe(self) -> dict[str, Any]:
         return {
             "lsn": str(Lsn(self.lsn)),
             "xid": self.xid,
             "table": self.rm.qualname,
+            "op": op_of(self.change),
             "key": key_of(self.rm, self.change),
         }
 
 
-#: A conflict policy for an UPDATE/DELETE that found no row on the target.
-MissingRowPolicy = Callable[[ChangeCtx], None]
-
-
-class Applier(TwoPhase):
+class Applier(Resolution, TwoPhase):
     """The message state machine: one handler per message kind, states in one place."""
 
     def __init__(
@@ -209,6 +213,9 @@ class Applier(TwoPhase):
         progress: Lsn,
         group_limit: int = 1,
         no_group_until: Lsn = FLUSHED,
+        rules: SkipRules | None = None,
+        careful_until: Lsn = FLUSHED,
+        our_origin_id: int | None = None,
     ) -> None:
         self.cfg = cfg
         self.session = session
@@ -243,9 +250,17 @@ class Applier(TwoPhase):
         #: transaction, which commits with the last one's (end_lsn, commit_ts).
         self.group_txns = 0
         self.group_end: tuple[Lsn, int] = (Lsn(0), 0)
-        #: Per-table policy for rows that UPDATE/DELETE did not find (default: warn, count).
-        self.missing_row_policies: dict[str, MissingRowPolicy] = {}
         session.on_missing = self._missing_row
+        self.catalog_conn = catalog.conn
+        self.rules = rules if rules is not None else SkipRules(cfg.origin)
+        self.policies = self.rels.policies
+        self.our_origin_id = our_origin_id
+        self.conflicts: list[Conflict] = []
+        self.cplanner = ConflictPlanner(self.planner, our_origin_id or 0)
+        #: Transactions up to this source position are replayed carefully (see
+        #: applier.apply.resolve, "Careful replay"): a savepoint per change.
+        self.careful_until = careful_until
+        self.careful = False
         H = Callable[[Lsn, Any], None]
         self.handlers: dict[type, tuple[frozenset[State], H]] = {
             Begin: (frozenset({IDLE}), self.on_begin),
@@ -285,15 +300,23 @@ class Applier(TwoPhase):
 
     # -- transactions ------------------------------------------------------------------
 
-    def _start_txn(self, xid: int, commit_lsn: Lsn, skip: bool, gid: str | None = None) -> None:
-        self.txn = Txn(xid, commit_lsn, skip, gid)
+    def _start_txn(
+        self, xid: int, commit_lsn: Lsn, skip: bool, gid: str | None = None, ts: int = 0
+    ) -> None:
+        txn = self.txn = Txn(xid, commit_lsn, skip, gid, ts)
         # One by one after a failure (commit_lsn < no_group_until <=> end_lsn <=
         # no_group_until): unmerged, so an error names its own change.
         batched = commit_lsn >= self.no_group_until
         self.merging = batched and self.merge_updates
         self.session.multi_row = batched
+        self.careful = commit_lsn < self.careful_until
+        rules = self.rules
+        if rules.has_txn and not skip:
+            txn.rule = rules.txn_rule(xid, commit_lsn)
+        if rules.dump_all:
+            txn.seen = []
         # The LSN is formatted only if an error needs it (this runs per transaction).
-        self.session.txn_context = {"lsn": commit_lsn, "xid": xid}
+        self.session.txn_context = {"lsn": commit_lsn, "xid": xid, "finish_lsn": commit_lsn}
 
     def on_begin(self, lsn: Lsn, m: Begin) -> None:
         self.state = TXN
@@ -303,7 +326,7 @@ class Applier(TwoPhase):
                 "skipping a transaction applied before",
                 extra={"ctx": {"xid": m.xid, "commit_lsn": m.final_lsn, "progress": self.progress}},
             )
-        self._start_txn(m.xid, m.final_lsn, skip)
+        self._start_txn(m.xid, m.final_lsn, skip, None, m.commit_ts)
 
     def on_commit(self, lsn: Lsn, m: Commit) -> None:
         assert self.txn is not None
@@ -320,6 +343,13 @@ class Applier(TwoPhase):
             self.skipped_txns += 1
             self.flush.store(end_lsn, FLUSHED)
             return
+        if txn.rule is not None:
+            self.skipped_txns += 1
+        self.txn = txn
+        try:
+            self._finish_records(end_lsn)
+        finally:
+            self.txn = None
         if self.session.in_txn:
             # An empty transaction inside an open group joins it (its position must
             # not be confirmed before the group's commit).
@@ -348,6 +378,7 @@ class Applier(TwoPhase):
     def _commit(self, end_lsn: Lsn, ts: int, txns: int) -> None:
         """Send the commit; the bookkeeping of success runs when its result comes."""
         self._send_held()
+        self._flush_conflicts()
         entry = self.flush.store_pending(end_lsn)
 
         def done(local: Lsn) -> None:
@@ -406,7 +437,9 @@ class Applier(TwoPhase):
         assert self.spool is not None
         self.spools.add(self.spool, m.data, m.xid)
 
-    def _target(self, lsn: Lsn, oid: int) -> RelMap | None:
+    def _target(self, lsn: Lsn, oid: int, m: Any, op: str) -> ChangeCtx | None:
+        """The change's context, or None when it is not to be applied (already applied,
+        excluded table, skipped by a rule: then kept as the rule says)."""
         txn = self.txn
         assert txn is not None
         if txn.skip:
@@ -415,9 +448,23 @@ class Applier(TwoPhase):
         if not rm.included:
             self.skipped_changes += 1
             return None
+        txn.n += 1
+        ctx = ChangeCtx(lsn, txn, rm, m)
+        if txn.rule is not None:
+            self.skipped_changes += 1
+            self._keep(ctx, txn.rule)
+            return None
+        if self.rules.has_object:
+            skips = self.rules.for_table(rm.qualname)
+            if skips is not None and op in skips.by_op:
+                self.skipped_changes += 1
+                self._keep(ctx, skips.by_op[op])
+                return None
+        if txn.seen is not None:
+            txn.seen.append(ctx)
         if not self.session.in_txn:
             self.session.begin()
-        return rm
+        return ctx
 
     def _width_error(self, lsn: Lsn, rm: RelMap, got: int) -> ProtocolError:
         want = len(rm.relation.columns)
@@ -432,51 +479,102 @@ class Applier(TwoPhase):
         )
 
     def on_insert(self, lsn: Lsn, m: Insert) -> None:
-        rm = self._target(lsn, m.relation_oid)
-        if rm is not None:
-            if len(m.new.kinds) != len(rm.columns):
-                raise self._width_error(lsn, rm, len(m.new.kinds))
-            if self.merger.tables:
-                self._before_change(rm)
-            stmt, params, fmts = self.planner.insert(rm, m)
-            self.session.insert(stmt, params, fmts, ChangeCtx(lsn, self._xid(), rm, m))
+        ctx = self._target(lsn, m.relation_oid, m, "insert")
+        if ctx is None:
+            return
+        rm = ctx.rm
+        if len(m.new.kinds) != len(rm.columns):
+            raise self._width_error(lsn, rm, len(m.new.kinds))
+        if self.merger.tables:
+            self._before_change(rm)
+        session = self.session
+        if rm.policy is not None and rm.policy.checked_insert:
+            assert self.txn is not None
+            stmt, params, fmts = self._planned(ctx, self.cplanner.insert, self.txn.commit_ts)
+            ctx.check = self._insert_checked
+            self._send(ctx, lambda: session.execute(stmt, params, fmts, ctx, checked=True))
+            return
+        stmt, params, fmts = self.planner.insert(rm, m)
+        if self.careful:
+            self._careful(ctx, lambda: session.execute(stmt, params, fmts, ctx))
+        else:
+            session.insert(stmt, params, fmts, ctx)
 
     def on_update(self, lsn: Lsn, m: Update) -> None:
-        rm = self._target(lsn, m.relation_oid)
-        if rm is None:
+        ctx = self._target(lsn, m.relation_oid, m, "update")
+        if ctx is None:
             return
+        rm = ctx.rm
         width = len(rm.columns)
         if len(m.new.kinds) != width or (m.old is not None and len(m.old.kinds) != width):
             bad = m.new if len(m.new.kinds) != width else m.old
             raise self._width_error(lsn, rm, len(bad.kinds) if bad is not None else 0)
+        if rm.policy is not None and self._policy_change(ctx):
+            return
         if rm.merge and self.merging:
-            held = self.merger.add(rm, m, ChangeCtx(lsn, self._xid(), rm, m))
+            held = self.merger.add(rm, m, ctx)
             if held:
                 if held >= MAX_HELD:
                     self._send_held(rm.relation.oid)
                 return
-        self._keyed_change(lsn, m, self.planner.update, rm)
+        self._keyed_change(ctx, self.planner.update)
 
     def on_delete(self, lsn: Lsn, m: Delete) -> None:
-        rm = self._target(lsn, m.relation_oid)
-        if rm is not None and len(m.old.kinds) != len(rm.columns):
-            raise self._width_error(lsn, rm, len(m.old.kinds))
-        self._keyed_change(lsn, m, self.planner.delete, rm)
+        ctx = self._target(lsn, m.relation_oid, m, "delete")
+        if ctx is None:
+            return
+        if len(m.old.kinds) != len(ctx.rm.columns):
+            raise self._width_error(lsn, ctx.rm, len(m.old.kinds))
+        if ctx.rm.policy is not None and self._policy_change(ctx):
+            return
+        self._keyed_change(ctx, self.planner.delete)
 
-    def _keyed_change(
-        self, lsn: Lsn, m: Any, plan: Callable[[RelMap, Any], Any], rm: RelMap | None
-    ) -> None:
-        """UPDATE/DELETE: planning can refuse (REPLICA IDENTITY NOTHING), with context."""
-        if rm is not None:
-            if self.merger.tables:
-                self._before_change(rm)
-            ctx = ChangeCtx(lsn, self._xid(), rm, m)
-            try:
-                stmt, params, fmts = plan(rm, m)
-            except ApplyError as e:
-                e.context.update(ctx.describe())
-                raise
+    def _planned(self, ctx: ChangeCtx, plan: Callable[..., Any], *args: Any) -> Any:
+        """Plan a change; a refusal (REPLICA IDENTITY NOTHING) gets its context."""
+        try:
+            return plan(ctx.rm, ctx.change, *args)
+        except ApplyError as e:
+            e.context.update(ctx.describe())
+            raise
+
+    def _keyed_change(self, ctx: ChangeCtx, plan: Callable[[RelMap, Any], Any]) -> None:
+        """UPDATE/DELETE with the plain statement."""
+        if self.merger.tables:
+            self._before_change(ctx.rm)
+        stmt, params, fmts = self._planned(ctx, plan)
+        if self.careful:
+            session = self.session
+            self._careful(ctx, lambda: session.execute(stmt, params, fmts, ctx))
+        else:
             self.session.execute(stmt, params, fmts, ctx)
+
+    def _policy_change(self, ctx: ChangeCtx) -> bool:
+        """An UPDATE/DELETE under a policy that needs its own statement (see
+        applier.apply.conflicts); False when the plain statement will do."""
+        rm, m = ctx.rm, ctx.change
+        txn = self.txn
+        assert txn is not None
+        planned: Any = None
+        if rm.policy.check_origin:
+            planned = self._planned(ctx, self.cplanner.origin_checked, txn.commit_ts)
+            ctx.check = self._origin_checked
+        elif isinstance(m, Update) and rm.policy.checked_update:
+            planned = self._planned(ctx, self.cplanner.update)
+            ctx.check = self._upsert_checked
+        if planned is None:
+            return False
+        if self.merger.tables:
+            self._before_change(rm)
+        stmt, params, fmts = planned
+        session = self.session
+        self._send(ctx, lambda: session.execute(stmt, params, fmts, ctx, checked=True))
+        return True
+
+    def _send(self, ctx: ChangeCtx, send: Callable[[], None]) -> None:
+        if self.careful:
+            self._careful(ctx, send)
+        else:
+            send()
 
     def on_truncate(self, lsn: Lsn, m: Truncate) -> None:
         txn = self.txn
@@ -488,12 +586,22 @@ class Applier(TwoPhase):
         self.skipped_changes += len(rms) - len(included)
         if not included:
             return
+        ctxs = [self._truncated(lsn, rm, m) for rm in included]
+        included = [c.rm for c in ctxs if c is not None]
+        if not included:
+            return
         self._check_truncate(lsn, included)
         if not self.session.in_txn:
             self.session.begin()
         self._send_held()
         query = self.planner.truncate(included, m.restart_identity)
-        self.session.execute_sql(query, ChangeCtx(lsn, txn.xid, included[0], m))
+        ctx = ChangeCtx(lsn, txn, included[0], m)
+        session = self.session
+        self._send(ctx, lambda: session.execute_sql(query, ctx))
+
+    def _truncated(self, lsn: Lsn, rm: RelMap, m: Truncate) -> ChangeCtx | None:
+        """One relation of a TRUNCATE, as a change that rules may skip."""
+        return self._target(lsn, rm.relation.oid, m, "truncate")
 
     def _check_truncate(self, lsn: Lsn, rms: list[RelMap]) -> None:
         """Never cascade on the target (worker.c: RESTRICT): refuse, naming the tables,
@@ -545,16 +653,6 @@ class Applier(TwoPhase):
     def _xid(self) -> int | None:
         return self.txn.xid if self.txn is not None else None
 
-    def _missing_row(self, ctx: ChangeCtx) -> None:
-        self.missing_rows += 1
-        policy = self.missing_row_policies.get(ctx.rm.qualname, self._log_missing_row)
-        policy(ctx)
-
-    @staticmethod
-    def _log_missing_row(ctx: ChangeCtx) -> None:
-        op = "UPDATE" if isinstance(ctx.change, Update) else "DELETE"
-        log.warning("%s found no row on the target; skipped", op, extra={"ctx": ctx.describe()})
-
     # -- streamed transactions -------------------------------------------------------
 
     def on_stream_start(self, lsn: Lsn, m: StreamStart) -> None:
@@ -575,11 +673,11 @@ class Applier(TwoPhase):
         self.state = IDLE
         self.spool = None
 
-    def _replay(self, xid: int, commit_lsn: Lsn, gid: str | None = None) -> None:
+    def _replay(self, xid: int, commit_lsn: Lsn, gid: str | None = None, ts: int = 0) -> None:
         """Apply a spooled transaction through the change handlers (state TXN)."""
         spool = self.spools.get(xid)
         self.state = TXN
-        self._start_txn(xid, commit_lsn, False, gid)
+        self._start_txn(xid, commit_lsn, False, gid, ts)
         if spool is not None:
             for data in spool:
                 self.dispatch(commit_lsn, decode_streamed(data))
@@ -604,7 +702,7 @@ class Applier(TwoPhase):
             self.flush.store(m.end_lsn, FLUSHED)
             return
         try:
-            self._replay(m.xid, m.commit_lsn)
+            self._replay(m.xid, m.commit_lsn, None, m.commit_ts)
             self.state = IDLE
             self._end_txn(m.end_lsn, m.commit_ts)
         finally:
@@ -621,6 +719,7 @@ class Applier(TwoPhase):
         self.txn = None
         self.state = IDLE
         self.group_txns = 0
+        self.conflicts = []
         self.merger.discard()
         self.session.rollback()
         self.session.settle()

@@ -96,6 +96,9 @@ class RelMap:
     key: tuple[int, ...]
     #: UPDATEs that keep the key may be merged per key (see :mod:`applier.apply.merge`).
     merge: bool = False
+    #: The table's conflict policies, None when they are the built-in ones
+    #: (:mod:`applier.apply.policies`).
+    policy: Any = None
 
     @property
     def qualname(self) -> str:

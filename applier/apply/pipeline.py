@@ -46,8 +46,11 @@ from applier.lsn import Lsn
 from .planner import Params
 from .targetconn import Watchdog
 
-# Queue item kinds.
-_CTL, _ROW, _MOD, _LSN, _SYNC, _MANY = range(6)
+# Queue item kinds. _CHECK: a statement that reports a conflict in its result rows
+# (applier.apply.conflicts); its context's ``check(ctx, result)`` reads them.
+_CTL, _ROW, _MOD, _LSN, _SYNC, _MANY, _CHECK = range(7)
+#: Kinds whose results may report a conflict (counted in Pipeline._checks).
+_CHECKS = frozenset({_MOD, _MANY, _CHECK})
 
 #: Send this many statements between non-blocking result reads.
 PUMP_EVERY = 256
@@ -100,6 +103,8 @@ class Pipeline:
         self._prepared: set[bytes] = set()
         #: Called with the context of an UPDATE/DELETE that found no row.
         self.on_missing: Callable[[Any], None] = lambda ctx: None
+        #: Results not read yet that may report a conflict (see read_checks).
+        self._checks = 0
 
     def _error(self, e: psycopg.Error, where: str) -> ApplierError:
         state = e.sqlstate
@@ -193,6 +198,8 @@ class Pipeline:
             if res is None:
                 if kind != _SYNC:
                     q.popleft()
+                    if kind in _CHECKS:
+                        self._checks -= 1
                 continue
             status = res.status
             if status == ExecStatus.PIPELINE_SYNC:
@@ -222,10 +229,32 @@ class Pipeline:
                     for n, row in enumerate(rows, 1):
                         if n not in found:
                             self.on_missing(row)
+            elif kind == _CHECK:
+                ctx.check(ctx, res)
             elif kind == _LSN and status == ExecStatus.TUPLES_OK:
                 value = res.get_value(0, 0)
                 if value:
                     self._local_lsn = Lsn.parse(value.decode())
+
+    def read_checks(self) -> None:
+        """Read every result that may report a conflict (before a commit is sent), so
+        the conflicts of a transaction are known, and recorded, inside it."""
+        if not self._checks or not self._pipeline:
+            return
+        pg = self.pg
+        try:
+            pg.send_flush_request()  # the server holds results back until a Sync or Flush
+            while self._checks and self._failure is None:
+                pending = pg.flush()
+                pg.consume_input()
+                self._drain()
+                if not self._checks or self._failure is not None:
+                    break
+                self._select(bool(pending))
+        except psycopg.OperationalError as e:
+            raise lost(e) from None
+        if self._failure is not None:
+            self._raise()
 
     def _parse_failed(self, kind: int, ctx: Any) -> None:
         if kind == _CTL and isinstance(ctx, tuple) and ctx[0] == "prepare":
@@ -264,8 +293,9 @@ class Pipeline:
         if detail_b:
             msg += f" ({detail_b.decode('utf-8', 'replace').strip()})"
         context = dict(self.txn_context)
-        if "lsn" in context:
-            context["lsn"] = str(Lsn(context["lsn"]))
+        for k in ("lsn", "finish_lsn"):
+            if k in context:
+                context[k] = str(Lsn(context[k]))
         describe = getattr(ctx, "describe", None)
         if callable(describe):
             context.update(describe())
@@ -279,4 +309,7 @@ class Pipeline:
             msg = f"{ctx}: {msg}"
         if is_transient_sqlstate(state):
             raise ConnectionLost(f"the target failed: {msg}", sqlstate=state)
-        raise ApplyError(f"the target refused a change: {msg}", sqlstate=state, **context)
+        err = ApplyError(f"the target refused a change: {msg}", sqlstate=state, **context)
+        # The change itself, for the worker to name a conflict (applier.apply.resolve).
+        err.change_ctx = ctx  # type: ignore[attr-defined]
+        raise err

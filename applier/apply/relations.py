@@ -39,6 +39,7 @@ the source sends a changed Relation message or the worker restarts.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections import OrderedDict
 from collections.abc import Callable
@@ -52,6 +53,7 @@ from applier.protocol import Relation, Type
 
 from . import mapping
 from .mapping import Catalog, RelMap
+from .policies import Policies
 
 log = logging.getLogger("applier.apply")
 
@@ -74,6 +76,7 @@ class RelationCache:
         #: Called with a mapping that is superseded or evicted (its statements go).
         self.forget = forget
         self.limit = max(1, limit)
+        self.policies = Policies(cfg.conflicts)
         self.relations: dict[int, Relation] = {}
         #: Built mappings, oldest first.
         self.relmaps: OrderedDict[int, RelMap] = OrderedDict()
@@ -173,7 +176,13 @@ class RelationCache:
         for c in rel.columns:
             if c.type_oid < mapping.FIRST_NORMAL_OID:
                 names[c.type_oid] = catalog.type_name(c.type_oid)
-        return mapping.build(rel, target, accepts, names)
+        rm = mapping.build(rel, target, accepts, names)
+        policy = self.policies.for_table(rel.namespace, rel.name)
+        if policy.plain and not policy.catches_unique:
+            return rm
+        # Per-row decisions: COPY runs and multi-row INSERTs cannot make them, and merged
+        # UPDATEs could not (see applier.apply.policies); the statements are per change.
+        return dataclasses.replace(rm, policy=policy, merge=rm.merge and policy.merge)
 
 
 def _refuse_binary_doubts(catalog: Catalog, rel: Relation, target: mapping.TargetTable) -> None:

@@ -78,6 +78,7 @@ from applier.lsn import Lsn, pg_timestamp
 from .copyrun import BINARY, CHUNK, NO_COPY, Run, copy_query, error_line, row_format
 from .merge import MAX_HELD, MergedCtx, chunks
 from .pipeline import (
+    _CHECK,
     _CTL,
     _LSN,
     _MANY,
@@ -186,12 +187,19 @@ class TargetSession(Pipeline):
             raise lost(e) from None
 
     def execute(
-        self, stmt: Stmt, params: Params, formats: Formats, ctx: Any, merged: bool = False
+        self,
+        stmt: Stmt,
+        params: Params,
+        formats: Formats,
+        ctx: Any,
+        merged: bool = False,
+        checked: bool = False,
     ) -> None:
         """Queue one prepared statement; ``ctx`` identifies the change in errors.
 
         ``merged``: a merged UPDATE (:mod:`applier.apply.merge`) whose RETURNING
-        says which of the rows in ``ctx.ctxs`` it found.
+        says which of the rows in ``ctx.ctxs`` it found. ``checked``: a statement of
+        :mod:`applier.apply.conflicts`, whose result ``ctx.check(ctx, result)`` reads.
         """
         if self._run is not None:
             self._end_run()
@@ -204,7 +212,10 @@ class TargetSession(Pipeline):
             pg.send_query_prepared(stmt.name, params, param_formats=formats)
         except psycopg.OperationalError as e:
             raise lost(e) from None
-        self._q.append((_MANY if merged else _MOD if stmt.modifies else _ROW, ctx))
+        kind = _CHECK if checked else _MANY if merged else _MOD if stmt.modifies else _ROW
+        self._q.append((kind, ctx))
+        if kind != _ROW:
+            self._checks += 1
         # _after_send(), inlined: this runs for every change.
         self._sent += 1
         if self._sent % PUMP_EVERY == 0:
@@ -346,6 +357,45 @@ class TargetSession(Pipeline):
             line = error_line(ctx_b.decode("utf-8", "replace") if ctx_b else None)
             self._failure = (error, _CopyCtx(run, line))
             self._raise()
+
+    def flush_checks(self) -> None:
+        """Send the run in hand and read every result that may report a conflict."""
+        if self._checks or self._run is not None:
+            self._end_run()
+            self.read_checks()
+
+    # -- careful replay (see applier.apply.handlers, "Careful replay") ----------------
+
+    def attempt(self, send: Callable[[], None], on_error: Callable[[Any], bool]) -> None:
+        """Run one change (``send`` queues it) inside a savepoint and wait for it.
+
+        If it fails, roll back to the savepoint and call ``on_error(result)`` outside
+        the pipeline, inside the savepoint (it may query; a query that fails may roll
+        back to ``applier_change`` again); when that returns False the failure is
+        raised as usual.
+        """
+        assert self.in_txn
+        self._end_run()
+        self._send_ctl(b"SAVEPOINT applier_change", "SAVEPOINT")
+        send()
+        self._end_run()
+        self._sync()
+        failure, self._failure = self._failure, None
+        self.failed_inflight = False
+        taken = True
+        try:
+            if failure is not None:
+                self.conn.execute("ROLLBACK TO SAVEPOINT applier_change")
+                taken = on_error(failure[0])
+            self.conn.execute("RELEASE SAVEPOINT applier_change")
+        except psycopg.Error as e:
+            raise self._error(e, "rolling back to a savepoint") from None
+        if not taken:
+            assert failure is not None
+            self._failure = failure
+            self._reenter_pipeline()
+            self._raise()
+        self._reenter_pipeline()
 
     # -- transaction end -------------------------------------------------------------
 

@@ -68,10 +68,18 @@ class TwoPhase:
     def commit_group(self) -> None:
         raise NotImplementedError
 
-    def _start_txn(self, xid: int, commit_lsn: Lsn, skip: bool, gid: str | None = None) -> None:
+    def _start_txn(
+        self, xid: int, commit_lsn: Lsn, skip: bool, gid: str | None = None, ts: int = 0
+    ) -> None:
         raise NotImplementedError
 
-    def _replay(self, xid: int, commit_lsn: Lsn, gid: str | None = None) -> None:
+    def _replay(self, xid: int, commit_lsn: Lsn, gid: str | None = None, ts: int = 0) -> None:
+        raise NotImplementedError
+
+    def _finish_records(self, end_lsn: Lsn) -> None:
+        raise NotImplementedError
+
+    def _flush_conflicts(self) -> None:
         raise NotImplementedError
 
     def _send_held(self, oid: int | None = None) -> None:
@@ -88,7 +96,7 @@ class TwoPhase:
             self.flush.store(m.end_lsn, FLUSHED)
             return
         try:
-            self._replay(m.xid, m.prepare_lsn, gid)
+            self._replay(m.xid, m.prepare_lsn, gid, m.prepare_ts)
             self._finish_prepare(m.end_lsn, m.prepare_ts)
         finally:
             self.state = IDLE
@@ -117,7 +125,7 @@ class TwoPhase:
         if skip:
             log.info("skipping a transaction prepared before", extra={"ctx": {"gid": gid}})
         self.state = PREPARE
-        self._start_txn(m.xid, m.prepare_lsn, skip, gid)
+        self._start_txn(m.xid, m.prepare_lsn, skip, gid, m.prepare_ts)
 
     def on_prepare(self, lsn: Lsn, m: Prepare) -> None:
         self._finish_prepare(m.end_lsn, m.prepare_ts)
@@ -126,14 +134,21 @@ class TwoPhase:
         txn = self.txn
         assert txn is not None and txn.gid is not None
         self.state = IDLE
-        self.txn = None
         if txn.skip:
+            self.txn = None
             self.session.rollback()
             self.flush.store(end_lsn, FLUSHED)
             return
+        try:
+            # Its kept changes and a txn rule's mark: prepared with it (a skipped
+            # transaction is prepared empty but for them, and COMMIT PREPARED finds it).
+            self._finish_records(end_lsn)
+        finally:
+            self.txn = None
         if not self.session.in_txn:
             self.session.begin()  # an empty prepared transaction, so COMMIT PREPARED finds it
         self._send_held()
+        self._flush_conflicts()
         committed = self.session.committed
         local = self.session.prepare(txn.gid, end_lsn, prepare_ts)
         # A prepare replayed at its COMMIT PREPARED ends below the progress: the origin

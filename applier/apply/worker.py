@@ -99,6 +99,7 @@ from applier.config import Config, redact_dsn
 from applier.errors import (
     ApplierError,
     ApplyError,
+    ConfigError,
     SchemaMismatch,
     TransientError,
 )
@@ -108,8 +109,10 @@ from applier.schema import schema_at_head, upgrade_target
 from .handlers import IDLE, Applier
 from .mapping import Catalog
 from .origin import ensure_origin, local_flush_lsn, origin_progress
+from .policies import Policies
 from .preflight import check_before_streaming
 from .session import TargetSession, connect, is_transient_sqlstate
+from .skiprules import REFRESH_INTERVAL, SkipRules
 from .spool import SpoolSet, check_spool_dir, default_spool_dir
 from .state import WorkerState
 from .targetconn import client_keepalives, close_quietly
@@ -203,6 +206,10 @@ class Worker:
         self.group_limit = cfg.apply.group_commit
         #: After a failed group: apply one by one up to this source position.
         self.no_group_until = Lsn(0)
+        #: After a failure a rule or policy may take: replay carefully up to here.
+        self.careful_until = Lsn(0)
+        self.rules = SkipRules(cfg.origin)
+        self._rules_read = 0.0
 
     def _sleep(self, seconds: float) -> None:
         self._stop_event.wait(seconds)
@@ -333,6 +340,7 @@ class Worker:
                 cfg.apply.target_timeout,
             )
             progress = origin_progress(session.conn, cfg.origin)
+            our_origin_id = self._prepare_conflicts(catalog_conn)
             repl = ReplicationConnection.open(source_conninfo(cfg), application_name="applier")
             try:
                 check_before_streaming(catalog_conn, repl, cfg, progress)
@@ -375,6 +383,9 @@ class Worker:
                 progress,
                 self.group_limit,
                 self.no_group_until,
+                self.rules,
+                self.careful_until,
+                our_origin_id,
             )
             applier.applied_txns, applier.skipped_changes = self._applied, self._skipped
             self.applier = applier
@@ -382,7 +393,21 @@ class Worker:
                 self._loop(stream, applier, catalog_conn)
             except (ApplyError, SchemaMismatch) as e:
                 merged = "merged_changes" in e.context
+                careful = isinstance(e, ApplyError) and not applier.careful and applier.catchable(e)
+                if careful:
+                    # A rule or policy may take it: replay carefully (applier.apply.resolve).
+                    self.careful_until = Lsn(max(stream.last_received, self.careful_until))
+                    self.no_group_until = Lsn(max(self.careful_until, self.no_group_until))
+                    log.warning(
+                        "a change failed that a skip rule or conflict policy may take; "
+                        "replaying with a savepoint per change: %s",
+                        e,
+                        extra={"ctx": {"until": self.careful_until}},
+                    )
+                    raise _Regroup() from e
                 if not applier.group_txns and not session.failed_inflight and not merged:
+                    if isinstance(e, ApplyError):
+                        applier.explain_failure(e)
                     raise
                 # Some earlier transaction of the open group may be the culprit, and
                 # the error's context may name the wrong one: roll back (finally
@@ -415,6 +440,28 @@ class Worker:
                 session.close()
             spools.close()
             close_quietly(catalog_conn, "catalog")
+
+    def _prepare_conflicts(self, catalog_conn: psycopg.Connection[Any]) -> int | None:
+        """Read the skip rules; check what the conflict policies need of the target;
+        our origin's id (its rows' origin in commit timestamps)."""
+        self.rules.load(catalog_conn)
+        self._rules_read = time.monotonic()
+        policies = Policies(self.cfg.conflicts)
+        if policies.needs_commit_ts:
+            row = catalog_conn.execute("SHOW track_commit_timestamp").fetchone()
+            if not row or row[0] != "on":
+                raise ConfigError(
+                    "[conflicts] uses last_update_wins or an *_origin_differs policy, which "
+                    "need the commit timestamps of the target's rows, and the target has "
+                    "track_commit_timestamp = off",
+                    hint="set track_commit_timestamp = on on the target (a restart of the "
+                    "target is needed), or remove those policies, and start applier run again",
+                )
+        row = catalog_conn.execute(
+            "SELECT roident FROM pg_catalog.pg_replication_origin WHERE roname = %s",
+            (self.cfg.origin,),
+        ).fetchone()
+        return None if row is None else int(row[0])
 
     def _loop(self, stream: Any, applier: Applier, catalog_conn: psycopg.Connection[Any]) -> None:
         with collect_garbage_on_schedule() as collect:
@@ -453,6 +500,9 @@ class Worker:
             self._confirm(stream, applier, catalog_conn)
             now = time.monotonic()
             collect(now)
+            if now - self._rules_read >= REFRESH_INTERVAL:
+                self._rules_read = now
+                self.rules.load(catalog_conn)
             if not healthy and (
                 (applier.applied_txns > txns_at_start and stream.confirmed > start_lsn)
                 or now - started >= HEALTHY_AFTER

@@ -1,0 +1,406 @@
+"""Conflicts: the statements that see them, and the records that keep them.
+
+A conflict is a change the target's rows disagree with (PostgreSQL 18's names:
+insert_exists, update_exists, multiple_unique_conflicts, update_missing,
+delete_missing, update/delete_origin_differs). What to do is the table's
+policy (:mod:`applier.apply.policies`).
+
+Seeing them without a round trip
+================================
+
+Changes are pipelined (:mod:`applier.apply.pipeline`): a statement's result
+arrives long after it was sent, so a conflict must be decided by the statement
+itself, on the server, in the order of the changes. Tables whose policies are
+the built-in ones keep their plain statements (an UPDATE/DELETE that finds no
+row is seen from its row count, and skipped). The others get one statement
+per change that decides and reports in one go:
+
+* INSERT with ``insert_exists`` not ``error``: a CTE reads the local rows that
+  hold any of the new row's unique keys (in the statement's snapshot, so before
+  the insert), the INSERT runs with ``ON CONFLICT DO NOTHING`` (skip,
+  keep_local) or ``ON CONFLICT (key) DO UPDATE`` (apply_remote; last_update_wins
+  only where the local row's commit timestamp is not newer than the remote
+  one), and the statement returns (rows written, local rows as jsonb): one
+  local row is insert_exists, more is multiple_unique_conflicts.
+* UPDATE with ``update_missing = apply_remote``: the UPDATE in a CTE, then an
+  INSERT of the whole new row where it found nothing. A message that lacks
+  unchanged TOAST values cannot be inserted: that row is an error that says so.
+* UPDATE/DELETE where the config names ``*_origin_differs``: a CTE locks the
+  local row and reads its origin and commit timestamp
+  (``pg_xact_commit_timestamp_origin``, so ``track_commit_timestamp = on`` on
+  the target); the change runs only where the policy lets it; the statement
+  returns the local row, its origin and whether the change ran. A row written
+  by this applier's origin, in the open transaction, or with no timestamp
+  (frozen, or written before timestamps were on) is no conflict.
+
+update_exists and multiple_unique_conflicts of an UPDATE (a unique key of the
+new row taken by another row) fail the statement; they are caught by the
+careful replay of the failed transaction (:meth:`Applier._careful`).
+
+Records
+=======
+
+Every conflict becomes a row of ``applier.conflict_log``, sent in the target
+transaction that keeps the change's outcome, after its results were read and
+before its commit (:meth:`TargetSession.read_checks`): a rolled-back group
+leaves none and its replay writes them once. The unique key (origin, commit
+LSN, change number, type) and ``ON CONFLICT DO NOTHING`` keep a conflict that
+stops the worker (written on its own, see the worker) from being written twice.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from psycopg import sql
+
+from applier.errors import ApplyError
+from applier.lsn import Lsn, pg_timestamp
+from applier.protocol import Delete, Insert, TupleData, Update
+
+from .mapping import RelMap
+from .planner import (
+    INSERT,
+    Formats,
+    Params,
+    Planner,
+    Stmt,
+    _changed,
+    _ph,
+    _qualified,
+    param_formats,
+)
+from .policies import (
+    DELETE_ORIGIN,
+    INSERT_EXISTS,
+    MULTIPLE,
+    UPDATE_MISSING,
+    UPDATE_ORIGIN,
+)
+
+TIMESTAMPTZ_OID = 1184
+_U = ord("u")
+
+
+def row_json(rm: RelMap, tup: TupleData | None, idx: tuple[int, ...] | None = None) -> str | None:
+    """A tuple as a jsonb text: column -> the text the source sent (``\\x..`` for binary
+    values); an unchanged TOAST value (not sent) is left out."""
+    if tup is None:
+        return None
+    cols = rm.relation.columns
+    out: dict[str, str | None] = {}
+    for i in range(len(tup.kinds)) if idx is None else idx:
+        kind = tup.kinds[i]
+        if kind == _U:
+            continue
+        v = tup.values[i]
+        if v is None:
+            out[cols[i].name] = None
+        elif kind == ord("b"):
+            out[cols[i].name] = "\\x" + v.hex()
+        else:
+            out[cols[i].name] = v.decode("utf-8", "replace")
+    return json.dumps(out, ensure_ascii=False)
+
+
+def key_json(rm: RelMap, change: Any) -> str | None:
+    """The identity values of a change (every column for FULL)."""
+    if isinstance(change, Insert):
+        tup: TupleData | None = change.new
+    elif isinstance(change, Update):
+        tup = change.old if change.old is not None else change.new
+    elif isinstance(change, Delete):
+        tup = change.old
+    else:
+        return None
+    return row_json(rm, tup, rm.key or None)
+
+
+def remote_json(change: Any, rm: RelMap) -> str | None:
+    if isinstance(change, (Insert, Update)):
+        return row_json(rm, change.new)
+    if isinstance(change, Delete):
+        return row_json(rm, change.old)
+    return None
+
+
+@dataclass(slots=True)
+class Conflict:
+    """One conflict met, waiting for its transaction's end to be written."""
+
+    ctx: Any  # the ChangeCtx
+    kind: str
+    resolution: str
+    local_row: str | None
+
+
+#: The record of a conflict (see "Records"); parameters in this order.
+LOG_CONFLICT = Stmt(
+    b"applier_conflict_log",
+    b"INSERT INTO applier.conflict_log (origin, xid, commit_lsn, end_lsn, change_lsn, "
+    b"change_no, schema_name, table_name, conflict, resolution, key, local_row, remote_row) "
+    b"VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) "
+    b"ON CONFLICT (origin, commit_lsn, change_no, conflict) DO NOTHING",
+    (25, 20, 3220, 3220, 3220, 23, 25, 25, 25, 25, 3802, 3802, 3802),
+    (),
+    (),
+    False,
+    False,
+)
+
+
+def conflict_params(origin: str, c: Conflict) -> Params:
+    ctx = c.ctx
+    txn = ctx.txn
+    rm = ctx.rm
+    return [
+        origin.encode(),
+        None if ctx.xid is None else str(ctx.xid).encode(),
+        str(Lsn(txn.commit_lsn)).encode(),
+        None if txn.end_lsn is None else str(Lsn(txn.end_lsn)).encode(),
+        str(Lsn(ctx.lsn)).encode(),
+        str(ctx.no).encode(),
+        rm.relation.namespace.encode(),
+        rm.relation.name.encode(),
+        c.kind.encode(),
+        c.resolution.encode(),
+        _b(key_json(rm, ctx.change)),
+        _b(c.local_row),
+        _b(remote_json(ctx.change, rm)),
+    ]
+
+
+def _b(s: str | None) -> bytes | None:
+    return None if s is None else s.encode()
+
+
+class ConflictPlanner:
+    """Builds the statements of "Seeing them without a round trip", cached in the planner."""
+
+    def __init__(self, planner: Planner, our_origin_id: int) -> None:
+        self.planner = planner
+        self.our_origin_id = our_origin_id
+
+    # -- INSERT ------------------------------------------------------------------------
+
+    def insert(self, rm: RelMap, change: Insert, commit_ts: int) -> tuple[Stmt, Params, Formats]:
+        stmt, params, fmts = self.planner.insert(rm, change)
+        assert rm.policy is not None
+        policy = rm.policy[INSERT_EXISTS]
+        shape = bytes(1 if i in stmt.new_idx else 0 for i in range(len(rm.columns)))
+        key = (rm.version, "ci", shape, policy.encode())
+        checked = self.planner._cache.get(key)
+        if checked is None:
+            checked = self.planner._cache[key] = self._build_insert(rm, stmt, policy)
+        if policy == "last_update_wins":
+            params = [*params, _ts(commit_ts)]
+            if fmts is not None:
+                fmts = fmts + b"\x00"
+        return checked, params, fmts
+
+    def _build_insert(self, rm: RelMap, plain: Stmt, policy: str) -> Stmt:
+        idx = plain.new_idx
+        pos = {i: n for n, i in enumerate(idx, start=1)}
+        conds: list[sql.Composable] = []
+        assert rm.target is not None
+        for cols in rm.target.unique_sets:
+            if cols is None:
+                continue
+            where = [i for i, c in enumerate(rm.columns) if c.name in cols and i in pos]
+            if len(where) != len(cols):
+                continue
+            conds.append(
+                sql.SQL("({})").format(
+                    sql.SQL(" AND ").join(_eq(rm, i, pos[i], "applier_x") for i in where)
+                )
+            )
+        l_where = sql.SQL(" OR ").join(conds) if conds else sql.SQL("false")
+        names = [sql.Identifier(rm.columns[i].name) for i in idx]
+        values = sql.SQL(", ").join(_ph(n) for n in range(1, len(idx) + 1))
+        if policy in ("skip", "keep_local"):
+            on_conflict: sql.Composable = sql.SQL("ON CONFLICT DO NOTHING")
+        else:
+            on_conflict = self._do_update(rm, idx, policy, len(idx) + 1)
+        query = sql.SQL(
+            "WITH applier_l AS (SELECT pg_catalog.to_jsonb(applier_x) AS r FROM {src} AS applier_x "
+            "WHERE {l_where}), "
+            "applier_i AS (INSERT INTO {q} AS applier_t ({names}) OVERRIDING SYSTEM VALUE "
+            "VALUES ({values}) {on_conflict} RETURNING 1) "
+            "SELECT (SELECT pg_catalog.count(*) FROM applier_i)::pg_catalog.int4, "
+            "(SELECT pg_catalog.jsonb_agg(r) FROM applier_l)"
+        ).format(
+            src=_changed(rm), l_where=l_where, q=_qualified(rm), names=sql.SQL(", ").join(names),
+            values=values, on_conflict=on_conflict,
+        )  # fmt: skip
+        types = plain.types + ((TIMESTAMPTZ_OID,) if policy == "last_update_wins" else ())
+        return Stmt(
+            self.planner._name(rm, INSERT), query.as_bytes(None), types, idx, (), False, False
+        )
+
+    @staticmethod
+    def _do_update(rm: RelMap, idx: tuple[int, ...], policy: str, ts_param: int) -> sql.Composable:
+        assert rm.target is not None
+        key_names = frozenset(rm.columns[i].name for i in rm.key)
+        if not rm.key or key_names not in rm.target.unique_sets:
+            raise ApplyError(
+                f"table {rm.qualname}: insert_exists = {policy!r} updates the existing row "
+                "by its replica identity key, and the target has no unique index on exactly "
+                "those columns",
+                table=rm.qualname,
+                hint="create that unique index on the target, or choose keep_local/skip for "
+                "this table in [conflicts], and restart applier run",
+            )
+        sets = [
+            sql.SQL("{c} = EXCLUDED.{c}").format(c=sql.Identifier(rm.columns[i].name))
+            for i in idx
+            if i not in rm.key
+        ] or [sql.SQL("{c} = EXCLUDED.{c}").format(c=sql.Identifier(rm.columns[rm.key[0]].name))]
+        out = sql.SQL("ON CONFLICT ({k}) DO UPDATE SET {s}").format(
+            k=sql.SQL(", ").join(sql.Identifier(rm.columns[i].name) for i in rm.key),
+            s=sql.SQL(", ").join(sets),
+        )
+        if policy == "last_update_wins":
+            ts = sql.SQL("pg_catalog.pg_xact_commit_timestamp(applier_t.xmin)")
+            out = sql.SQL("{o} WHERE {ts} IS NULL OR {ts} <= {p}").format(
+                o=out, ts=ts, p=_ph(ts_param)
+            )
+        return out
+
+    # -- UPDATE of a missing row: insert it ----------------------------------------------
+
+    def update(self, rm: RelMap, change: Update) -> tuple[Stmt, Params, Formats] | None:
+        """The upsert of ``update_missing = apply_remote``; None when the message lacks
+        unchanged TOAST values (the plain statement then runs; a miss is an error)."""
+        new = change.new
+        if _U in new.kinds:
+            return None
+        stmt, params, fmts = self.planner.update(rm, change)
+        key = (rm.version, "cu", stmt.name, b"")
+        checked = self.planner._cache.get(key)
+        if checked is None:
+            checked = self.planner._cache[key] = self._build_upsert(rm, stmt)
+        params = params + list(new.values)
+        if fmts is not None or b"b" in new.kinds:
+            width = len(stmt.new_idx) + len(stmt.where_idx)
+            fmts = (fmts or bytes(width)) + param_formats(new.kinds, tuple(range(len(rm.columns))))
+        return checked, params, fmts
+
+    def _build_upsert(self, rm: RelMap, plain: Stmt) -> Stmt:
+        first = len(plain.types) + 1
+        n = len(rm.columns)
+        names = sql.SQL(", ").join(sql.Identifier(c.name) for c in rm.relation.columns)
+        values = sql.SQL(", ").join(_ph(first + i) for i in range(n))
+        query = sql.SQL(
+            "WITH applier_u AS ({update} RETURNING 1) "
+            "INSERT INTO {q} ({names}) OVERRIDING SYSTEM VALUE SELECT {values} "
+            "WHERE NOT EXISTS (SELECT FROM applier_u)"
+        ).format(update=sql.SQL(plain.query.decode()), q=_qualified(rm), names=names, values=values)
+        types = plain.types + tuple(c.type_oid for c in rm.columns)
+        return Stmt(
+            self.planner._name(rm, "u"), query.as_bytes(None), types, plain.new_idx,
+            plain.where_idx, False, False,
+        )  # fmt: skip
+
+    # -- origin checks -----------------------------------------------------------------
+
+    def origin_checked(
+        self, rm: RelMap, change: Update | Delete, commit_ts: int
+    ) -> tuple[Stmt, Params, Formats]:
+        is_update = isinstance(change, Update)
+        plan = self.planner.update if is_update else self.planner.delete
+        stmt, params, fmts = plan(rm, change)  # type: ignore[arg-type]
+        assert rm.policy is not None
+        policy = rm.policy[UPDATE_ORIGIN if is_update else DELETE_ORIGIN]
+        key = (rm.version, "co", stmt.name, policy.encode())
+        checked = self.planner._cache.get(key)
+        if checked is None:
+            checked = self.planner._cache[key] = self._build_origin(rm, stmt, is_update, policy)
+        params = [*params, _ts(commit_ts)]
+        if fmts is not None:
+            fmts = fmts + b"\x00"
+        return checked, params, fmts
+
+    def _build_origin(self, rm: RelMap, plain: Stmt, is_update: bool, policy: str) -> Stmt:
+        first_where = len(plain.new_idx) + 1
+        full = rm.replident == "f"
+        conds = sql.SQL(" AND ").join(
+            _eq(rm, i, n, "applier_x", distinct=full)
+            for n, i in enumerate(plain.where_idx, start=first_where)
+        ) if plain.where_idx else sql.SQL("true")  # fmt: skip
+        ts_param = _ph(len(plain.types) + 1)
+        ours = sql.Literal(self.our_origin_id)
+        if policy == "apply_remote":
+            allow: sql.Composable = sql.SQL("true")
+        elif policy == "last_update_wins":
+            allow = sql.SQL(
+                "o.roident IS NULL OR o.roident = {ours} OR o.ts IS NULL OR o.ts <= {p}"
+            ).format(ours=ours, p=ts_param)
+        else:
+            allow = sql.SQL("o.roident IS NULL OR o.roident = {ours}").format(ours=ours)
+        match = sql.SQL("applier_t.tableoid = o.toid AND applier_t.ctid = o.c AND ({})").format(
+            allow
+        )
+        if is_update:
+            sets = sql.SQL(", ").join(
+                sql.SQL("{} = {}").format(sql.Identifier(rm.columns[i].name), _ph(n))
+                for n, i in enumerate(plain.new_idx, start=1)
+            )
+            change = sql.SQL(
+                "UPDATE {t} AS applier_t SET {sets} FROM o WHERE {m} RETURNING 1"
+            ).format(t=_changed(rm), sets=sets, m=match)
+        else:
+            change = sql.SQL("DELETE FROM {t} AS applier_t USING o WHERE {m} RETURNING 1").format(
+                t=_changed(rm), m=match
+            )
+        query = sql.SQL(
+            "WITH o AS (SELECT applier_x.tableoid AS toid, applier_x.ctid AS c, "
+            'pg_catalog.to_jsonb(applier_x) AS r, t.roident, t."timestamp" AS ts '
+            "FROM {src} AS applier_x, "
+            "pg_catalog.pg_xact_commit_timestamp_origin(applier_x.xmin) AS t "
+            "WHERE {conds} LIMIT 1 FOR UPDATE OF applier_x), "
+            "applier_c AS ({change}) "
+            "SELECT o.roident, o.r, (SELECT pg_catalog.count(*) FROM applier_c)::pg_catalog.int4 "
+            "FROM o"
+        ).format(src=_changed(rm), conds=conds, change=change)
+        return Stmt(
+            self.planner._name(rm, "o"), query.as_bytes(None), (*plain.types, TIMESTAMPTZ_OID),
+            plain.new_idx, plain.where_idx, False, False,
+        )  # fmt: skip
+
+
+def _eq(rm: RelMap, i: int, n: int, alias: str, distinct: bool = False) -> sql.Composable:
+    col = rm.columns[i]
+    ident: sql.Composable = sql.Identifier(alias, col.name)
+    ph: sql.Composable = _ph(n)
+    if not col.has_eq:
+        ident = sql.Composed([ident, sql.SQL("::pg_catalog.text")])
+        ph = sql.Composed([ph, sql.SQL("::pg_catalog.text")])
+    op = sql.SQL(" IS NOT DISTINCT FROM ") if distinct else sql.SQL(" = ")
+    return sql.Composed([ident, op, ph])
+
+
+def _ts(commit_ts: int) -> bytes:
+    return pg_timestamp(commit_ts).isoformat().encode()
+
+
+def check_result(res: Any, kind_if_many: str = MULTIPLE) -> tuple[int, list[Any] | None]:
+    """(rows written, local rows) from a checked INSERT's one result row."""
+    written = int(res.get_value(0, 0) or 0)
+    raw = res.get_value(0, 1)
+    return written, (json.loads(raw) if raw else None)
+
+
+__all__ = [
+    "INSERT_EXISTS",
+    "LOG_CONFLICT",
+    "UPDATE_MISSING",
+    "Conflict",
+    "ConflictPlanner",
+    "check_result",
+    "conflict_params",
+    "key_json",
+    "remote_json",
+    "row_json",
+]
