@@ -204,12 +204,13 @@ class Resolution:
         if ctx is not None and state == "23505" and "conflict" not in e.context:
             op = op_of(ctx.change)
             if op in ("insert", "update"):
-                local = self._local_rows(ctx)
+                # The apply session is failed: what is committed, from the catalog's.
+                local = self._local_rows(ctx, self.catalog_conn)
                 n = 0 if local is None else len(json.loads(local))
                 kind = MULTIPLE if n > 1 else INSERT_EXISTS if op == "insert" else UPDATE_EXISTS
                 e.context["conflict"] = kind
                 e.message = f"conflict {kind}: {e.message}"
-                self.record_alone(Conflict(ctx, kind, "error", local))
+                self.record_alone(Conflict(ctx, kind, "error", _one_text(local)))
         finish = e.context.get("finish_lsn")
         if finish is not None:
             path = self.cfg.path or "F"
@@ -252,7 +253,7 @@ class Resolution:
             return True
         policy = ctx.rm.policy
         if state == "23505" and policy is not None and op in ("insert", "update"):
-            local = self._local_rows(ctx)
+            local = self._local_rows(ctx, self.session.conn)
             n = 0 if local is None else len(json.loads(local))
             kind = MULTIPLE if n > 1 else INSERT_EXISTS if op == "insert" else UPDATE_EXISTS
             if policy[kind] in ("skip", "keep_local"):
@@ -261,7 +262,7 @@ class Resolution:
                 return True
         return False
 
-    def _local_rows(self, ctx: Any) -> str | None:
+    def _local_rows(self, ctx: Any, conn: psycopg.Connection[Any]) -> str | None:
         """The target rows that hold a unique key of the change's new row (jsonb array)."""
         rm: RelMap = ctx.rm
         new = getattr(ctx.change, "new", None)
@@ -288,16 +289,29 @@ class Resolution:
             params += [new.values[i].decode("utf-8", "replace") for i in idx]
         if not conds:
             return None
+        where: sql.Composable = sql.SQL(" OR ").join(conds)
+        change = ctx.change
+        if isinstance(change, Update) and rm.key:
+            # Not the updated row itself (it holds its own key).
+            own = change.old if change.old is not None else change.new
+            if all(own.kinds[i] == ord("t") for i in rm.key):
+                mine = sql.SQL(" AND ").join(
+                    sql.SQL("{}::pg_catalog.text = %s").format(sql.Identifier(rm.columns[i].name))
+                    for i in rm.key
+                )
+                where = sql.SQL("({}) AND NOT ({})").format(where, mine)
+                params += [own.values[i].decode("utf-8", "replace") for i in rm.key]
         query = sql.SQL(
             "SELECT pg_catalog.jsonb_agg(pg_catalog.to_jsonb(applier_x))::text "
             "FROM {} AS applier_x WHERE {}"
-        ).format(_changed(rm), sql.SQL(" OR ").join(conds))
+        ).format(_changed(rm), where)
         try:
-            row = self.session.conn.execute(query, params).fetchone()
+            row = conn.execute(query, params).fetchone()
         except psycopg.Error as e:
             log.debug("looking up the local rows failed: %s", e)
-            with contextlib.suppress(psycopg.Error):
-                self.session.conn.execute("ROLLBACK TO SAVEPOINT applier_change")
+            if conn is self.session.conn:
+                with contextlib.suppress(psycopg.Error):
+                    conn.execute("ROLLBACK TO SAVEPOINT applier_change")
             return None
         return None if row is None or row[0] is None else str(row[0])
 

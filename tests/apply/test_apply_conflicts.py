@@ -1,0 +1,203 @@
+"""Conflicts: detected and named, resolved by [conflicts] policies, recorded once."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from applykit import Runner, table_rows, wait_for
+from conftest import Pair
+
+
+def _config(pair: Pair, conflicts: str, **sections: Any) -> Path:
+    path = pair.write_config(**sections)
+    path.write_text(path.read_text() + "\n[conflicts]\n" + conflicts)
+    return path
+
+
+def _slot(pair: Pair, cfg: Path) -> None:
+    """Create the slot (the worker does at its first start): what follows is a backlog."""
+    assert Runner(pair, cfg, "slot.log").start().ready().stop() == 0
+
+
+def _log(pair: Pair) -> list[tuple[Any, ...]]:
+    return pair.sub_exec(
+        "SELECT table_name, conflict, resolution, key::text, local_row::text, remote_row::text, "
+        "xid, commit_lsn::text FROM applier.conflict_log ORDER BY id"
+    )
+
+
+def _rows(pair: Pair, table: str) -> list[Any]:
+    return sorted((json.loads(r) for r in table_rows(pair.sub_exec, table)), key=lambda r: r["id"])
+
+
+def test_default_policies_skip_missing_rows_and_stop_on_insert_exists(pair: Pair) -> None:
+    """update/delete_missing are skipped and logged; insert_exists stops the worker with the
+    conflict named and the command that skips its transaction; restarts record it once."""
+    pair.both("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    pair.pub_exec("CREATE PUBLICATION pub FOR ALL TABLES")
+    pair.pub_exec("INSERT INTO t VALUES (1, 'a'), (4, 'd')")  # before the slot: not on target
+    cfg = _config(pair, "")
+    _slot(pair, cfg)
+    pair.sub_exec("INSERT INTO t VALUES (2, 'local')")
+    pair.pub_exec("UPDATE t SET v = 'b' WHERE id = 1")  # update_missing
+    pair.pub_exec("DELETE FROM t WHERE id = 4")  # delete_missing
+    bad_xid = pair.pub_exec("INSERT INTO t VALUES (2, 'remote') RETURNING txid_current()")[0][0]
+    pair.pub_exec("INSERT INTO t VALUES (3, 'c')")
+    for attempt in range(2):
+        runner = Runner(pair, cfg, f"run{attempt}.log").start()
+        assert runner.wait(90) == 3
+        out = runner.log()
+        assert "conflict insert_exists" in out, out[-3000:]
+        m = re.search(r"applier skip add --config (\S+) --lsn ([0-9A-F]+/[0-9A-F]+)", out)
+        assert m and m.group(1) == str(cfg), out[-3000:]
+        log = _log(pair)
+        assert [(r[1], r[2]) for r in log] == [
+            ("update_missing", "skip"),
+            ("delete_missing", "skip"),
+            ("insert_exists", "error"),
+        ], log
+        assert log[2][6] == bad_xid % 2**32 and log[2][7] == m.group(2)
+        assert json.loads(log[2][4]) == {"id": 2, "v": "local"}
+        assert json.loads(log[2][5]) == {"id": "2", "v": "remote"}
+        assert json.loads(log[0][3]) == {"id": "1"}
+    pair.sub_exec("DELETE FROM t WHERE id = 2")
+    runner = Runner(pair, cfg, "run-fixed.log").start().ready()
+    wait_for(lambda: len(_rows(pair, "t")) == 2, 60, "the rest to be applied")
+    assert _rows(pair, "t") == [{"id": 2, "v": "remote"}, {"id": 3, "v": "c"}]
+    assert len(_log(pair)) == 3  # nothing recorded twice
+    assert runner.stop() == 0
+
+
+def test_policies_by_table_pattern(pair: Pair) -> None:
+    """keep_local by pattern (also for a run long enough for COPY), apply_remote for
+    insert_exists and update_missing; grouped transactions; one record per conflict."""
+    pair.both(
+        "CREATE TABLE audit_a (id int PRIMARY KEY, v text);"
+        "CREATE TABLE orders (id int PRIMARY KEY, v text, n int);"
+        "CREATE TABLE plain (id int PRIMARY KEY)"
+    )
+    pair.pub_exec("CREATE PUBLICATION pub FOR ALL TABLES")
+    pair.pub_exec("INSERT INTO orders VALUES (5, 'five', 5)")  # not on the target
+    cfg = _config(
+        pair,
+        'default = { insert_exists = "error" }\n'
+        '"public.audit_*" = { insert_exists = "keep_local" }\n'
+        '"public.*" = { insert_exists = "skip" }\n'
+        '"public.orders" = { insert_exists = "apply_remote", update_missing = "apply_remote" }\n',
+    )
+    _slot(pair, cfg)
+    pair.sub_exec("INSERT INTO audit_a VALUES (1, 'local'); INSERT INTO orders VALUES (1, 'l', 0)")
+    pair.pub_exec(
+        "BEGIN; INSERT INTO audit_a SELECT g, 'remote' FROM generate_series(1, 1500) g; COMMIT;"
+        + "".join(f"INSERT INTO plain VALUES ({i});" for i in range(50))
+        + "INSERT INTO orders VALUES (1, 'remote', 1), (2, 'r2', 2);"
+        "UPDATE orders SET v = 'upd', n = 50 WHERE id = 5;"
+        "UPDATE orders SET n = 51 WHERE id = 5;"
+    )
+    runner = Runner(pair, cfg).start().ready()
+    wait_for(lambda: len(_rows(pair, "plain")) == 50 and len(_rows(pair, "orders")) == 3, 60)
+    assert runner.stop() == 0
+    audit = _rows(pair, "audit_a")
+    assert len(audit) == 1500 and audit[0] == {"id": 1, "v": "local"}
+    assert _rows(pair, "orders") == [
+        {"id": 1, "v": "remote", "n": 1},
+        {"id": 2, "v": "r2", "n": 2},
+        {"id": 5, "v": "upd", "n": 51},
+    ]
+    log = _log(pair)
+    assert sorted((r[0], r[1], r[2]) for r in log) == [
+        ("audit_a", "insert_exists", "keep_local"),
+        ("orders", "insert_exists", "apply_remote"),
+        ("orders", "update_missing", "apply_remote"),
+    ], log
+    audit_rec = next(r for r in log if r[0] == "audit_a")
+    assert json.loads(audit_rec[4]) == {"id": 1, "v": "local"}
+    assert json.loads(audit_rec[5]) == {"id": "1", "v": "remote"}
+
+
+def test_update_exists_skip_keeps_the_rest_of_the_transaction(pair: Pair) -> None:
+    """An UPDATE whose new row takes a unique key a target-only row holds: with
+    update_exists = skip, only that change is skipped (careful replay), once."""
+    pair.pub_exec("CREATE TABLE t (id int PRIMARY KEY, u int)")
+    pair.sub_exec("CREATE TABLE t (id int PRIMARY KEY, u int UNIQUE)")
+    pair.pub_exec("CREATE PUBLICATION pub FOR ALL TABLES")
+    cfg = _config(pair, 'default = { update_exists = "skip" }\n')
+    _slot(pair, cfg)
+    pair.sub_exec("INSERT INTO t VALUES (100, 5)")
+    pair.pub_exec(
+        "INSERT INTO t VALUES (1, 1);"
+        "BEGIN; INSERT INTO t VALUES (6, 6); UPDATE t SET u = 5 WHERE id = 1; "
+        "INSERT INTO t VALUES (7, 7); COMMIT;"
+        "INSERT INTO t VALUES (8, 8);"
+    )
+    runner = Runner(pair, cfg).start().ready()
+    wait_for(lambda: len(_rows(pair, "t")) == 5, 60, "the rows after the conflict")
+    assert runner.stop() == 0
+    assert _rows(pair, "t") == [
+        {"id": 1, "u": 1},
+        {"id": 6, "u": 6},
+        {"id": 7, "u": 7},
+        {"id": 8, "u": 8},
+        {"id": 100, "u": 5},
+    ]
+    log = _log(pair)
+    assert [(r[1], r[2]) for r in log] == [("update_exists", "skip")], log
+    assert json.loads(log[0][4]) == {"id": 100, "u": 5}
+    assert "replaying with a savepoint per change" in runner.log()
+
+
+def test_origin_differs_and_last_update_wins(make_pair: Any) -> None:
+    """With track_commit_timestamp on the target: a row last written locally is an
+    origin conflict (keep_local / apply_remote as configured); last_update_wins compares
+    the local row's commit time with the source's."""
+    pair = make_pair(15, 15, sub_settings={"track_commit_timestamp": "on"})
+    pair.both(
+        "CREATE TABLE t (id int PRIMARY KEY, v text); CREATE TABLE lww (id int PRIMARY KEY, v text)"
+    )
+    pair.pub_exec("CREATE PUBLICATION pub FOR ALL TABLES")
+    cfg = _config(
+        pair,
+        'default = { update_origin_differs = "keep_local", delete_origin_differs = "apply_remote" }\n'
+        '"public.lww" = { insert_exists = "last_update_wins" }\n',
+    )
+    runner = Runner(pair, cfg).start().ready()
+    pair.pub_exec("INSERT INTO t VALUES (1, 'a'), (2, 'b'), (3, 'c')")
+    wait_for(lambda: len(_rows(pair, "t")) == 3, 60)
+    assert runner.stop() == 0
+    pair.sub_exec("UPDATE t SET v = 'local' WHERE id IN (2, 3)")
+    pair.pub_exec("UPDATE t SET v = v || '2'")
+    pair.pub_exec("DELETE FROM t WHERE id = 3")
+    pair.sub_exec("INSERT INTO lww VALUES (2, 'local-old')")
+    time.sleep(0.05)
+    pair.pub_exec("INSERT INTO lww VALUES (1, 'remote-old')")
+    time.sleep(0.05)
+    pair.sub_exec("INSERT INTO lww VALUES (1, 'local-new')")
+    time.sleep(0.05)
+    pair.pub_exec("INSERT INTO lww VALUES (2, 'remote-new')")
+    runner = Runner(pair, cfg, "run2.log").start().ready()
+    wait_for(lambda: len(_log(pair)) == 5, 60, "five conflicts")
+    assert runner.stop() == 0
+    assert _rows(pair, "t") == [{"id": 1, "v": "a2"}, {"id": 2, "v": "local"}]
+    assert _rows(pair, "lww") == [{"id": 1, "v": "local-new"}, {"id": 2, "v": "remote-new"}]
+    log = sorted((r[0], r[1], r[2]) for r in _log(pair))
+    assert log == [
+        ("lww", "insert_exists", "last_update_wins"),
+        ("lww", "insert_exists", "last_update_wins"),
+        ("t", "delete_origin_differs", "apply_remote"),
+        ("t", "update_origin_differs", "keep_local"),
+        ("t", "update_origin_differs", "keep_local"),
+    ], log
+
+
+def test_commit_timestamps_required(pair: Pair) -> None:
+    """A policy that needs commit timestamps on a target without them: exit 2, what to do."""
+    pair.both("CREATE TABLE t (id int PRIMARY KEY)")
+    pair.pub_exec("CREATE PUBLICATION pub FOR ALL TABLES")
+    cfg = _config(pair, 'default = { update_origin_differs = "keep_local" }\n')
+    runner = Runner(pair, cfg).start()
+    assert runner.wait(60) == 2
+    assert "track_commit_timestamp" in runner.log()
