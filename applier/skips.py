@@ -355,17 +355,15 @@ def render_rules(rules: list[Rule], out: TextIO, *, origin: str, as_json: bool) 
     if not rules:
         out.write(f"no skip rules for origin {origin}\n")
         return
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=f"skip rules of origin {origin}")
-    for col in ("id", "kind", "what", "dump", "created", "state", "kept"):
-        table.add_column(col, justify="right" if col in ("id", "kept") else "left")
-    for r in rules:
-        table.add_row(
-            str(r.id), r.kind, _what(r), r.dump, _minute(r.created_at), _state(r), str(r.kept)
-        )
-    Console(file=out, width=120).print(table)
+    # Plain aligned columns, never wrapped: patterns and LSNs stay whole to copy.
+    head = ("id", "kind", "what", "dump", "kept", "created", "state")
+    rows = [
+        (str(r.id), r.kind, _what(r), r.dump, str(r.kept), _minute(r.created_at), _state(r))
+        for r in rules
+    ]
+    widths = [max(len(x[i]) for x in [head, *rows]) for i in range(len(head))]
+    for line in [head, *rows]:
+        out.write("  ".join(x.ljust(w) for x, w in zip(line, widths, strict=True)).rstrip() + "\n")
 
 
 def _what(r: Rule) -> str:
