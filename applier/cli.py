@@ -199,7 +199,12 @@ def decode(
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @_exits_cleanly
 def status(config_path: Path, as_json: bool) -> int:
-    """Show the slot, the origin's progress, lag, the worker and its last error."""
+    """Show the slot, the origin's progress, lag, the worker and its last error.
+
+    Also the conflicts recorded per table, type and resolution, the number of
+    active skip rules and, when the worker stopped on a transaction it could
+    not apply, the `applier skip add --config F --lsn LSN` that skips it.
+    """
     from .status import show_status
 
     return show_status(_load(config_path, "warning"), as_json=as_json)

@@ -53,17 +53,26 @@ _HEX = re.compile(r"^\\x(?:[0-9a-fA-F]{2})*$")
 
 @dataclass(frozen=True)
 class TableShape:
-    """What the dump needs of a target table: partitioned?, which columns are bytea."""
+    """What the dump needs of a target table: partitioned?, which columns are bytea,
+    the column order (jsonb keeps keys in its own order)."""
 
     partitioned: bool = False
     bytea: frozenset[str] = frozenset()
+    columns: tuple[str, ...] = ()
+
+    def ordered(self, row: dict[str, Any]) -> dict[str, Any]:
+        """``row``'s columns in the table's order (unknown ones last, as they came)."""
+        rank = {c: i for i, c in enumerate(self.columns)}
+        return dict(sorted(row.items(), key=lambda kv: rank.get(kv[0], len(rank))))
 
 
 _SHAPES = """
 SELECT n.nspname, c.relname, c.relkind = 'p',
        coalesce(array_agg(a.attname::text) FILTER (
            WHERE CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.oid END
-                 = 'pg_catalog.bytea'::pg_catalog.regtype), '{}')
+                 = 'pg_catalog.bytea'::pg_catalog.regtype), '{}'),
+       coalesce(array_agg(a.attname::text ORDER BY a.attnum)
+                FILTER (WHERE a.attname IS NOT NULL), '{}')
   FROM pg_catalog.pg_class c
   JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
   JOIN ROWS FROM (pg_catalog.unnest(%s::text[]), pg_catalog.unnest(%s::text[])) AS x(s, r)
@@ -83,7 +92,7 @@ def table_shapes(
     if not names:
         return {}
     rows = conn.execute(_SHAPES, ([s for s, _ in names], [t for _, t in names])).fetchall()
-    return {(s, t): TableShape(bool(p), frozenset(b)) for s, t, p, b in rows}
+    return {(s, t): TableShape(bool(p), frozenset(b), tuple(c)) for s, t, p, b, c in rows}
 
 
 def render_json(changes: list[KeptChange], out: TextIO) -> None:
@@ -171,9 +180,9 @@ def statement(c: KeptChange, shape: TableShape | None) -> Statement:
     only = rel if shape.partitioned else sql.Composed([sql.SQL("ONLY "), rel])
     if c.op == "truncate":
         return Statement(sql.SQL("TRUNCATE {};").format(only).as_string(None))
-    new = c.new_row or {}
-    where = c.key or c.old_row
-    binary = _binary_columns([new, where or {}], shape)
+    new = shape.ordered(c.new_row or {})
+    where = shape.ordered(c.key or c.old_row or {})
+    binary = _binary_columns([new, where], shape)
     problem = f"column(s) {', '.join(binary)} came in binary" if binary else None
     if c.op == "insert":
         if not new:
@@ -209,9 +218,10 @@ def _where(cols: dict[str, Any]) -> sql.Composable:
 
 def _literal(v: Any) -> sql.Composable:
     """A value as a text literal (the worker keeps text; anything else as its JSON)."""
-    if v is None or isinstance(v, str):
-        return sql.Literal(v)
-    return sql.Literal(json.dumps(v) if isinstance(v, dict | list) else str(v))
+    if v is not None and not isinstance(v, str):
+        v = json.dumps(v) if isinstance(v, dict | list) else str(v)
+    # psycopg writes " E'...'" for a value with a backslash: no stray space in a list.
+    return sql.SQL(sql.Literal(v).as_string(None).lstrip())
 
 
 def _binary_columns(rows: list[dict[str, Any]], shape: TableShape) -> list[str]:

@@ -126,6 +126,11 @@ def new_rule(
             _check_table_pattern(table)
         except ValueError as e:
             raise ConfigError(f"--table: {e}", hint="quote the pattern for the shell") from None
+    if lsn is not None and lsn == 0:
+        raise ConfigError(
+            "--lsn 0/0 is no transaction's LSN",
+            hint="copy the finish LSN the apply error or `applier status` prints",
+        )
     if dump is not None and dump not in DUMPS:
         raise ConfigError(f"--dump {dump!r}: expected one of " + ", ".join(DUMPS))
     return NewRule(

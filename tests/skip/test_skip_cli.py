@@ -90,6 +90,7 @@ BAD = [
     (["--xid", "-1"], "-1"),
     (["--xid", "abc"], "abc"),
     (["--lsn", "nonsense"], "invalid LSN"),
+    (["--lsn", "0/0"], "no transaction's LSN"),
     (["--lsn", "0/1", "--error"], "two kinds"),
     (["--table", "public"], "schema.table"),
     (["--table", "a.b.c"], "schema.table"),
