@@ -3,7 +3,12 @@
 It reads, never writes: the slot on the source (active, holder, confirmed
 position, WAL retained), the replication origin's progress on the target, the
 worker's row in ``applier.worker_status`` (state, heartbeat, counters, the
-last error it stopped on) and derives lag in bytes and seconds. Each side is
+last error it stopped on), the conflicts recorded in ``applier.conflict_log``
+counted per table, type and resolution, and the number of active skip rules,
+and derives lag in bytes and seconds. When the worker stopped on an error
+that names its transaction's finish LSN, status prints the exact
+``applier skip add --config F --lsn LSN`` that skips that transaction (or the
+id of the rule that does, once it exists). Each side is
 queried on its own short connection, so a down server shows up as an error
 for that side while the other side is still reported.
 """
@@ -12,6 +17,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import shlex
 import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any, TextIO
@@ -20,6 +26,8 @@ import psycopg
 from psycopg.rows import dict_row
 
 from .config import Config, redact_dsn
+from .errors import ApplierError
+from .lsn import Lsn
 
 SLOT_SQL = """
 SELECT s.slot_name, s.plugin, s.active, s.active_pid, s.wal_status,
@@ -50,6 +58,21 @@ SELECT state, pid, host, started_at, heartbeat_at, applied_txns, skipped_changes
 FROM applier.worker_status WHERE origin = %s
 """
 
+CONFLICTS_SQL = """
+SELECT schema_name || '.' || table_name AS table, conflict, resolution,
+       count(*) AS count, max(logged_at) AS last_at
+  FROM applier.conflict_log WHERE origin = %s
+ GROUP BY schema_name, table_name, conflict, resolution
+ ORDER BY schema_name, table_name, conflict, resolution
+"""
+
+ACTIVE_RULES_SQL = "SELECT count(*) FROM applier.skip_rules WHERE origin = %s AND NOT done"
+
+RULE_FOR_LSN_SQL = """
+SELECT id FROM applier.skip_rules
+ WHERE origin = %s AND kind = 'txn' AND lsn = %s::pg_lsn ORDER BY done, id LIMIT 1
+"""
+
 
 @dataclass
 class Status:
@@ -62,6 +85,12 @@ class Status:
     worker: dict[str, Any] | None = None
     lag_bytes: int | None = None
     lag_seconds: float | None = None
+    conflicts: list[dict[str, Any]] = field(default_factory=list)
+    active_skip_rules: int | None = None
+    #: The command that skips the transaction the worker stopped on, if known.
+    skip_command: str | None = None
+    #: The transaction rule that skips it, once one was added.
+    skip_rule: int | None = None
     errors: list[str] = field(default_factory=list)
 
     @property
@@ -70,6 +99,7 @@ class Status:
 
 
 def collect(cfg: Config) -> Status:
+    """Everything ``applier status`` shows; a side that is down becomes a note."""
     st = Status(
         slot_name=cfg.source.slot,
         origin=cfg.origin,
@@ -110,11 +140,46 @@ def _target_side(cfg: Config, st: Status) -> None:
                 st.worker = (
                     conn.cursor(row_factory=dict_row).execute(WORKER_SQL, (cfg.origin,)).fetchone()
                 )
+            _conflicts_and_skips(conn, cfg, st)
     except psycopg.Error as e:
         st.errors.append(f"target unreachable ({redact_dsn(cfg.target.dsn)}): {_first_line(e)}")
         return
     if st.origin_progress is None:
         st.errors.append(f"replication origin {cfg.origin!r} does not exist on the target yet")
+
+
+def _conflicts_and_skips(conn: psycopg.Connection[Any], cfg: Config, st: Status) -> None:
+    row = conn.execute("SELECT pg_catalog.to_regclass('applier.skip_rules')").fetchone()
+    if not row or row[0] is None:  # the schema is older than migration 0006
+        return
+    st.conflicts = (
+        conn.cursor(row_factory=dict_row).execute(CONFLICTS_SQL, (cfg.origin,)).fetchall()
+    )
+    active = conn.execute(ACTIVE_RULES_SQL, (cfg.origin,)).fetchone()
+    st.active_skip_rules = int(active[0]) if active else 0
+    lsn = _failed_finish_lsn(st.worker)
+    if lsn is None:
+        return
+    rule = conn.execute(RULE_FOR_LSN_SQL, (cfg.origin, str(lsn))).fetchone()
+    if rule is not None:
+        st.skip_rule = int(rule[0])
+    config = shlex.quote(str(cfg.path)) if cfg.path is not None else "F"
+    st.skip_command = f"applier skip add --config {config} --lsn {lsn}"
+
+
+def _failed_finish_lsn(worker: dict[str, Any] | None) -> Lsn | None:
+    """The finish LSN of the transaction the worker stopped on (state ``error``)."""
+    if not worker or worker.get("state") != "error":
+        return None
+    error = worker.get("last_error")
+    context = error.get("context") if isinstance(error, dict) else None
+    finish = context.get("finish_lsn") if isinstance(context, dict) else None
+    if not isinstance(finish, str):
+        return None
+    try:
+        return Lsn.parse(finish)
+    except ApplierError:
+        return None
 
 
 def _derive_lag(st: Status) -> None:
@@ -140,6 +205,8 @@ def _jsonable(v: Any) -> Any:
         return v.isoformat()
     if isinstance(v, dict):
         return {k: _jsonable(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_jsonable(x) for x in v]
     return v
 
 
@@ -172,13 +239,44 @@ def render_text(st: Status, out: TextIO) -> None:
         ("applied txns", w.get("applied_txns")),
         ("skipped changes", w.get("skipped_changes")),
         ("last error", json.dumps(_jsonable(w["last_error"])) if w.get("last_error") else "-"),
+        ("active skip rules", st.active_skip_rules),
+        ("conflicts", sum(c["count"] for c in st.conflicts)),
     ]
     for k, v in rows:
         table.add_row(k, "-" if v is None else str(v))
     console = Console(file=out, width=120)
     console.print(table)
+    if st.conflicts:
+        console.print(_conflict_table(st.conflicts))
+    _skip_hint(st, out)
     for err in st.errors:
         console.print(f"[yellow]note:[/] {err}", markup=True)
+
+
+def _conflict_table(conflicts: list[dict[str, Any]]) -> Any:
+    from rich.table import Table
+
+    table = Table(title="conflicts")
+    for col in ("table", "conflict", "resolution", "count", "last"):
+        table.add_column(col, justify="right" if col == "count" else "left")
+    for c in conflicts:
+        last = c["last_at"].isoformat(timespec="seconds") if c["last_at"] else "-"
+        table.add_row(c["table"], c["conflict"], c["resolution"], str(c["count"]), last)
+    return table
+
+
+def _skip_hint(st: Status, out: TextIO) -> None:
+    # Plain lines, not table cells: the command must stay whole to be copied.
+    if st.skip_command is None:
+        return
+    out.flush()
+    if st.skip_rule is not None:
+        out.write(
+            f"skip rule {st.skip_rule} skips the transaction the worker stopped on: "
+            "start the worker\n"
+        )
+    else:
+        out.write(f"to skip the transaction the worker stopped on:\n  {st.skip_command}\n")
 
 
 def _bytes(n: int | None) -> str:

@@ -55,3 +55,95 @@ def test_status_names_the_side_that_is_down(pair: Pair) -> None:
     assert any("target unreachable" in e for e in errors)
     assert any("slot" in e and "does not exist" in e for e in errors)
     assert "s3cret" not in json.dumps(st)
+
+
+def _text_status(cfg_path: str) -> str:
+    proc = subprocess.run(
+        [sys.executable, "-m", "applier.cli", "status", "--config", cfg_path],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode in (0, 1), proc.stderr
+    return proc.stdout
+
+
+def test_status_counts_conflicts_and_prints_the_command_that_skips_the_failed_txn(
+    pair: Pair,
+) -> None:
+    upgrade_target(pair.sub_dsn)
+    cfg = pair.write_config()
+    origin = pair.slot
+    conflicts = [  # (origin, commit LSN, table, conflict, resolution)
+        *[(origin, f"0/{n}00", "public", "t", "insert_exists", "skip") for n in (1, 2, 3)],
+        (origin, "0/400", "public", "t", "update_missing", "skip"),
+        *[(origin, f"0/{n}00", "s", "u", "insert_exists", "keep_local") for n in (5, 6)],
+        ("another_origin", "0/700", "public", "t", "insert_exists", "skip"),
+    ]
+    with pair.sub_conn() as conn:
+        for o, lsn, schema, table, conflict, resolution in conflicts:
+            conn.execute(
+                "INSERT INTO applier.conflict_log (origin, commit_lsn, change_no, schema_name, "
+                "table_name, conflict, resolution, key) VALUES (%s, %s, 1, %s, %s, %s, %s, "
+                """'{"id": "1"}')""",
+                (o, lsn, schema, table, conflict, resolution),
+            )
+        for kind, extra in [("object", "'public.x', NULL"), ("error", "NULL, NULL")] * 2:
+            conn.execute(
+                "INSERT INTO applier.skip_rules (origin, kind, table_pattern, lsn, dump) "
+                f"VALUES (%s, %s, {extra}, 'skipped')",
+                (origin if kind == "object" else "another_origin", kind),
+            )
+        conn.execute(
+            "INSERT INTO applier.skip_rules (origin, kind, lsn, dump, done) "
+            "VALUES (%s, 'txn', '0/99', 'all', true)",
+            (origin,),
+        )
+        error = {
+            "kind": "ApplyError",
+            "message": "duplicate key value violates unique constraint",
+            "context": {"lsn": "0/1A2B300", "xid": "1234", "finish_lsn": "0/1A2B3C4"},
+        }
+        conn.execute(
+            "INSERT INTO applier.worker_status (origin, slot, state, last_error, last_error_at) "
+            "VALUES (%s, %s, 'error', %s::jsonb, now())",
+            (origin, pair.slot, json.dumps(error)),
+        )
+
+    _, st, err = _status(str(cfg))
+    assert "Traceback" not in err
+    got = st["conflicts"]
+    assert isinstance(got, list)
+    assert [(c["table"], c["conflict"], c["resolution"], c["count"]) for c in got] == [
+        ("public.t", "insert_exists", "skip", 3),
+        ("public.t", "update_missing", "skip", 1),
+        ("s.u", "insert_exists", "keep_local", 2),
+    ]
+    assert all(c["last_at"] for c in got)
+    assert st["active_skip_rules"] == 2  # this origin's, not done
+    command = f"applier skip add --config {cfg} --lsn 0/1A2B3C4"
+    assert st["skip_command"] == command
+    assert st["skip_rule"] is None
+    text = _text_status(str(cfg))
+    assert f"  {command}\n" in text  # whole, on one line, to copy
+    assert "insert_exists" in text and "keep_local" in text
+
+    # The printed command works, and status then says the rule is there.
+    proc = subprocess.run(
+        [sys.executable, "-m", "applier.cli", *command.split()[1:]],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    rule = int(proc.stdout)
+    _, st, _ = _status(str(cfg))
+    assert st["skip_rule"] == rule and st["active_skip_rules"] == 3
+    assert f"skip rule {rule} skips the transaction" in _text_status(str(cfg))
+
+    # A worker that is running again (or an error without finish_lsn) gets no command.
+    pair.sub_exec("UPDATE applier.worker_status SET state = 'running'")
+    _, st, _ = _status(str(cfg))
+    assert st["skip_command"] is None
+    pair.sub_exec(
+        "UPDATE applier.worker_status SET state = 'error', "
+        "last_error = last_error #- '{context,finish_lsn}'"
+    )
+    _, st, _ = _status(str(cfg))
+    assert st["skip_command"] is None
