@@ -286,7 +286,7 @@ class Resolution:
                     )
                 )
             )
-            params += [new.values[i].decode("utf-8", "replace") for i in idx]
+            params += [bytes(new.values[i] or b"").decode("utf-8", "replace") for i in idx]
         if not conds:
             return None
         where: sql.Composable = sql.SQL(" OR ").join(conds)
@@ -300,7 +300,7 @@ class Resolution:
                     for i in rm.key
                 )
                 where = sql.SQL("({}) AND NOT ({})").format(where, mine)
-                params += [own.values[i].decode("utf-8", "replace") for i in rm.key]
+                params += [bytes(own.values[i] or b"").decode("utf-8", "replace") for i in rm.key]
         query = sql.SQL(
             "SELECT pg_catalog.jsonb_agg(pg_catalog.to_jsonb(applier_x))::text "
             "FROM {} AS applier_x WHERE {}"

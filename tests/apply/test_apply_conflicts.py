@@ -161,7 +161,8 @@ def test_origin_differs_and_last_update_wins(make_pair: Any) -> None:
     pair.pub_exec("CREATE PUBLICATION pub FOR ALL TABLES")
     cfg = _config(
         pair,
-        'default = { update_origin_differs = "keep_local", delete_origin_differs = "apply_remote" }\n'
+        'default = { update_origin_differs = "keep_local", '
+        'delete_origin_differs = "apply_remote" }\n'
         '"public.lww" = { insert_exists = "last_update_wins" }\n',
     )
     runner = Runner(pair, cfg).start().ready()

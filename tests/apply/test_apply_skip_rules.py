@@ -46,7 +46,9 @@ def _slot(pair: Pair, cfg: Path) -> None:
 
 
 def test_object_txn_and_error_rules(pair: Pair) -> None:
-    pair.both("CREATE TABLE tmp_a (id int PRIMARY KEY, v text); CREATE TABLE t (id int PRIMARY KEY)")
+    pair.both(
+        "CREATE TABLE tmp_a (id int PRIMARY KEY, v text); CREATE TABLE t (id int PRIMARY KEY)"
+    )
     pair.pub_exec("CREATE TABLE c (id int PRIMARY KEY, n int)")
     pair.sub_exec("CREATE TABLE c (id int PRIMARY KEY, n int CHECK (n >= 0))")  # target only
     pair.pub_exec("CREATE PUBLICATION pub FOR ALL TABLES")
