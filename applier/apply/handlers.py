@@ -44,13 +44,17 @@ them out of SET; the target keeps its value, which is the source's too.
 Streamed transactions
 =====================
 
-See :mod:`applier.apply.spool`: spooled per top-level xid (memory up to
-``memory_limit``, then disk), subtransaction aborts truncate, Stream Commit
-replays in one target transaction, Stream Abort discards. The stream hands
-changes inside stream blocks over undecoded (``StreamedChange``): they are
-spooled as the bytes received and decoded once, at replay. Streams are
-applied serially also with ``streaming = parallel`` (then the Stream Abort
-carries its LSN, which we do not need).
+See :mod:`applier.apply.streamed`.
+
+Conflicts and skip rules
+========================
+
+Changes the target's rows disagree with are conflicts, resolved by the
+table's ``[conflicts]`` policy and recorded (:mod:`applier.apply.conflicts`,
+:mod:`applier.apply.policies`); rules may skip tables, one transaction or
+failing changes, keeping what they skipped (:mod:`applier.apply.skiprules`).
+Both are decided in :mod:`applier.apply.resolve`, with the careful replay
+(a savepoint per change) that only a failed range pays for.
 
 Two-phase
 =========
@@ -150,20 +154,20 @@ from applier.protocol import (
     Truncate,
     Type,
     Update,
-    decode_streamed,
 )
 
 from .conflicts import Conflict, ConflictPlanner
 from .mapping import Catalog, RelMap
 from .merge import MAX_HELD, UpdateMerger
 from .origin import FLUSHED, FlushTracker
-from .planner import Planner, key_of
+from .planner import Planner
 from .relations import RelationCache
-from .resolve import Resolution, op_of
+from .resolve import Resolution
 from .session import TargetSession
 from .skiprules import SkipRules
 from .spool import Spool, SpoolSet
-from .states import State, Txn
+from .states import ChangeCtx, State, Txn
+from .streamed import Streamed
 from .twophase import TwoPhase
 
 log = logging.getLogger("applier.apply")
@@ -176,32 +180,7 @@ _NOT_STREAM = frozenset({IDLE, TXN, PREPARE})
 _ANY = frozenset(State)
 
 
-class ChangeCtx:
-    """What identifies one applied change in errors, conflict and skip records."""
-
-    __slots__ = ("change", "check", "lsn", "no", "rm", "txn", "xid")
-
-    def __init__(self, lsn: Lsn, txn: Txn, rm: RelMap, change: Any) -> None:
-        self.lsn = lsn
-        self.txn = txn
-        self.xid = txn.xid
-        self.no = txn.n
-        self.rm = rm
-        self.change = change
-        #: For a statement of applier.apply.conflicts: reads its result.
-        self.check: Any = None
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "lsn": str(Lsn(self.lsn)),
-            "xid": self.xid,
-            "table": self.rm.qualname,
-            "op": op_of(self.change),
-            "key": key_of(self.rm, self.change),
-        }
-
-
-class Applier(Resolution, TwoPhase):
+class Applier(Resolution, Streamed, TwoPhase):
     """The message state machine: one handler per message kind, states in one place."""
 
     def __init__(
@@ -433,10 +412,6 @@ class Applier(Resolution, TwoPhase):
 
     # -- changes -----------------------------------------------------------------------
 
-    def on_streamed_change(self, lsn: Lsn, m: StreamedChange) -> None:
-        assert self.spool is not None
-        self.spools.add(self.spool, m.data, m.xid)
-
     def _target(self, lsn: Lsn, oid: int, m: Any, op: str) -> ChangeCtx | None:
         """The change's context, or None when it is not to be applied (already applied,
         excluded table, skipped by a rule: then kept as the rule says)."""
@@ -652,65 +627,6 @@ class Applier(Resolution, TwoPhase):
 
     def _xid(self) -> int | None:
         return self.txn.xid if self.txn is not None else None
-
-    # -- streamed transactions -------------------------------------------------------
-
-    def on_stream_start(self, lsn: Lsn, m: StreamStart) -> None:
-        if not m.first_segment and self.spools.get(m.xid) is None:
-            # Its first segments never reached us: a spool from here would replay
-            # a partial transaction at its Stream Commit.
-            raise ProtocolError(
-                "a Stream Start continues a streamed transaction whose first segment was "
-                "not received",
-                lsn=str(Lsn(lsn)),
-                xid=m.xid,
-                hint="the stream is out of order; applier run restarts from the origin",
-            )
-        self.state = STREAM
-        self.spool = self.spools.open(m.xid, m.first_segment)
-
-    def on_stream_stop(self, lsn: Lsn, m: StreamStop) -> None:
-        self.state = IDLE
-        self.spool = None
-
-    def _replay(self, xid: int, commit_lsn: Lsn, gid: str | None = None, ts: int = 0) -> None:
-        """Apply a spooled transaction through the change handlers (state TXN)."""
-        spool = self.spools.get(xid)
-        self.state = TXN
-        self._start_txn(xid, commit_lsn, False, gid, ts)
-        if spool is not None:
-            for data in spool:
-                self.dispatch(commit_lsn, decode_streamed(data))
-
-    def on_stream_commit(self, lsn: Lsn, m: StreamCommit) -> None:
-        self.commit_group()
-        sp = self.spools.get(m.xid)
-        log.debug(
-            "streamed transaction commits",
-            extra={
-                "ctx": {
-                    "xid": m.xid,
-                    "messages": sp.count if sp else 0,
-                    "on_disk": bool(sp and sp.on_disk),
-                    "end_lsn": m.end_lsn,
-                }
-            },
-        )
-        if m.end_lsn <= self.progress:
-            self.spools.discard(m.xid)
-            self.skipped_txns += 1
-            self.flush.store(m.end_lsn, FLUSHED)
-            return
-        try:
-            self._replay(m.xid, m.commit_lsn, None, m.commit_ts)
-            self.state = IDLE
-            self._end_txn(m.end_lsn, m.commit_ts)
-        finally:
-            self.state = IDLE
-            self.spools.discard(m.xid)
-
-    def on_stream_abort(self, lsn: Lsn, m: StreamAbort) -> None:
-        self.spools.abort(m.xid, m.subxid)
 
     # -- shutdown ----------------------------------------------------------------------
 

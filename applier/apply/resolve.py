@@ -43,7 +43,7 @@ from psycopg import pq, sql
 
 from applier.errors import ApplyError
 from applier.lsn import Lsn, pg_timestamp
-from applier.protocol import Delete, Insert, Truncate, Update
+from applier.protocol import Truncate, Update
 
 from .conflicts import LOG_CONFLICT, Conflict, conflict_params, key_json, remote_json, row_json
 from .mapping import RelMap
@@ -59,6 +59,7 @@ from .policies import (
     Policies,
 )
 from .skiprules import Kept, Rule, SkipRules
+from .states import op_of
 
 log = logging.getLogger("applier.apply")
 
@@ -91,12 +92,6 @@ _LOG_ALONE = LOG_CONFLICT.query.decode().split(" VALUES ")[0] + (
     "%s, %s, %s, %s, %s, %s::jsonb, %s::jsonb, %s::jsonb) "
     "ON CONFLICT (origin, commit_lsn, change_no, conflict) DO NOTHING"
 )
-
-_OPS = {Insert: "insert", Update: "update", Delete: "delete", Truncate: "truncate"}
-
-
-def op_of(change: Any) -> str:
-    return _OPS.get(type(change), "change")
 
 
 class Resolution:

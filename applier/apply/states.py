@@ -8,6 +8,9 @@ from typing import Any
 
 from applier.lsn import Lsn
 
+from .mapping import RelMap
+from .planner import key_of
+
 
 class State(enum.Enum):
     IDLE = "idle"
@@ -40,3 +43,36 @@ class Txn:
     kept: list[Any] = field(default_factory=list)
     #: Every change seen, while some rule keeps whole transactions (dump = all).
     seen: list[Any] | None = None
+
+
+class ChangeCtx:
+    """What identifies one applied change in errors, conflict and skip records."""
+
+    __slots__ = ("change", "check", "lsn", "no", "rm", "txn", "xid")
+
+    def __init__(self, lsn: Lsn, txn: Txn, rm: RelMap, change: Any) -> None:
+        self.lsn = lsn
+        self.txn = txn
+        self.xid = txn.xid
+        self.no = txn.n
+        self.rm = rm
+        self.change = change
+        #: For a statement of applier.apply.conflicts: reads its result.
+        self.check: Any = None
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "lsn": str(Lsn(self.lsn)),
+            "xid": self.xid,
+            "table": self.rm.qualname,
+            "op": op_of(self.change),
+            "key": key_of(self.rm, self.change),
+        }
+
+
+_OPS = {"Insert": "insert", "Update": "update", "Delete": "delete", "Truncate": "truncate"}
+
+
+def op_of(change: Any) -> str:
+    """The operation of a change as skip rules and records name it."""
+    return _OPS.get(type(change).__name__, "change")
