@@ -204,8 +204,9 @@ def test_fan_in_origin_any_applies_none_filters(any_pair: Pair, origin: str) -> 
     _from_elsewhere(
         pair,
         elsewhere,
-        "BEGIN; INSERT INTO t VALUES (3, 'prepared'); PREPARE TRANSACTION 'g3';"
-        "COMMIT PREPARED 'g3'",
+        # Streamed too: Stream Prepare, then Commit Prepared.
+        "BEGIN; INSERT INTO t SELECT g, 'p' FROM generate_series(10000, 13999) g;"
+        "PREPARE TRANSACTION 'g3'; COMMIT PREPARED 'g3'",
     )
     _from_elsewhere(
         pair,
@@ -239,7 +240,7 @@ def test_fan_in_origin_any_applies_none_filters(any_pair: Pair, origin: str) -> 
     got = _rows(pair.sub_exec)
     if origin == "any":
         assert got == _rows(pair.pub_exec)
-        assert len(got) == 4000 + 6
+        assert len(got) == 4000 + 4000 + 5
     else:
         assert got == [(1, "local"), (6, "local"), (7, "local")]
     assert pair.sub_exec("SELECT count(*) FROM pg_prepared_xacts") == [(0,)]
