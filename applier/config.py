@@ -119,9 +119,8 @@ class TablesConfig(_Section):
 
     def includes(self, schema: str, table: str) -> bool:
         """True when ``schema.table`` matches an include pattern and no exclude pattern."""
-        name = f"{schema}.{table}"
-        return any(fnmatch.fnmatchcase(name, p) for p in self.include) and not any(
-            fnmatch.fnmatchcase(name, p) for p in self.exclude
+        return any(table_matches(p, schema, table) for p in self.include) and not any(
+            table_matches(p, schema, table) for p in self.exclude
         )
 
 
@@ -146,6 +145,16 @@ DEFAULT_POLICIES: dict[str, str] = {
     "update_origin_differs": "apply_remote",
     "delete_origin_differs": "apply_remote",
 }
+
+
+def table_matches(pattern: str, schema: str, table: str) -> bool:
+    """Whether ``schema.table`` matches a ``schema.table`` pattern (shell wildcards).
+
+    The schema and table parts are matched apart, so a wildcard never crosses the
+    dot (``my_schema.*`` does not take the schema ``my_schema.x``).
+    """
+    ps, _, pt = pattern.partition(".")
+    return fnmatch.fnmatchcase(schema, ps) and fnmatch.fnmatchcase(table, pt)
 
 
 def _check_table_pattern(p: str) -> str:

@@ -160,6 +160,7 @@ from .conflicts import Conflict, ConflictPlanner
 from .mapping import Catalog, RelMap
 from .merge import MAX_HELD, UpdateMerger
 from .origin import FLUSHED, FlushTracker
+from .originfilter import OriginFilter
 from .planner import Planner
 from .relations import RelationCache
 from .resolve import Resolution
@@ -220,6 +221,8 @@ class Applier(Resolution, Streamed, TwoPhase):
         self.last_commit_lsn: Lsn | None = None
         self.last_commit_ts: int | None = None
         self.gid_prefix = f"applier_{cfg.origin}_"
+        #: ``[source] origin = "none"``: see applier.apply.originfilter.
+        self.origins = OriginFilter(cfg.source.origin)
         #: Group commit: at most this many source transactions per target transaction.
         self.group_limit = max(1, group_limit)
         #: Transactions up to this source position are applied one by one (after a
@@ -244,7 +247,7 @@ class Applier(Resolution, Streamed, TwoPhase):
         self.handlers: dict[type, tuple[frozenset[State], H]] = {
             Begin: (frozenset({IDLE}), self.on_begin),
             Commit: (frozenset({TXN}), self.on_commit),
-            Origin: (frozenset({TXN, PREPARE}), self.on_origin),
+            Origin: (frozenset({TXN, PREPARE, STREAM}), self.on_origin),
             Relation: (_NOT_STREAM, self.on_relation),
             Type: (_NOT_STREAM, self.on_type),
             StreamedChange: (frozenset({STREAM}), self.on_streamed_change),
@@ -317,7 +320,9 @@ class Applier(Resolution, Streamed, TwoPhase):
         assert txn is not None
         self.txn = None
         if txn.skip or end_lsn <= self.progress:
-            self.commit_group()  # never open here (LSN order), but never roll one back
+            # Open here only before a transaction filtered by its origin (the others
+            # come before any group by LSN order); never roll one back.
+            self.commit_group()
             self.session.rollback()
             self.skipped_txns += 1
             self.flush.store(end_lsn, FLUSHED)
@@ -381,7 +386,17 @@ class Applier(Resolution, Streamed, TwoPhase):
         self.last_commit_ts = ts
 
     def on_origin(self, lsn: Lsn, m: Origin) -> None:
-        log.debug("origin message", extra={"ctx": {"origin": m.name, "origin_lsn": m.origin_lsn}})
+        """The transaction was applied on the source by a replication (after Begin, Begin
+        Prepare, or a first Stream Start): not applied with ``origin = "none"``."""
+        if self.state is STREAM:
+            sp = self.spool
+            assert sp is not None
+            sp.filtered = self.origins.drop(lsn, m, sp.xid)
+            return
+        txn = self.txn
+        assert txn is not None
+        if self.origins.drop(lsn, m, txn.xid, prepared=txn.gid is not None):
+            txn.skip = True  # before any change of it: nothing was sent for it
 
     def on_message(self, lsn: Lsn, m: Message) -> None:
         log.debug(

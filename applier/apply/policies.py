@@ -21,11 +21,10 @@ multiple_unique_conflicts of an UPDATE are caught by the careful replay
 
 from __future__ import annotations
 
-import fnmatch
 import re
 from dataclasses import dataclass
 
-from applier.config import DEFAULT_POLICIES, ConflictsConfig
+from applier.config import DEFAULT_POLICIES, ConflictsConfig, table_matches
 
 INSERT_EXISTS = "insert_exists"
 UPDATE_EXISTS = "update_exists"
@@ -99,20 +98,19 @@ class Policies:
             or cfg.named(DELETE_ORIGIN)
             or any(p == "last_update_wins" for entry in cfg.root.values() for p in entry.values())
         )
-        self._cache: dict[str, TablePolicy] = {}
+        self._cache: dict[tuple[str, str], TablePolicy] = {}
 
     def for_table(self, schema: str, table: str) -> TablePolicy:
-        name = f"{schema}.{table}"
-        hit = self._cache.get(name)
+        hit = self._cache.get((schema, table))
         if hit is None:
-            hit = self._cache[name] = self._compile(name)
+            hit = self._cache[(schema, table)] = self._compile(schema, table)
         return hit
 
-    def _compile(self, name: str) -> TablePolicy:
+    def _compile(self, schema: str, table: str) -> TablePolicy:
         chosen = dict(self.default)
         named = set(self.default_named)
         for pattern, entry in self.patterns:
-            if fnmatch.fnmatchcase(name, pattern):
+            if table_matches(pattern, schema, table):
                 chosen.update(entry)
                 named |= set(entry)
                 break

@@ -23,13 +23,13 @@ same target transaction as the skip, so a skip is never without its record.
 
 from __future__ import annotations
 
-import fnmatch
 import logging
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 
+from applier.config import table_matches
 from applier.lsn import Lsn
 
 log = logging.getLogger("applier.apply")
@@ -38,6 +38,11 @@ log = logging.getLogger("applier.apply")
 REFRESH_INTERVAL = 2.0
 
 OPS = ("insert", "update", "delete", "truncate")
+
+
+def _matches(pattern: str, qualname: str) -> bool:
+    schema, _, table = qualname.partition(".")
+    return table_matches(pattern, schema, table)
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +57,9 @@ class Rule:
     dump: str
 
     def covers(self, table: str, op: str) -> bool:
-        return (self.table_pattern is None or fnmatch.fnmatchcase(table, self.table_pattern)) and (
+        """``table``: schema.name as the source named it (its first dot ends the schema;
+        a schema name with a dot is matched as PostgreSQL quotes it nowhere here)."""
+        return (self.table_pattern is None or _matches(self.table_pattern, table)) and (
             self.ops is None or op in self.ops
         )
 
@@ -168,11 +175,7 @@ class SkipRules:
             if r.kind != "error":
                 continue
             pattern = r.table_pattern
-            if (
-                table is not None
-                and pattern is not None
-                and not fnmatch.fnmatchcase(table, pattern)
-            ):
+            if table is not None and pattern is not None and not _matches(pattern, table):
                 continue
             if r.sqlstates is None or (sqlstate is not None and sqlstate in r.sqlstates):
                 return True

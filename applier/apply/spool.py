@@ -92,6 +92,9 @@ class Spool:
         self.subxacts: dict[int, tuple[int, int]] = {}
         #: Bytes in the file.
         self.disk_bytes = 0
+        #: Not applied (its first block's Origin message, ``[source] origin = "none"``):
+        #: its changes are not kept, its Stream Commit/Prepare discards it.
+        self.filtered = False
 
     @property
     def on_disk(self) -> bool:

@@ -59,8 +59,10 @@ class Streamed:
         raise NotImplementedError
 
     def on_streamed_change(self, lsn: Lsn, m: StreamedChange) -> None:
-        assert self.spool is not None
-        self.spools.add(self.spool, m.data, m.xid)
+        sp = self.spool
+        assert sp is not None
+        if not sp.filtered:  # its Origin message said not to apply it (originfilter)
+            self.spools.add(sp, m.data, m.xid)
 
     def on_stream_start(self, lsn: Lsn, m: StreamStart) -> None:
         if not m.first_segment and self.spools.get(m.xid) is None:
@@ -103,7 +105,7 @@ class Streamed:
                 }
             },
         )
-        if m.end_lsn <= self.progress:
+        if m.end_lsn <= self.progress or (sp is not None and sp.filtered):
             self.spools.discard(m.xid)
             self.skipped_txns += 1
             self.flush.store(m.end_lsn, FLUSHED)

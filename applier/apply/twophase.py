@@ -22,6 +22,10 @@ before); otherwise its changes never reached the target, and that is an
 :class:`~applier.errors.ApplyError` (exit 3), never a log line. A Rollback
 Prepared of a GID not prepared here is skipped (nothing to undo).
 
+A prepared transaction filtered by its origin (``[source] origin = "none"``,
+see :mod:`applier.apply.originfilter`) is not prepared here; its COMMIT
+PREPARED is skipped (counted in ``skipped_txns``).
+
 :class:`TwoPhase` is a part of :class:`~applier.apply.handlers.Applier` (which
 provides the session, the progress and the transaction helpers it calls).
 """
@@ -42,6 +46,7 @@ from applier.protocol import (
 )
 
 from .origin import FLUSHED, FlushTracker
+from .originfilter import OriginFilter
 from .states import IDLE, PREPARE, State, Txn
 
 if TYPE_CHECKING:
@@ -64,6 +69,7 @@ class TwoPhase:
     gid_prefix: str
     skipped_txns: int
     applied_txns: int
+    origins: OriginFilter
 
     def commit_group(self) -> None:
         raise NotImplementedError
@@ -91,7 +97,10 @@ class TwoPhase:
     def on_stream_prepare(self, lsn: Lsn, m: StreamPrepare) -> None:
         self.commit_group()
         gid = self.gid(m.xid)
-        if self.is_prepared(gid):  # not by LSN: see "Two-phase"
+        sp = self.spools.get(m.xid)
+        if sp is not None and sp.filtered:
+            self.origins.prepared.add(m.xid)  # for its COMMIT/ROLLBACK PREPARED
+        if (sp is not None and sp.filtered) or self.is_prepared(gid):  # not by LSN: "Two-phase"
             self.spools.discard(m.xid)
             self.flush.store(m.end_lsn, FLUSHED)
             return
@@ -160,8 +169,9 @@ class TwoPhase:
         self.commit_group()
         gid = self.gid(m.xid)
         if not self.is_prepared(gid):
-            if m.end_lsn <= self.progress:
-                # Committed here before (the origin is past its COMMIT PREPARED).
+            # Committed here before (the origin is past its COMMIT PREPARED), or its
+            # PREPARE was filtered by its origin.
+            if m.end_lsn <= self.progress or self.origins.finish_prepared(m.xid, gid, m.end_lsn):
                 self.skipped_txns += 1
                 self.flush.store(m.end_lsn, FLUSHED)
                 return
@@ -181,6 +191,7 @@ class TwoPhase:
     def on_rollback_prepared(self, lsn: Lsn, m: RollbackPrepared) -> None:
         self.commit_group()
         gid = self.gid(m.xid)
+        self.origins.prepared.discard(m.xid)
         if not self.is_prepared(gid):
             # Never prepared here (prepared before two_phase_at: PostgreSQL sends no
             # changes of it), or rolled back before: nothing to undo (worker.c too).

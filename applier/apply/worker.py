@@ -357,6 +357,7 @@ class Worker:
                     messages=True,
                     streaming=cfg.apply.streaming,
                     two_phase=cfg.apply.two_phase,
+                    origin=cfg.source.origin,  # 16+: the walsender filters (originfilter)
                     status_interval=cfg.apply.status_interval,
                     timeout=cfg.apply.timeout,
                     defer_streamed=True,

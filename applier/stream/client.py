@@ -178,10 +178,12 @@ def negotiate(server_version: int, opts: StreamOptions) -> Negotiated:
     if opts.origin is not None:
         if server_version >= 160000:
             out.append(("origin", opts.origin))
-        else:
-            log.warning(
-                "the origin option needs PostgreSQL 16+; not sent (changes of every "
-                "origin are streamed)",
+        elif opts.origin == "none":
+            # pgoutput 15 refuses the option; the apply worker filters the transactions
+            # that arrive with an Origin message (applier.apply.originfilter).
+            log.info(
+                "the source filters by origin from PostgreSQL 16; transactions with an "
+                "origin are streamed and filtered here",
                 extra={"ctx": {"origin": opts.origin}},
             )
     return Negotiated(proto, streaming, two_phase, tuple(out))
