@@ -319,6 +319,12 @@ class Applier(Resolution, Streamed, TwoPhase):
         txn = self.txn
         assert txn is not None
         self.txn = None
+        if txn.filtered and self.group_txns and end_lsn > self.no_group_until:
+            # Two-way on a 15 source: the other side's transactions come between ours;
+            # the open group goes on, and its commit moves the origin past this one.
+            self.skipped_txns += 1
+            self.group_end = (end_lsn, commit_ts)
+            return
         if txn.skip or end_lsn <= self.progress:
             # Open here only before a transaction filtered by its origin (the others
             # come before any group by LSN order); never roll one back.
@@ -396,7 +402,7 @@ class Applier(Resolution, Streamed, TwoPhase):
         txn = self.txn
         assert txn is not None
         if self.origins.drop(lsn, m, txn.xid, prepared=txn.gid is not None):
-            txn.skip = True  # before any change of it: nothing was sent for it
+            txn.skip = txn.filtered = True  # before any change: nothing was sent for it
 
     def on_message(self, lsn: Lsn, m: Message) -> None:
         log.debug(

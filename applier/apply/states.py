@@ -43,6 +43,8 @@ class Txn:
     kept: list[Any] = field(default_factory=list)
     #: Every change seen, while some rule keeps whole transactions (dump = all).
     seen: list[Any] | None = None
+    #: Not applied for its replication origin (``[source] origin = "none"``).
+    filtered: bool = False
 
 
 class ChangeCtx:
