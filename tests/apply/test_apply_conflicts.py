@@ -34,9 +34,10 @@ def _rows(pair: Pair, table: str) -> list[Any]:
     return sorted((json.loads(r) for r in table_rows(pair.sub_exec, table)), key=lambda r: r["id"])
 
 
-def test_default_policies_skip_missing_rows_and_stop_on_insert_exists(pair: Pair) -> None:
+def test_default_policies_skip_missing_rows_and_stop_on_insert_exists(any_pair: Pair) -> None:
     """update/delete_missing are skipped and logged; insert_exists stops the worker with the
     conflict named and the command that skips its transaction; restarts record it once."""
+    pair = any_pair
     pair.both("CREATE TABLE t (id int PRIMARY KEY, v text)")
     pair.pub_exec("CREATE PUBLICATION pub FOR ALL TABLES")
     pair.pub_exec("INSERT INTO t VALUES (1, 'a'), (4, 'd')")  # before the slot: not on target
@@ -72,9 +73,10 @@ def test_default_policies_skip_missing_rows_and_stop_on_insert_exists(pair: Pair
     assert runner.stop() == 0
 
 
-def test_policies_by_table_pattern(pair: Pair) -> None:
+def test_policies_by_table_pattern(any_pair: Pair) -> None:
     """keep_local by pattern (also for a run long enough for COPY), apply_remote for
     insert_exists and update_missing; grouped transactions; one record per conflict."""
+    pair = any_pair
     pair.both(
         "CREATE TABLE audit_a (id int PRIMARY KEY, v text);"
         "CREATE TABLE orders (id int PRIMARY KEY, v text, n int);"
