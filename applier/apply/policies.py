@@ -58,6 +58,11 @@ class TablePolicy:
         raise KeyError(kind)
 
     @property
+    def builtin(self) -> bool:
+        """Every policy is the built-in one: nothing to decide per table."""
+        return not self.check_origin and dict(self.policies) == DEFAULT_POLICIES
+
+    @property
     def plain(self) -> bool:
         """Applied as with no ``[conflicts]``: every statement and optimisation as usual."""
         return not (self.checked_insert or self.checked_update or self.check_origin)

@@ -178,7 +178,7 @@ class RelationCache:
                 names[c.type_oid] = catalog.type_name(c.type_oid)
         rm = mapping.build(rel, target, accepts, names)
         policy = self.policies.for_table(rel.namespace, rel.name)
-        if policy.plain and not policy.catches_unique:
+        if policy.builtin:
             return rm
         # Per-row decisions: COPY runs and multi-row INSERTs cannot make them, and merged
         # UPDATEs could not (see applier.apply.policies); the statements are per change.

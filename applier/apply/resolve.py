@@ -173,6 +173,7 @@ class Resolution:
         err = ApplyError(
             f"conflict {kind} on {ctx.rm.qualname}: " + (why or _WHAT[kind]),
             conflict=kind,
+            finish_lsn=str(Lsn(ctx.txn.commit_lsn)),
             **ctx.describe(),
             hint=f"resolve it on the target (or set [conflicts] {kind} for this table) and "
             "restart applier run",

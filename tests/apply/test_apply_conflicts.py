@@ -204,3 +204,32 @@ def test_commit_timestamps_required(pair: Pair) -> None:
     runner = Runner(pair, cfg).start()
     assert runner.wait(60) == 2
     assert "track_commit_timestamp" in runner.log()
+
+
+def test_update_missing_error_policy_names_the_skip(pair: Pair) -> None:
+    """A policy of error for a conflict seen in a result (not a failed statement): the
+    worker stops with the conflict and the skip command, recorded once; skipping works."""
+    pair.both("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    pair.pub_exec("CREATE PUBLICATION pub FOR ALL TABLES")
+    pair.pub_exec("INSERT INTO t VALUES (1, 'a')")  # before the slot: not on the target
+    cfg = _config(pair, 'default = { update_missing = "error" }\n')
+    _slot(pair, cfg)
+    pair.pub_exec("INSERT INTO t VALUES (2, 'b')")
+    pair.pub_exec("UPDATE t SET v = 'x' WHERE id = 1")
+    pair.pub_exec("INSERT INTO t VALUES (3, 'c')")
+    runner = Runner(pair, cfg).start()
+    assert runner.wait(90) == 3
+    out = runner.log()
+    m = re.search(r"applier skip add --config \S+ --lsn ([0-9A-F]+/[0-9A-F]+)", out)
+    assert "conflict update_missing" in out and m, out[-3000:]
+    assert [(r[1], r[2], r[7]) for r in _log(pair)] == [("update_missing", "error", m.group(1))]
+    assert _rows(pair, "t") == [{"id": 2, "v": "b"}]
+    pair.sub_exec(
+        "INSERT INTO applier.skip_rules (origin, kind, lsn, dump) "
+        f"VALUES ('{pair.slot}', 'txn', '{m.group(1)}', 'all')"
+    )
+    runner = Runner(pair, cfg, "run2.log").start().ready()
+    wait_for(lambda: len(_rows(pair, "t")) == 2, 60)
+    assert runner.stop() == 0
+    assert _rows(pair, "t") == [{"id": 2, "v": "b"}, {"id": 3, "v": "c"}]
+    assert len(_log(pair)) == 1
