@@ -70,6 +70,7 @@ from .planner import (
     _changed,
     _ph,
     _qualified,
+    identity_tuple,
     param_formats,
 )
 from .policies import (
@@ -107,15 +108,8 @@ def row_json(rm: RelMap, tup: TupleData | None, idx: tuple[int, ...] | None = No
 
 def key_json(rm: RelMap, change: Any) -> str | None:
     """The identity values of a change (every column for FULL)."""
-    if isinstance(change, Insert):
-        tup: TupleData | None = change.new
-    elif isinstance(change, Update):
-        tup = change.old if change.old is not None else change.new
-    elif isinstance(change, Delete):
-        tup = change.old
-    else:
-        return None
-    return row_json(rm, tup, rm.key or None)
+    tup = identity_tuple(change)
+    return None if tup is None else row_json(rm, tup, rm.key or None)
 
 
 def remote_json(change: Any, rm: RelMap) -> str | None:

@@ -451,16 +451,22 @@ def param_formats(kinds: bytes, idx: tuple[int, ...]) -> bytes:
     return bytes(fmts[i] for i in idx)
 
 
-def key_of(rm: RelMap, change: Any) -> dict[str, str | None] | None:
-    """The identity values of a change, as text, for error messages and conflict logs."""
-    tup: TupleData | None
+def identity_tuple(change: Any) -> TupleData | None:
+    """The tuple that holds a change's identity: the new row of an INSERT, the old key
+    (or the new row when the key did not change) of an UPDATE, the old of a DELETE."""
     if isinstance(change, Insert):
-        tup = change.new
-    elif isinstance(change, Update):
-        tup = change.old if change.old is not None else change.new
-    elif isinstance(change, Delete):
-        tup = change.old
-    else:
+        return change.new
+    if isinstance(change, Update):
+        return change.old if change.old is not None else change.new
+    if isinstance(change, Delete):
+        return change.old
+    return None
+
+
+def key_of(rm: RelMap, change: Any) -> dict[str, str | None] | None:
+    """The identity values of a change, as text, for error messages."""
+    tup = identity_tuple(change)
+    if tup is None:
         return None
     cols = rm.relation.columns
     idx = rm.key or tuple(i for i, k in enumerate(tup.kinds) if k != ord("u"))
