@@ -7,6 +7,7 @@ from typing import Any
 
 from applier.apply.handlers import Applier
 from applier.apply.mapping import RelMap, TargetColumn, TargetTable
+from applier.config import config_from_dict
 from applier.lsn import Lsn
 from applier.protocol import Begin, Column, Commit, Insert, Relation, TupleData
 
@@ -41,15 +42,24 @@ class FakeSession:
     def settle(self) -> None:
         pass
 
+    def flush_checks(self) -> None:
+        """No results to read: nothing here reports a conflict."""
+
 
 def _applier(limit: int) -> tuple[Applier, FakeSession]:
     cols = (Column(1, "id", 23, -1),)
     rel = Relation(None, 1, "s", "t", "d", cols)
     tcols = {"id": TargetColumn("id", 23, "integer", True, False)}
     rm = RelMap(rel, 7, True, TargetTable(9, "s", "t", "r", tcols), tuple(tcols.values()), (0,))
-    cfg: Any = SimpleNamespace(origin="o", apply=SimpleNamespace(binary=False, merge_updates=True))
+    cfg = config_from_dict(
+        {
+            "source": {"dsn": "host=x", "publications": ["p"]},
+            "target": {"dsn": "host=y", "origin": "o"},
+        }
+    )
     session = FakeSession()
-    a = Applier(cfg, session, None, None, Lsn(0), limit)  # type: ignore[arg-type]
+    catalog: Any = SimpleNamespace(conn=None)
+    a = Applier(cfg, session, catalog, None, Lsn(0), limit)  # type: ignore[arg-type]
     a.relations[1] = rel
     a.relmaps[1] = rm
     return a, session
