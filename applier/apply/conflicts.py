@@ -15,13 +15,14 @@ the built-in ones keep their plain statements (an UPDATE/DELETE that finds no
 row is seen from its row count, and skipped). The others get one statement
 per change that decides and reports in one go:
 
-* INSERT with ``insert_exists`` not ``error``: a CTE reads the local rows that
-  hold any of the new row's unique keys (in the statement's snapshot, so before
-  the insert), the INSERT runs with ``ON CONFLICT DO NOTHING`` (skip,
-  keep_local) or ``ON CONFLICT (key) DO UPDATE`` (apply_remote; last_update_wins
-  only where the local row's commit timestamp is not newer than the remote
-  one), and the statement returns (rows written, local rows as jsonb): one
-  local row is insert_exists, more is multiple_unique_conflicts.
+* INSERT with ``insert_exists`` not ``error``: the INSERT runs with
+  ``ON CONFLICT DO NOTHING`` (skip, keep_local) or ``ON CONFLICT (key) DO
+  UPDATE`` (apply_remote; last_update_wins only where the local row's commit
+  timestamp is not newer than the remote one). Only when the row was not
+  simply inserted does the same statement read the local rows that hold any of
+  its unique keys (in its snapshot: as before the insert). It returns (rows
+  written, local rows as jsonb): one local row is insert_exists, more is
+  multiple_unique_conflicts.
 * UPDATE with ``update_missing = apply_remote``: the UPDATE in a CTE, then an
   INSERT of the whole new row where it found nothing. A message that lacks
   unchanged TOAST values cannot be inserted: that row is an error that says so.
@@ -217,13 +218,18 @@ class ConflictPlanner:
             on_conflict: sql.Composable = sql.SQL("ON CONFLICT DO NOTHING")
         else:
             on_conflict = self._do_update(rm, idx, policy, len(idx) + 1)
+        # The local rows are read only when the row was not simply inserted (the
+        # ELSE's subquery is evaluated only then): a plan the server cached while the
+        # table was small (a sequential scan) costs only at conflicts. They are read
+        # in the statement's snapshot: as they were before this INSERT.
         query = sql.SQL(
-            "WITH applier_l AS (SELECT pg_catalog.to_jsonb(applier_x) AS r FROM {src} AS applier_x "
-            "WHERE {l_where}), "
-            "applier_i AS (INSERT INTO {q} AS applier_t ({names}) OVERRIDING SYSTEM VALUE "
-            "VALUES ({values}) {on_conflict} RETURNING 1) "
+            "WITH applier_i AS (INSERT INTO {q} AS applier_t ({names}) OVERRIDING SYSTEM "
+            "VALUE VALUES ({values}) {on_conflict} "
+            "RETURNING applier_t.xmax::pg_catalog.text = '0' AS inserted) "
             "SELECT (SELECT pg_catalog.count(*) FROM applier_i)::pg_catalog.int4, "
-            "(SELECT pg_catalog.jsonb_agg(r) FROM applier_l)"
+            "CASE WHEN EXISTS (SELECT FROM applier_i WHERE inserted) THEN NULL ELSE "
+            "(SELECT pg_catalog.jsonb_agg(pg_catalog.to_jsonb(applier_x)) FROM {src} AS applier_x "
+            "WHERE {l_where}) END"
         ).format(
             src=_changed(rm), l_where=l_where, q=_qualified(rm), names=sql.SQL(", ").join(names),
             values=values, on_conflict=on_conflict,
