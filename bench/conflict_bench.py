@@ -180,7 +180,7 @@ def time_applier(
     wait_marker(sub, proc, log)
     out = {"wall": time.monotonic() - t0}
     backend = sh(sub, "SELECT pid FROM pg_stat_activity WHERE application_name = 'applier apply'")
-    out["cpu target backend"] = proc_cpu(int(str(backend[0][0])) if backend else None)
+    out["cpu target backend"] = proc_cpu(backend[0][0] if backend else None)
     out["cpu walsender"] = walsender_cpu(pub, slot)
     proc.terminate()
     _, _, usage = os.wait4(proc.pid, 0)
