@@ -159,6 +159,8 @@ def time_applier(
     ``server_options``: settings for the applier's target sessions (libpq ``options``,
     e.g. ``-c plan_cache_mode=force_custom_plan``), to try a remedy without code."""
     target_options = f" options='{server_options}'" if server_options else ""
+    prof = os.environ.get("CONFLICT_BENCH_PROFILE")  # a directory: cProfile each run there
+    profile = ["-m", "cProfile", "-o", f"{prof}/{slot}.prof"] if prof else []
     cfg = workdir / f"{slot}.toml"
     cfg.write_text(
         f'[source]\ndsn = "{pub.dsn(DB)}"\npublications = ["pub"]\nslot = "{slot}"\n'
@@ -174,7 +176,7 @@ def time_applier(
     t0, wall0 = time.monotonic(), time.time()
     with open(log, "wb") as err:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "applier.cli", "run", "--config", str(cfg)],
+            [sys.executable, *profile, "-m", "applier.cli", "run", "--config", str(cfg)],
             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err,
         )  # fmt: skip
     wait_marker(sub, proc, log)
@@ -224,6 +226,9 @@ def report(
     size = (f"{args.rows} rows in txns of {args.batch}" if workload == "insert"
             else f"{args.txns} txns of {args.per_txn} updates")  # fmt: skip
     print(f"{workload} ({size}, median of {len(runs)}):")
+    for r in runs:  # the CPU of the three processes: less noisy than wall time here
+        for m in r.values():
+            m["cpu total"] = sum(x for k, x in m.items() if k.startswith("cpu "))
     med = {
         v: {k: statistics.median(r[v][k] for r in runs if k in r[v]) for k in runs[0][v]}
         for v in runs[0]
@@ -234,13 +239,12 @@ def report(
         print(f"  {v} {VARIANTS[v]:20s} {m['wall']:6.2f} s (streaming {streaming:.2f} s;"
               f" CPU s: {cpu})")  # fmt: skip
     for v in med:
-        if v != "A":
-            ratios = [r[v]["wall"] / r["A"]["wall"] for r in runs]
-            print(
-                f"  {v}/A {med[v]['wall'] / med['A']['wall']:.2f} (medians; per run "
-                + ", ".join(f"{x:.2f}" for x in ratios)
-                + ")"
-            )
+        if v == "A":
+            continue
+        for k, what in (("wall", "wall"), ("cpu total", "CPU")):
+            per_run = ", ".join(f"{r[v][k] / r['A'][k]:.2f}" for r in runs)
+            print(f"  {v}/A {what:4s} {med[v][k] / med['A'][k]:.2f} "
+                  f"(of the medians; per run {per_run})")  # fmt: skip
     sys.stdout.flush()
 
 
