@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -33,7 +34,7 @@ from applier.localpg import LocalCluster, local_cluster  # noqa: E402
 DB = "bench"
 
 
-def sh(cluster: LocalCluster, sql: str) -> list[tuple[object, ...]]:
+def sh(cluster: LocalCluster, sql: str) -> list[tuple[Any, ...]]:
     return cluster.execute(sql, DB)
 
 
