@@ -268,6 +268,79 @@ class ConflictPlanner:
             )
         return out
 
+    def batchable(self, rm: RelMap, stmt: Stmt) -> bool:
+        """Whether checked INSERTs of ``stmt`` may go several per statement: keep the
+        local row (skip, keep_local), every key column sent and comparable with ``=``,
+        and nothing on the target that watches rows one by one."""
+        assert rm.policy is not None and rm.target is not None
+        return (
+            rm.policy[INSERT_EXISTS] in ("skip", "keep_local")
+            and bool(rm.key)
+            and all(i in stmt.new_idx and rm.columns[i].has_eq for i in rm.key)
+            and not rm.target.observed
+        )
+
+    def insert_many(self, rm: RelMap, plain: Stmt, n: int) -> Stmt:
+        """``n`` checked INSERTs (skip/keep_local) in one statement; it returns
+        (ordinal, local rows) of the rows not inserted."""
+        key = (rm.version, "cm", plain.name, b"%d" % n)
+        stmt = self.planner._cache.get(key)
+        if stmt is None:
+            stmt = self.planner._cache[key] = self._build_insert_many(rm, plain, n)
+        return stmt
+
+    def _build_insert_many(self, rm: RelMap, plain: Stmt, n: int) -> Stmt:
+        idx = plain.new_idx
+        width = len(idx)
+        cname = {i: sql.Identifier(f"c{j}") for j, i in enumerate(idx)}
+        v = sql.Identifier("applier_v")
+        rows = sql.SQL(", ").join(
+            sql.SQL("({}, {})").format(
+                sql.Literal(r + 1),
+                sql.SQL(", ").join(_ph(r * width + j + 1) for j in range(width)),
+            )
+            for r in range(n)
+        )
+        conds: list[sql.Composable] = []
+        assert rm.target is not None
+        for cols in rm.target.unique_sets:
+            where = [i for i, c in enumerate(rm.columns) if cols and c.name in cols and i in cname]
+            if cols is None or len(where) != len(cols):
+                continue
+            conds.append(
+                sql.SQL("({})").format(
+                    sql.SQL(" AND ").join(
+                        _eq_cols(rm, i, "applier_x", sql.SQL("{}.{}").format(v, cname[i]))
+                        for i in where
+                    )
+                )
+            )
+        l_where = sql.SQL(" OR ").join(conds) if conds else sql.SQL("false")
+        key_match = sql.SQL(" AND ").join(
+            sql.SQL("applier_i.{k} = {v}.{c}").format(
+                k=sql.Identifier(rm.columns[i].name), v=v, c=cname[i]
+            )
+            for i in rm.key
+        )
+        query = sql.SQL(
+            "WITH {v} (applier_o, {cols}) AS (VALUES {rows}), "
+            "applier_i AS (INSERT INTO {q} AS applier_t ({names}) OVERRIDING SYSTEM VALUE "
+            "SELECT {cols} FROM {v} ORDER BY applier_o ON CONFLICT DO NOTHING "
+            "RETURNING {keys}) "
+            "SELECT {v}.applier_o, (SELECT pg_catalog.jsonb_agg(pg_catalog.to_jsonb(applier_x)) "
+            "FROM {src} AS applier_x WHERE {l_where}) "
+            "FROM {v} WHERE NOT EXISTS (SELECT FROM applier_i WHERE {key_match})"
+        ).format(
+            v=v, cols=sql.SQL(", ").join(cname[i] for i in idx), rows=rows, q=_qualified(rm),
+            names=sql.SQL(", ").join(sql.Identifier(rm.columns[i].name) for i in idx),
+            keys=sql.SQL(", ").join(sql.Identifier(rm.columns[i].name) for i in rm.key),
+            src=_changed(rm), l_where=l_where, key_match=key_match,
+        )  # fmt: skip
+        return Stmt(
+            self.planner._name(rm, "m"), query.as_bytes(None), plain.types * n, idx, (),
+            False, False,
+        )  # fmt: skip
+
     # -- UPDATE of a missing row: insert it ----------------------------------------------
 
     def update(self, rm: RelMap, change: Update) -> tuple[Stmt, Params, Formats] | None:
@@ -379,6 +452,33 @@ def _eq(rm: RelMap, i: int, n: int, alias: str, distinct: bool = False) -> sql.C
         ph = sql.Composed([ph, sql.SQL("::pg_catalog.text")])
     op = sql.SQL(" IS NOT DISTINCT FROM ") if distinct else sql.SQL(" = ")
     return sql.Composed([ident, op, ph])
+
+
+def _eq_cols(rm: RelMap, i: int, alias: str, other: sql.Composable) -> sql.Composable:
+    col = rm.columns[i]
+    ident: sql.Composable = sql.Identifier(alias, col.name)
+    if not col.has_eq:
+        ident = sql.Composed([ident, sql.SQL("::pg_catalog.text")])
+        other = sql.Composed([other, sql.SQL("::pg_catalog.text")])
+    return sql.Composed([ident, sql.SQL(" = "), other])
+
+
+class CheckedRows:
+    """The context of a multi-row checked INSERT: its rows' contexts, and its reader."""
+
+    __slots__ = ("check", "ctxs")
+
+    def __init__(self, ctxs: list[Any], check: Any) -> None:
+        self.ctxs = ctxs
+        self.check = check
+
+    def describe(self) -> dict[str, Any]:
+        lsns = [c.lsn for c in self.ctxs]
+        return {
+            "lsn": f"{Lsn(min(lsns))}..{Lsn(max(lsns))}",
+            "table": self.ctxs[0].rm.qualname,
+            "merged_changes": len(self.ctxs),
+        }
 
 
 def _ts(commit_ts: int) -> bytes:

@@ -156,7 +156,7 @@ from applier.protocol import (
     Update,
 )
 
-from .conflicts import Conflict, ConflictPlanner
+from .conflicts import CheckedRows, Conflict, ConflictPlanner
 from .mapping import Catalog, RelMap
 from .merge import MAX_HELD, UpdateMerger
 from .origin import FLUSHED, FlushTracker
@@ -488,6 +488,11 @@ class Applier(Resolution, Streamed, TwoPhase):
             assert self.txn is not None
             stmt, params, fmts = self._planned(ctx, self.cplanner.insert, self.txn.commit_ts)
             ctx.check = self._insert_checked
+            if session.multi_row and not self.careful and self.cplanner.batchable(rm, stmt):
+                new = m.new.values
+                ctx.key = tuple([new[i] for i in rm.key])
+                session.insert_checked(stmt, params, fmts, ctx, self._checked_run(rm, stmt))
+                return
             self._send(ctx, lambda: session.execute(stmt, params, fmts, ctx, checked=True))
             return
         stmt, params, fmts = self.planner.insert(rm, m)
@@ -524,6 +529,14 @@ class Applier(Resolution, Streamed, TwoPhase):
         if ctx.rm.policy is not None and self._policy_change(ctx):
             return
         self._keyed_change(ctx, self.planner.delete)
+
+    def _checked_run(self, rm: RelMap, stmt: Any) -> Callable[[int, list[Any]], Any]:
+        """For a run of checked INSERTs: the statement for n rows, and its context."""
+
+        def run_of(n: int, ctxs: list[Any]) -> Any:
+            return self.cplanner.insert_many(rm, stmt, n), CheckedRows(ctxs, self._rows_checked)
+
+        return run_of
 
     def _planned(self, ctx: ChangeCtx, plan: Callable[..., Any], *args: Any) -> Any:
         """Plan a change; a refusal (REPLICA IDENTITY NOTHING) gets its context."""

@@ -146,6 +146,17 @@ class Resolution:
             raise self._conflict_error(ctx, kind, _one(local))
         self.conflicts.append(Conflict(ctx, kind, ctx.rm.policy[INSERT_EXISTS], _one(local)))
 
+    def _rows_checked(self, group: Any, res: pq.abc.PGresult) -> None:
+        """A multi-row checked INSERT: a result row per row not inserted."""
+        for r in range(res.ntuples):
+            ctx = group.ctxs[int(res.get_value(r, 0) or 0) - 1]
+            raw = res.get_value(r, 1)
+            local = json.loads(raw) if raw else None
+            kind = MULTIPLE if local is not None and len(local) > 1 else INSERT_EXISTS
+            if ctx.rm.policy[kind] == "error":
+                raise self._conflict_error(ctx, kind, _one(local))
+            self.conflicts.append(Conflict(ctx, kind, ctx.rm.policy[INSERT_EXISTS], _one(local)))
+
     def _upsert_checked(self, ctx: Any, res: pq.abc.PGresult) -> None:
         if res.command_tuples:
             self.missing_rows += 1

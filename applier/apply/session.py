@@ -256,10 +256,37 @@ class TargetSession(Pipeline):
             if len(run.pending) >= self.copy_threshold:
                 self._copy_begin(run)
 
+    def insert_checked(
+        self, stmt: Stmt, params: Params, formats: Formats, ctx: Any, run_of: Any
+    ) -> None:
+        """Queue one INSERT of :mod:`applier.apply.conflicts` into a run of them.
+
+        ``run_of(n)`` gives the statement for ``n`` rows and the context of their
+        result (None for one row). ``ctx.key`` (hashable) is the row's key: a key
+        already in the run ends it first, so a row never conflicts with one of its
+        own statement (which the result could not tell from a target row).
+        """
+        run = self._run
+        if run is not None and (
+            not isinstance(run, CheckedRun) or run.stmt is not stmt or ctx.key in run.keys
+        ):
+            self._end_run()
+            run = None
+        if run is None:
+            run = self._run = CheckedRun(stmt, run_of)
+        run.pending.append((params, formats, ctx))
+        run.keys.add(ctx.key)
+        if len(run.pending) >= MAX_HELD:
+            self._end_run()
+
     def _end_run(self, abort: bool = False) -> None:
         """Send the run in hand: the rest of its COPY, or its rows as INSERTs."""
         run, self._run = self._run, None
         if run is None:
+            return
+        if isinstance(run, CheckedRun):
+            if not abort:
+                self._send_checked(run)
             return
         if run.copying:
             self._copy_end(run, abort)
@@ -293,6 +320,27 @@ class TargetSession(Pipeline):
                 zeros = bytes(width)
                 formats = b"".join([row[1] or zeros for row in rows])
             self.execute(stmt, params, formats, MergedCtx([row[2] for row in rows]))
+
+    def _send_checked(self, run: CheckedRun) -> None:
+        """A run of checked INSERTs as a few multi-row statements, in order."""
+        pending = run.pending
+        width = len(run.stmt.types)
+        start = 0
+        for size in chunks(len(pending), max_rows(width, MAX_HELD)):
+            rows = pending[start : start + size]
+            start += size
+            if size == 1:
+                self.execute(run.stmt, *rows[0], checked=True)
+                continue
+            stmt, group_ctx = run.run_of(size, [row[2] for row in rows])
+            params: Params = []
+            for row in rows:
+                params += row[0]
+            formats: Formats = None
+            if any(row[1] is not None for row in rows):
+                zeros = bytes(width)
+                formats = b"".join([row[1] or zeros for row in rows])
+            self.execute(stmt, params, formats, group_ctx, checked=True)
 
     def _copy_begin(self, run: Run) -> None:
         # libpq has no COPY in pipeline mode: wait for what is queued, leave the
@@ -615,6 +663,17 @@ class TargetSession(Pipeline):
             raise lost(e) from None
         except psycopg.Error as e:
             raise self._error(e, "closing prepared statements") from None
+
+
+class CheckedRun(Run):
+    """Consecutive checked INSERTs of one statement (never copied)."""
+
+    __slots__ = ("keys", "run_of")
+
+    def __init__(self, stmt: Stmt, run_of: Any) -> None:
+        super().__init__(stmt, 0)
+        self.run_of = run_of
+        self.keys: set[Any] = set()
 
 
 class _CopyCtx:

@@ -50,7 +50,7 @@ class Txn:
 class ChangeCtx:
     """What identifies one applied change in errors, conflict and skip records."""
 
-    __slots__ = ("change", "check", "lsn", "no", "rm", "txn", "xid")
+    __slots__ = ("change", "check", "key", "lsn", "no", "rm", "txn", "xid")
 
     def __init__(self, lsn: Lsn, txn: Txn, rm: RelMap, change: Any) -> None:
         self.lsn = lsn
@@ -61,6 +61,8 @@ class ChangeCtx:
         self.change = change
         #: For a statement of applier.apply.conflicts: reads its result.
         self.check: Any = None
+        #: The key values of a checked INSERT in a run (applier.apply.session).
+        self.key: Any = None
 
     def describe(self) -> dict[str, Any]:
         return {

@@ -92,7 +92,10 @@ def test_policies_by_table_pattern(any_pair: Pair) -> None:
         '"public.orders" = { insert_exists = "apply_remote", update_missing = "apply_remote" }\n',
     )
     _slot(pair, cfg)
-    pair.sub_exec("INSERT INTO audit_a VALUES (1, 'local'); INSERT INTO orders VALUES (1, 'l', 0)")
+    pair.sub_exec(
+        "INSERT INTO audit_a VALUES (1, 'local'), (700, 'local'), (1499, 'local');"
+        "INSERT INTO orders VALUES (1, 'l', 0)"
+    )
     pair.pub_exec(
         "BEGIN; INSERT INTO audit_a SELECT g, 'remote' FROM generate_series(1, 1500) g; COMMIT;"
         + "".join(f"INSERT INTO plain VALUES ({i});" for i in range(50))
@@ -104,7 +107,8 @@ def test_policies_by_table_pattern(any_pair: Pair) -> None:
     wait_for(lambda: len(_rows(pair, "plain")) == 50 and len(_rows(pair, "orders")) == 3, 60)
     assert runner.stop() == 0
     audit = _rows(pair, "audit_a")
-    assert len(audit) == 1500 and audit[0] == {"id": 1, "v": "local"}
+    assert len(audit) == 1500
+    assert [r["id"] for r in audit if r["v"] == "local"] == [1, 700, 1499]
     assert _rows(pair, "orders") == [
         {"id": 1, "v": "remote", "n": 1},
         {"id": 2, "v": "r2", "n": 2},
@@ -113,12 +117,17 @@ def test_policies_by_table_pattern(any_pair: Pair) -> None:
     log = _log(pair)
     assert sorted((r[0], r[1], r[2]) for r in log) == [
         ("audit_a", "insert_exists", "keep_local"),
+        ("audit_a", "insert_exists", "keep_local"),
+        ("audit_a", "insert_exists", "keep_local"),
         ("orders", "insert_exists", "apply_remote"),
         ("orders", "update_missing", "apply_remote"),
     ], log
-    audit_rec = next(r for r in log if r[0] == "audit_a")
-    assert json.loads(audit_rec[4]) == {"id": 1, "v": "local"}
-    assert json.loads(audit_rec[5]) == {"id": "1", "v": "remote"}
+    audit_recs = sorted(
+        ((json.loads(r[4]), json.loads(r[5])) for r in log if r[0] == "audit_a"),
+        key=lambda rec: rec[0]["id"],
+    )
+    assert audit_recs[0] == ({"id": 1, "v": "local"}, {"id": "1", "v": "remote"})
+    assert [loc["id"] for loc, _ in audit_recs] == [1, 700, 1499]
 
 
 def test_update_exists_skip_keeps_the_rest_of_the_transaction(pair: Pair) -> None:
