@@ -177,6 +177,8 @@ class ConflictPlanner:
     def __init__(self, planner: Planner, our_origin_id: int) -> None:
         self.planner = planner
         self.our_origin_id = our_origin_id
+        #: Checked INSERT statement name -> whether its rows may share a statement.
+        self._batchable: dict[bytes, bool] = {}
 
     # -- INSERT ------------------------------------------------------------------------
 
@@ -184,8 +186,7 @@ class ConflictPlanner:
         stmt, params, fmts = self.planner.insert(rm, change)
         assert rm.policy is not None
         policy = rm.policy[INSERT_EXISTS]
-        shape = bytes(1 if i in stmt.new_idx else 0 for i in range(len(rm.columns)))
-        key = (rm.version, "ci", shape, policy.encode())
+        key = (rm.version, "ci", stmt.name, b"")
         checked = self.planner._cache.get(key)
         if checked is None:
             checked = self.planner._cache[key] = self._build_insert(rm, stmt, policy)
@@ -272,6 +273,13 @@ class ConflictPlanner:
         """Whether checked INSERTs of ``stmt`` may go several per statement: keep the
         local row (skip, keep_local), every key column sent and comparable with ``=``,
         and nothing on the target that watches rows one by one."""
+        hit = self._batchable.get(stmt.name)
+        if hit is None:
+            hit = self._batchable[stmt.name] = self._can_batch(rm, stmt)
+        return hit
+
+    @staticmethod
+    def _can_batch(rm: RelMap, stmt: Stmt) -> bool:
         assert rm.policy is not None and rm.target is not None
         return (
             rm.policy[INSERT_EXISTS] in ("skip", "keep_local")

@@ -491,7 +491,7 @@ class Applier(Resolution, Streamed, TwoPhase):
             if session.multi_row and not self.careful and self.cplanner.batchable(rm, stmt):
                 new = m.new.values
                 ctx.key = tuple([new[i] for i in rm.key])
-                session.insert_checked(stmt, params, fmts, ctx, self._checked_run(rm, stmt))
+                session.insert_checked(stmt, params, fmts, ctx, self._checked_rows)
                 return
             self._send(ctx, lambda: session.execute(stmt, params, fmts, ctx, checked=True))
             return
@@ -530,13 +530,9 @@ class Applier(Resolution, Streamed, TwoPhase):
             return
         self._keyed_change(ctx, self.planner.delete)
 
-    def _checked_run(self, rm: RelMap, stmt: Any) -> Callable[[int, list[Any]], Any]:
+    def _checked_rows(self, stmt: Any, n: int, ctxs: list[Any]) -> Any:
         """For a run of checked INSERTs: the statement for n rows, and its context."""
-
-        def run_of(n: int, ctxs: list[Any]) -> Any:
-            return self.cplanner.insert_many(rm, stmt, n), CheckedRows(ctxs, self._rows_checked)
-
-        return run_of
+        return self.cplanner.insert_many(ctxs[0].rm, stmt, n), CheckedRows(ctxs, self._rows_checked)
 
     def _planned(self, ctx: ChangeCtx, plan: Callable[..., Any], *args: Any) -> Any:
         """Plan a change; a refusal (REPLICA IDENTITY NOTHING) gets its context."""

@@ -261,8 +261,8 @@ class TargetSession(Pipeline):
     ) -> None:
         """Queue one INSERT of :mod:`applier.apply.conflicts` into a run of them.
 
-        ``run_of(n)`` gives the statement for ``n`` rows and the context of their
-        result (None for one row). ``ctx.key`` (hashable) is the row's key: a key
+        ``run_of(stmt, n, ctxs)`` gives the statement for ``n`` rows of ``stmt`` and
+        the context of their result. ``ctx.key`` (hashable) is the row's key: a key
         already in the run ends it first, so a row never conflicts with one of its
         own statement (which the result could not tell from a target row).
         """
@@ -332,7 +332,7 @@ class TargetSession(Pipeline):
             if size == 1:
                 self.execute(run.stmt, *rows[0], checked=True)
                 continue
-            stmt, group_ctx = run.run_of(size, [row[2] for row in rows])
+            stmt, group_ctx = run.run_of(run.stmt, size, [row[2] for row in rows])
             params: Params = []
             for row in rows:
                 params += row[0]
