@@ -62,6 +62,7 @@ from applier.lsn import Lsn, pg_timestamp
 from applier.protocol import Delete, Insert, TupleData, Update
 
 from .mapping import RelMap
+from .merge import MergedCtx
 from .planner import (
     INSERT,
     Formats,
@@ -471,22 +472,14 @@ def _eq_cols(rm: RelMap, i: int, alias: str, other: sql.Composable) -> sql.Compo
     return sql.Composed([ident, sql.SQL(" = "), other])
 
 
-class CheckedRows:
+class CheckedRows(MergedCtx):
     """The context of a multi-row checked INSERT: its rows' contexts, and its reader."""
 
-    __slots__ = ("check", "ctxs")
+    __slots__ = ("check",)
 
     def __init__(self, ctxs: list[Any], check: Any) -> None:
-        self.ctxs = ctxs
+        super().__init__(ctxs)
         self.check = check
-
-    def describe(self) -> dict[str, Any]:
-        lsns = [c.lsn for c in self.ctxs]
-        return {
-            "lsn": f"{Lsn(min(lsns))}..{Lsn(max(lsns))}",
-            "table": self.ctxs[0].rm.qualname,
-            "merged_changes": len(self.ctxs),
-        }
 
 
 def _ts(commit_ts: int) -> bytes:

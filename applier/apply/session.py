@@ -66,7 +66,7 @@ a bound on how long the socket may stay silent while results are owed.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
@@ -75,7 +75,7 @@ from psycopg import pq
 from applier.errors import ConnectionLost
 from applier.lsn import Lsn, pg_timestamp
 
-from .copyrun import BINARY, CHUNK, NO_COPY, Run, copy_query, error_line, row_format
+from .copyrun import CHUNK, NO_COPY, Run, copy_query, error_line, row_format
 from .merge import MAX_HELD, MergedCtx, chunks
 from .pipeline import (
     _CHECK,
@@ -298,41 +298,17 @@ class TargetSession(Pipeline):
             for params, formats, ctx in run.pending:
                 self.execute(run.stmt, params, formats, ctx)
 
-    def _insert_rows(self, run: Run) -> None:
-        """A run too short for COPY: its rows in a few multi-row INSERTs, in order."""
+    def _chunks(
+        self, run: Run
+    ) -> Iterator[tuple[list[tuple[Params, Formats, Any]], Params, Formats]]:
+        """A run's rows in power-of-two chunks, in order: (rows, their parameters in
+        one list, their formats: None when every row is text)."""
         pending = run.pending
         width = len(run.stmt.types)
         start = 0
         for size in chunks(len(pending), max_rows(width, MAX_HELD)):
             rows = pending[start : start + size]
             start += size
-            if size == 1:
-                self.execute(run.stmt, *rows[0])
-                continue
-            stmt = self._multi.get((run.stmt.name, size))
-            if stmt is None:
-                stmt = self._multi[(run.stmt.name, size)] = insert_rows(run.stmt, size)
-            params: Params = []
-            for row in rows:
-                params += row[0]
-            formats: Formats = None
-            if run.fmt == BINARY:
-                zeros = bytes(width)
-                formats = b"".join([row[1] or zeros for row in rows])
-            self.execute(stmt, params, formats, MergedCtx([row[2] for row in rows]))
-
-    def _send_checked(self, run: CheckedRun) -> None:
-        """A run of checked INSERTs as a few multi-row statements, in order."""
-        pending = run.pending
-        width = len(run.stmt.types)
-        start = 0
-        for size in chunks(len(pending), max_rows(width, MAX_HELD)):
-            rows = pending[start : start + size]
-            start += size
-            if size == 1:
-                self.execute(run.stmt, *rows[0], checked=True)
-                continue
-            stmt, group_ctx = run.run_of(run.stmt, size, [row[2] for row in rows])
             params: Params = []
             for row in rows:
                 params += row[0]
@@ -340,6 +316,26 @@ class TargetSession(Pipeline):
             if any(row[1] is not None for row in rows):
                 zeros = bytes(width)
                 formats = b"".join([row[1] or zeros for row in rows])
+            yield rows, params, formats
+
+    def _insert_rows(self, run: Run) -> None:
+        """A run too short for COPY: its rows in a few multi-row INSERTs, in order."""
+        for rows, params, formats in self._chunks(run):
+            if len(rows) == 1:
+                self.execute(run.stmt, *rows[0])
+                continue
+            stmt = self._multi.get((run.stmt.name, len(rows)))
+            if stmt is None:
+                stmt = self._multi[(run.stmt.name, len(rows))] = insert_rows(run.stmt, len(rows))
+            self.execute(stmt, params, formats, MergedCtx([row[2] for row in rows]))
+
+    def _send_checked(self, run: CheckedRun) -> None:
+        """A run of checked INSERTs as a few multi-row statements, in order."""
+        for rows, params, formats in self._chunks(run):
+            if len(rows) == 1:
+                self.execute(run.stmt, *rows[0], checked=True)
+                continue
+            stmt, group_ctx = run.run_of(run.stmt, len(rows), [row[2] for row in rows])
             self.execute(stmt, params, formats, group_ctx, checked=True)
 
     def _copy_begin(self, run: Run) -> None:
