@@ -72,6 +72,7 @@ from .planner import (
     _changed,
     _ph,
     _qualified,
+    compare,
     identity_tuple,
     param_formats,
 )
@@ -199,21 +200,7 @@ class ConflictPlanner:
 
     def _build_insert(self, rm: RelMap, plain: Stmt, policy: str) -> Stmt:
         idx = plain.new_idx
-        pos = {i: n for n, i in enumerate(idx, start=1)}
-        conds: list[sql.Composable] = []
-        assert rm.target is not None
-        for cols in rm.target.unique_sets:
-            if cols is None:
-                continue
-            where = [i for i, c in enumerate(rm.columns) if c.name in cols and i in pos]
-            if len(where) != len(cols):
-                continue
-            conds.append(
-                sql.SQL("({})").format(
-                    sql.SQL(" AND ").join(_eq(rm, i, pos[i], "applier_x") for i in where)
-                )
-            )
-        l_where = sql.SQL(" OR ").join(conds) if conds else sql.SQL("false")
+        l_where = _holds_a_key(rm, {i: _ph(n) for n, i in enumerate(idx, start=1)})
         names = [sql.Identifier(rm.columns[i].name) for i in idx]
         values = sql.SQL(", ").join(_ph(n) for n in range(1, len(idx) + 1))
         if policy in ("skip", "keep_local"):
@@ -310,21 +297,7 @@ class ConflictPlanner:
             )
             for r in range(n)
         )
-        conds: list[sql.Composable] = []
-        assert rm.target is not None
-        for cols in rm.target.unique_sets:
-            where = [i for i, c in enumerate(rm.columns) if cols and c.name in cols and i in cname]
-            if cols is None or len(where) != len(cols):
-                continue
-            conds.append(
-                sql.SQL("({})").format(
-                    sql.SQL(" AND ").join(
-                        _eq_cols(rm, i, "applier_x", sql.SQL("{}.{}").format(v, cname[i]))
-                        for i in where
-                    )
-                )
-            )
-        l_where = sql.SQL(" OR ").join(conds) if conds else sql.SQL("false")
+        l_where = _holds_a_key(rm, {i: sql.SQL("{}.{}").format(v, c) for i, c in cname.items()})
         key_match = sql.SQL(" AND ").join(
             sql.SQL("applier_i.{k} = {v}.{c}").format(
                 k=sql.Identifier(rm.columns[i].name), v=v, c=cname[i]
@@ -408,7 +381,7 @@ class ConflictPlanner:
         first_where = len(plain.new_idx) + 1
         full = rm.replident == "f"
         conds = sql.SQL(" AND ").join(
-            _eq(rm, i, n, "applier_x", distinct=full)
+            compare(rm.columns[i], _x(rm, i), _ph(n), full)
             for n, i in enumerate(plain.where_idx, start=first_where)
         ) if plain.where_idx else sql.SQL("true")  # fmt: skip
         ts_param = _ph(len(plain.types) + 1)
@@ -452,24 +425,30 @@ class ConflictPlanner:
         )  # fmt: skip
 
 
-def _eq(rm: RelMap, i: int, n: int, alias: str, distinct: bool = False) -> sql.Composable:
-    col = rm.columns[i]
-    ident: sql.Composable = sql.Identifier(alias, col.name)
-    ph: sql.Composable = _ph(n)
-    if not col.has_eq:
-        ident = sql.Composed([ident, sql.SQL("::pg_catalog.text")])
-        ph = sql.Composed([ph, sql.SQL("::pg_catalog.text")])
-    op = sql.SQL(" IS NOT DISTINCT FROM ") if distinct else sql.SQL(" = ")
-    return sql.Composed([ident, op, ph])
+def _x(rm: RelMap, i: int) -> sql.Composable:
+    """Column ``i`` of the local row (alias ``applier_x``)."""
+    return sql.Identifier("applier_x", rm.columns[i].name)
 
 
-def _eq_cols(rm: RelMap, i: int, alias: str, other: sql.Composable) -> sql.Composable:
-    col = rm.columns[i]
-    ident: sql.Composable = sql.Identifier(alias, col.name)
-    if not col.has_eq:
-        ident = sql.Composed([ident, sql.SQL("::pg_catalog.text")])
-        other = sql.Composed([other, sql.SQL("::pg_catalog.text")])
-    return sql.Composed([ident, sql.SQL(" = "), other])
+def _holds_a_key(rm: RelMap, values: dict[int, sql.Composable]) -> sql.Composable:
+    """A condition on ``applier_x``: it holds one of the target's unique keys with the
+    ``values`` (column index -> expression); keys with a column not in ``values``, and
+    expression or partial indexes, are left out."""
+    assert rm.target is not None
+    conds: list[sql.Composable] = []
+    for cols in rm.target.unique_sets:
+        if cols is None:
+            continue
+        where = [i for i, c in enumerate(rm.columns) if c.name in cols and i in values]
+        if len(where) == len(cols):
+            conds.append(
+                sql.SQL("({})").format(
+                    sql.SQL(" AND ").join(
+                        compare(rm.columns[i], _x(rm, i), values[i]) for i in where
+                    )
+                )
+            )
+    return sql.SQL(" OR ").join(conds) if conds else sql.SQL("false")
 
 
 class CheckedRows(MergedCtx):

@@ -64,7 +64,7 @@ from psycopg import sql
 from applier.errors import ApplyError
 from applier.protocol import Delete, Insert, TupleData, Update
 
-from .mapping import RelMap
+from .mapping import RelMap, TargetColumn
 
 #: ``kinds.translate(_PRESENT)``: 1 where a value is present (t/b/n), 0 for unchanged TOAST.
 _PRESENT = bytes(0 if i == ord("u") else 1 for i in range(256))
@@ -113,6 +113,18 @@ def _changed(rm: RelMap) -> sql.Composable:
     if rm.target is not None and rm.target.partitioned:
         return _qualified(rm)
     return sql.Composed([sql.SQL("ONLY "), _qualified(rm)])
+
+
+def compare(
+    col: TargetColumn, left: sql.Composable, right: sql.Composable, distinct: bool = False
+) -> sql.Composable:
+    """``left = right`` for a column (``IS NOT DISTINCT FROM`` with ``distinct``),
+    both sides as text for a type without ``=``."""
+    if not col.has_eq:
+        left = sql.Composed([left, sql.SQL("::pg_catalog.text")])
+        right = sql.Composed([right, sql.SQL("::pg_catalog.text")])
+    op = sql.SQL(" IS NOT DISTINCT FROM ") if distinct else sql.SQL(" = ")
+    return sql.Composed([left, op, right])
 
 
 def _present(kinds: bytes) -> bytes:
@@ -307,16 +319,10 @@ class Planner:
     def _conditions(
         self, rm: RelMap, where: tuple[int, ...], first: int, full: bool
     ) -> sql.Composable:
-        conds: list[sql.Composable] = []
-        for n, i in enumerate(where, start=first):
-            col = rm.columns[i]
-            ident: sql.Composable = sql.Identifier(col.name)
-            ph: sql.Composable = _ph(n)
-            if not col.has_eq:
-                ident = sql.Composed([ident, sql.SQL("::pg_catalog.text")])
-                ph = sql.Composed([ph, sql.SQL("::pg_catalog.text")])
-            op = sql.SQL(" IS NOT DISTINCT FROM ") if full else sql.SQL(" = ")
-            conds.append(sql.Composed([ident, op, ph]))
+        conds = [
+            compare(rm.columns[i], sql.Identifier(rm.columns[i].name), _ph(n), full)
+            for n, i in enumerate(where, start=first)
+        ]
         if not conds:
             return sql.SQL("true")
         return sql.SQL(" AND ").join(conds)
