@@ -79,7 +79,6 @@ from .planner import (
 from .policies import (
     DELETE_ORIGIN,
     INSERT_EXISTS,
-    MULTIPLE,
     UPDATE_MISSING,
     UPDATE_ORIGIN,
 )
@@ -465,20 +464,12 @@ def _ts(commit_ts: int) -> bytes:
     return pg_timestamp(commit_ts).isoformat().encode()
 
 
-def check_result(res: Any, kind_if_many: str = MULTIPLE) -> tuple[int, list[Any] | None]:
-    """(rows written, local rows) from a checked INSERT's one result row."""
-    written = int(res.get_value(0, 0) or 0)
-    raw = res.get_value(0, 1)
-    return written, (json.loads(raw) if raw else None)
-
-
 __all__ = [
     "INSERT_EXISTS",
     "LOG_CONFLICT",
     "UPDATE_MISSING",
     "Conflict",
     "ConflictPlanner",
-    "check_result",
     "conflict_params",
     "key_json",
     "remote_json",

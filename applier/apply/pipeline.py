@@ -67,6 +67,13 @@ def is_transient_sqlstate(state: str | None) -> bool:
     return bool(state) and any(state.startswith(p) for p in TRANSIENT_SQLSTATES)  # type: ignore[union-attr]
 
 
+def error_fields(res: pq.abc.PGresult) -> tuple[str | None, str]:
+    """The SQLSTATE and the primary message of a failed result."""
+    state_b = res.error_field(pq.DiagnosticField.SQLSTATE)
+    msg_b = res.error_field(pq.DiagnosticField.MESSAGE_PRIMARY) or res.error_message
+    return (state_b.decode() if state_b else None), msg_b.decode("utf-8", "replace").strip()
+
+
 def lost(e: BaseException, what: str = "target") -> ConnectionLost:
     detail = str(e).strip().replace("\n", " ")
     return ConnectionLost(
@@ -285,11 +292,8 @@ class Pipeline:
     def _raise(self) -> None:
         assert self._failure is not None
         res, ctx = self._failure
-        state_b = res.error_field(pq.DiagnosticField.SQLSTATE)
-        state = state_b.decode() if state_b else None
-        msg_b = res.error_field(pq.DiagnosticField.MESSAGE_PRIMARY) or res.error_message
+        state, msg = error_fields(res)
         detail_b = res.error_field(pq.DiagnosticField.MESSAGE_DETAIL)
-        msg = msg_b.decode("utf-8", "replace").strip()
         if detail_b:
             msg += f" ({detail_b.decode('utf-8', 'replace').strip()})"
         context = dict(self.txn_context)

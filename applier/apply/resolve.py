@@ -43,10 +43,19 @@ from psycopg import pq, sql
 
 from applier.errors import ApplyError
 from applier.lsn import Lsn, pg_timestamp
-from applier.protocol import Truncate, Update
+from applier.protocol import Insert, Truncate, Update
 
-from .conflicts import LOG_CONFLICT, Conflict, conflict_params, key_json, remote_json, row_json
+from .conflicts import (
+    LOG_CONFLICT,
+    Conflict,
+    _b,
+    conflict_params,
+    key_json,
+    remote_json,
+    row_json,
+)
 from .mapping import RelMap
+from .pipeline import error_fields
 from .planner import Stmt, _changed
 from .policies import (
     DELETE_MISSING,
@@ -135,27 +144,23 @@ class Resolution:
         self.conflicts.append(Conflict(ctx, kind, "skip", None))
 
     def _insert_checked(self, ctx: Any, res: pq.abc.PGresult) -> None:
-        written = int(res.get_value(0, 0) or 0)
+        """A checked INSERT: (rows written, local rows met, or NULL)."""
         raw = res.get_value(0, 1)
-        local = json.loads(raw) if raw else None
-        if local is None and written:
-            return
-        kind = MULTIPLE if local is not None and len(local) > 1 else INSERT_EXISTS
-        policy = ctx.rm.policy[kind]
-        if policy == "error":
-            raise self._conflict_error(ctx, kind, _one(local))
-        self.conflicts.append(Conflict(ctx, kind, ctx.rm.policy[INSERT_EXISTS], _one(local)))
+        if raw is not None or not int(res.get_value(0, 0) or 0):
+            self._insert_met(ctx, raw)
 
     def _rows_checked(self, group: Any, res: pq.abc.PGresult) -> None:
-        """A multi-row checked INSERT: a result row per row not inserted."""
+        """A multi-row checked INSERT: (ordinal, local rows) per row not inserted."""
         for r in range(res.ntuples):
-            ctx = group.ctxs[int(res.get_value(r, 0) or 0) - 1]
-            raw = res.get_value(r, 1)
-            local = json.loads(raw) if raw else None
-            kind = MULTIPLE if local is not None and len(local) > 1 else INSERT_EXISTS
-            if ctx.rm.policy[kind] == "error":
-                raise self._conflict_error(ctx, kind, _one(local))
-            self.conflicts.append(Conflict(ctx, kind, ctx.rm.policy[INSERT_EXISTS], _one(local)))
+            self._insert_met(group.ctxs[int(res.get_value(r, 0) or 0) - 1], res.get_value(r, 1))
+
+    def _insert_met(self, ctx: Any, raw: bytes | None) -> None:
+        """An INSERT that met local rows (``raw``: their jsonb array, if read)."""
+        local = json.loads(raw) if raw else None
+        kind = MULTIPLE if local is not None and len(local) > 1 else INSERT_EXISTS
+        if ctx.rm.policy[kind] == "error":
+            raise self._conflict_error(ctx, kind, _one(local))
+        self.conflicts.append(Conflict(ctx, kind, ctx.rm.policy[INSERT_EXISTS], _one(local)))
 
     def _upsert_checked(self, ctx: Any, res: pq.abc.PGresult) -> None:
         if res.command_tuples:
@@ -208,16 +213,17 @@ class Resolution:
         state = e.context.get("sqlstate")
         if getattr(ctx, "change", None) is None or getattr(ctx, "txn", None) is None:
             ctx = None  # a COMMIT, a guard, a multi-row statement: no one change
-        if ctx is not None and state == "23505" and "conflict" not in e.context:
-            op = op_of(ctx.change)
-            if op in ("insert", "update"):
-                # The apply session is failed: what is committed, from the catalog's.
-                local = self._local_rows(ctx, self.catalog_conn)
-                n = 0 if local is None else len(json.loads(local))
-                kind = MULTIPLE if n > 1 else INSERT_EXISTS if op == "insert" else UPDATE_EXISTS
-                e.context["conflict"] = kind
-                e.message = f"conflict {kind}: {e.message}"
-                self.record_alone(Conflict(ctx, kind, "error", _one_text(local)))
+        if (
+            ctx is not None
+            and state == "23505"
+            and "conflict" not in e.context
+            and op_of(ctx.change) in ("insert", "update")
+        ):
+            # The apply session is failed: what is committed, from the catalog's.
+            kind, local = self._unique_conflict(ctx, self.catalog_conn)
+            e.context["conflict"] = kind
+            e.message = f"conflict {kind}: {e.message}"
+            self.record_alone(Conflict(ctx, kind, "error", local))
         finish = e.context.get("finish_lsn")
         if finish is not None:
             path = self.cfg.path or "F"
@@ -242,10 +248,7 @@ class Resolution:
         self.session.attempt(send, lambda res: self._caught(ctx, res))
 
     def _caught(self, ctx: Any, res: pq.abc.PGresult) -> bool:
-        state_b = res.error_field(pq.DiagnosticField.SQLSTATE)
-        state = state_b.decode() if state_b else None
-        msg_b = res.error_field(pq.DiagnosticField.MESSAGE_PRIMARY) or res.error_message
-        msg = msg_b.decode("utf-8", "replace").strip()
+        state, msg = error_fields(res)
         op = op_of(ctx.change)
         rule = self.rules.error_rule(ctx.rm.qualname, op, state)
         if rule is not None:
@@ -260,14 +263,23 @@ class Resolution:
             return True
         policy = ctx.rm.policy
         if state == "23505" and policy is not None and op in ("insert", "update"):
-            local = self._local_rows(ctx, self.session.conn)
-            n = 0 if local is None else len(json.loads(local))
-            kind = MULTIPLE if n > 1 else INSERT_EXISTS if op == "insert" else UPDATE_EXISTS
+            kind, local = self._unique_conflict(ctx, self.session.conn)
             if policy[kind] in ("skip", "keep_local"):
                 log.warning("conflict %s: kept the local row", kind, extra={"ctx": ctx.describe()})
-                self.conflicts.append(Conflict(ctx, kind, policy[kind], _one_text(local)))
+                self.conflicts.append(Conflict(ctx, kind, policy[kind], local))
                 return True
         return False
+
+    def _unique_conflict(self, ctx: Any, conn: psycopg.Connection[Any]) -> tuple[str, str | None]:
+        """A unique violation of an INSERT/UPDATE as the conflict it is, and the local
+        row(s) it met (one row as an object, several as an array)."""
+        raw = self._local_rows(ctx, conn)
+        local = None if raw is None else json.loads(raw)
+        if local is not None and len(local) > 1:
+            kind = MULTIPLE
+        else:
+            kind = INSERT_EXISTS if isinstance(ctx.change, Insert) else UPDATE_EXISTS
+        return kind, _one(local)
 
     def _local_rows(self, ctx: Any, conn: psycopg.Connection[Any]) -> str | None:
         """The target rows that hold a unique key of the change's new row (jsonb array)."""
@@ -409,14 +421,6 @@ def _one(local: list[Any] | None) -> str | None:
     if local is None:
         return None
     return json.dumps(local[0] if len(local) == 1 else local, ensure_ascii=False)
-
-
-def _one_text(local: str | None) -> str | None:
-    return None if local is None else _one(json.loads(local))
-
-
-def _b(s: str | None) -> bytes | None:
-    return None if s is None else s.encode()
 
 
 __all__ = ["KEEP", "RULE_DONE", "Resolution", "op_of", "remote_json"]
