@@ -256,6 +256,11 @@ class ConflictPlanner:
             )
         return out
 
+    def forget(self, names: list[bytes]) -> None:
+        """Statements of a superseded or evicted mapping (Planner.forget) are gone."""
+        for name in names:
+            self._batchable.pop(name, None)
+
     def batchable(self, rm: RelMap, stmt: Stmt) -> bool:
         """Whether checked INSERTs of ``stmt`` may go several per statement: keep the
         local row (skip, keep_local), every key column sent and comparable with ``=``,

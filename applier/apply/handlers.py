@@ -335,11 +335,7 @@ class Applier(Resolution, Streamed, TwoPhase):
             return
         if txn.rule is not None:
             self.skipped_txns += 1
-        self.txn = txn
-        try:
-            self._finish_records(end_lsn)
-        finally:
-            self.txn = None
+        self._finish_records(txn, end_lsn)
         if self.session.in_txn:
             # An empty transaction inside an open group joins it (its position must
             # not be confirmed before the group's commit).
@@ -428,6 +424,7 @@ class Applier(Resolution, Streamed, TwoPhase):
             self._send_held(rm.relation.oid)
         self.merger.forget(rm.version)
         names = self.planner.forget(rm.version)
+        self.cplanner.forget(names)
         if names:
             self.session.forget_statements(names)
 

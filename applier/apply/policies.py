@@ -10,7 +10,7 @@ built-in defaults) for the rest.
 
 What a policy costs is decided here, once per mapping, so the hot path only
 reads flags: a table whose policies are the built-in ones
-(:attr:`TablePolicy.plain`) is applied exactly as without any ``[conflicts]``;
+(:attr:`TablePolicy.builtin`) is applied exactly as without any ``[conflicts]``;
 rows an UPDATE/DELETE did not find are already seen from the row counts. Only a
 non-``error`` policy for an INSERT that meets an existing row, ``apply_remote``
 for an UPDATE of a missing row, and a named ``*_origin_differs`` type change the
@@ -63,11 +63,6 @@ class TablePolicy:
         return not self.check_origin and dict(self.policies) == DEFAULT_POLICIES
 
     @property
-    def plain(self) -> bool:
-        """Applied as with no ``[conflicts]``: every statement and optimisation as usual."""
-        return not (self.checked_insert or self.checked_update or self.check_origin)
-
-    @property
     def checked_insert(self) -> bool:
         """INSERTs must see an existing row and decide (not fail): one statement per row."""
         return self[INSERT_EXISTS] != "error"
@@ -92,7 +87,7 @@ class Policies:
     """``[conflicts]`` compiled: :meth:`for_table` gives one table's :class:`TablePolicy`."""
 
     def __init__(self, cfg: ConflictsConfig) -> None:
-        self.default = {**DEFAULT_POLICIES, **cfg.default}
+        self.default = cfg.default  # over the built-in ones already
         # Most specific first; sorted() is stable, so equal ones keep their order.
         self.patterns = sorted(
             cfg.patterns.items(), key=lambda kv: specificity(kv[0]), reverse=True

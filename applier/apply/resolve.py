@@ -68,7 +68,7 @@ from .policies import (
     Policies,
 )
 from .skiprules import Kept, Rule, SkipRules
-from .states import op_of
+from .states import Txn, op_of
 
 log = logging.getLogger("applier.apply")
 
@@ -341,9 +341,8 @@ class Resolution:
             return
         self.txn.kept.append(Kept(ctx, rule, skipped, error.get("error"), error.get("sqlstate")))
 
-    def _finish_records(self, end_lsn: Lsn) -> None:
+    def _finish_records(self, txn: Txn, end_lsn: Lsn) -> None:
         """At a source transaction's end: its kept changes, and its txn rule marked done."""
-        txn = self.txn
         txn.end_lsn = end_lsn
         if not txn.kept and txn.rule is None:
             return
@@ -355,7 +354,7 @@ class Resolution:
             txn.kept += [Kept(c, None, False) for c in txn.seen if id(c) not in skipped]
             txn.kept.sort(key=lambda k: k.ctx.no)
         for k in txn.kept:
-            self.session.execute(KEEP, self._kept_params(k, end_lsn), None, k.ctx)
+            self.session.execute(KEEP, self._kept_params(txn, k, end_lsn), None, k.ctx)
         if txn.rule is not None:
             rule = txn.rule
             params = [str(Lsn(end_lsn)).encode(), _b(txn.gid), str(rule.id).encode()]
@@ -367,9 +366,8 @@ class Resolution:
                 extra={"ctx": {"xid": txn.xid, "finish_lsn": str(Lsn(txn.commit_lsn))}},
             )
 
-    def _kept_params(self, k: Kept, end_lsn: Lsn) -> list[bytes | None]:
+    def _kept_params(self, txn: Txn, k: Kept, end_lsn: Lsn) -> list[bytes | None]:
         ctx = k.ctx
-        txn = self.txn
         rm = ctx.rm
         change = ctx.change
         old = getattr(change, "old", None)

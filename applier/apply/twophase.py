@@ -82,7 +82,7 @@ class TwoPhase:
     def _replay(self, xid: int, commit_lsn: Lsn, gid: str | None = None, ts: int = 0) -> None:
         raise NotImplementedError
 
-    def _finish_records(self, end_lsn: Lsn) -> None:
+    def _finish_records(self, txn: Txn, end_lsn: Lsn) -> None:
         raise NotImplementedError
 
     def _flush_conflicts(self) -> None:
@@ -143,17 +143,14 @@ class TwoPhase:
         txn = self.txn
         assert txn is not None and txn.gid is not None
         self.state = IDLE
+        self.txn = None
         if txn.skip:
-            self.txn = None
             self.session.rollback()
             self.flush.store(end_lsn, FLUSHED)
             return
-        try:
-            # Its kept changes and a txn rule's mark: prepared with it (a skipped
-            # transaction is prepared empty but for them, and COMMIT PREPARED finds it).
-            self._finish_records(end_lsn)
-        finally:
-            self.txn = None
+        # Its kept changes and a txn rule's mark: prepared with it (a skipped
+        # transaction is prepared empty but for them, and COMMIT PREPARED finds it).
+        self._finish_records(txn, end_lsn)
         if not self.session.in_txn:
             self.session.begin()  # an empty prepared transaction, so COMMIT PREPARED finds it
         self._send_held()
