@@ -198,9 +198,15 @@ class ConflictsConfig(RootModel[dict[str, dict[str, str]]]):
     def patterns(self) -> dict[str, dict[str, str]]:
         return {k: p for k, p in self.root.items() if k != "default"}
 
-    def named(self, kind: str) -> bool:
-        """Whether the config names conflict type ``kind`` anywhere."""
-        return any(kind in p for p in self.root.values())
+    @property
+    def needs_commit_ts(self) -> bool:
+        """Whether a policy reads the target rows' commit timestamps: last_update_wins,
+        or a named ``*_origin_differs`` (checked only where named)."""
+        return any(
+            policy == "last_update_wins" or kind.endswith("_origin_differs")
+            for entry in self.root.values()
+            for kind, policy in entry.items()
+        )
 
 
 class ApplyConfig(_Section):

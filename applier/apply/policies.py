@@ -93,11 +93,6 @@ class Policies:
             cfg.patterns.items(), key=lambda kv: specificity(kv[0]), reverse=True
         )
         self.default_named = frozenset(cfg.root.get("default", {}))
-        self.needs_commit_ts = (
-            cfg.named(UPDATE_ORIGIN)
-            or cfg.named(DELETE_ORIGIN)
-            or any(p == "last_update_wins" for entry in cfg.root.values() for p in entry.values())
-        )
         self._cache: dict[tuple[str, str], TablePolicy] = {}
 
     def for_table(self, schema: str, table: str) -> TablePolicy:

@@ -109,7 +109,6 @@ from applier.schema import schema_at_head, upgrade_target
 from .handlers import IDLE, Applier
 from .mapping import Catalog
 from .origin import ensure_origin, local_flush_lsn, origin_progress
-from .policies import Policies
 from .preflight import check_before_streaming
 from .session import TargetSession, connect, is_transient_sqlstate
 from .skiprules import REFRESH_INTERVAL, SkipRules
@@ -447,8 +446,7 @@ class Worker:
         our origin's id (its rows' origin in commit timestamps)."""
         self.rules.load(catalog_conn)
         self._rules_read = time.monotonic()
-        policies = Policies(self.cfg.conflicts)
-        if policies.needs_commit_ts:
+        if self.cfg.conflicts.needs_commit_ts:
             row = catalog_conn.execute("SHOW track_commit_timestamp").fetchone()
             if not row or row[0] != "on":
                 raise ConfigError(
