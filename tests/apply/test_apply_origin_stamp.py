@@ -134,6 +134,70 @@ def test_session_lost_before_prepare_leaves_origin_alone(pair: Pair, in_prepare:
         assert progress == "0/6000000"
 
 
+@pytest.mark.parametrize("verb", ["commit", "prepare"])
+def test_backend_lost_inside_commit_leaves_origin_alone(pair: Pair, verb: str) -> None:
+    """The backend is terminated *inside* COMMIT (or PREPARE TRANSACTION), while the
+    stamp's trigger runs: nothing between the stamp and the commit record may let
+    the termination in, or the abort record moves the origin past a transaction that
+    never committed (a fast shutdown of the target does the same to every backend).
+
+    A committed row in the stamp table, locked by another session, holds the
+    trigger's clean-up there; the stamp must come after it.
+    """
+    origin, table = f"stamp_{pair.sub_db}", f"applier.{verb}_stamp"
+    upgrade_target(pair.sub_dsn)
+    pair.sub_exec(f"CREATE TABLE t (id int); SELECT pg_replication_origin_create('{origin}')")
+    session = TargetSession(pair.sub_dsn, origin, "on")
+    _with_temp_objects(session)
+    locker = pair.sub_conn(autocommit=False)
+    try:
+        session.begin()
+        session.execute_sql(b"INSERT INTO public.t VALUES (1)", "insert")
+        session.commit(Lsn(0x5000000), now_pg_timestamp(), lambda local: None, wait=True)
+        assert _progress(pair, origin) == "0/5000000"
+        pair.sub_exec(
+            f"ALTER TABLE {table} DISABLE TRIGGER {verb}_stamp;"
+            f"INSERT INTO {table} VALUES ('0/1', now());"
+            f"ALTER TABLE {table} ENABLE ALWAYS TRIGGER {verb}_stamp"
+        )
+        locker.execute(f"SELECT 1 FROM {table} FOR UPDATE")  # held: not committed
+        session.begin()
+        session.execute_sql(b"INSERT INTO public.t VALUES (2)", "insert")
+        if verb == "commit":
+            session.commit(Lsn(0x6000000), now_pg_timestamp(), lambda local: None)
+        else:
+            session._send_ctl(PREPARE_STAMP, "stamp", stamp_params(Lsn(0x6000000), 0))
+            session._send_ctl(f"PREPARE TRANSACTION 'g_{pair.sub_db}'".encode(), "prepare")
+            session.pg.send_flush_request()
+            session.pg.flush()
+        pid = session.conn.info.backend_pid
+        _wait_for_lock_wait(pair, pid)
+        pair.sub_exec(f"SELECT pg_terminate_backend({pid})")
+        deadline = time.monotonic() + 10
+        while pair.sub_exec(f"SELECT 1 FROM pg_stat_activity WHERE pid = {pid}"):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    finally:
+        locker.close()
+        session.close()
+    progress = _progress(pair, origin)
+    pair.sub_exec(f"SELECT pg_replication_origin_drop('{origin}')")
+    assert pair.sub_exec("SELECT id FROM t") == [(1,)]
+    assert pair.sub_exec("SELECT count(*) FROM pg_prepared_xacts") == [(0,)]
+    assert progress == "0/5000000"
+
+
+def _wait_for_lock_wait(pair: Pair, pid: int) -> None:
+    deadline = time.monotonic() + 10
+    while not pair.sub_exec(
+        f"SELECT 1 FROM pg_stat_activity WHERE pid = {pid} AND wait_event_type = 'Lock'"
+    ):
+        assert time.monotonic() < deadline, pair.sub_exec(
+            f"SELECT state, wait_event_type, wait_event, query FROM pg_stat_activity WHERE pid = {pid}"
+        )
+        time.sleep(0.02)
+
+
 def test_role_without_temporary_privilege_stamps_inside_commit(pair: Pair) -> None:
     """A non-superuser without TEMPORARY on the target database: a role that may not
     write the stamp tables is refused at start with the GRANT to run (never stamped
