@@ -6,11 +6,14 @@ origin as well (seen on PG15 and PG18: a backend that exits between the stamp
 and COMMIT; on PG18 also a COMMIT that fails after it), so a restart would
 skip a transaction that never committed. Hence the stamp is made from inside
 COMMIT: a commit inserts one row into ``applier.commit_stamp`` (migration
-0005), whose deferred constraint trigger (ENABLE ALWAYS) calls ``xact_setup``
-with the row's values and deletes the row; it fires in COMMIT after every
-deferred trigger queued before it. A client that dies before COMMIT reached
-the server leaves the origin alone; a failure inside COMMIT after the stamp
-(a trigger queued later, ON COMMIT actions) is undone while the session lives
+0005), whose deferred constraint trigger (ENABLE ALWAYS) deletes the row and
+then, as the very last thing it evaluates, calls ``xact_setup`` with the
+row's values (migration 0007); it fires in COMMIT after every deferred
+trigger queued before it. A client that dies before COMMIT reached the
+server leaves the origin alone, and so does a backend terminated inside
+COMMIT: nothing between the stamp and the commit record checks for
+interrupts. A failure inside COMMIT after the stamp (a deferred trigger
+queued by another one, hence after ours) is undone while the session lives
 (``TargetSession._rewind_origin``). PREPARE TRANSACTION stamps the same way
 through ``applier.prepare_stamp`` (migration 0003).
 
