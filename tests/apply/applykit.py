@@ -99,6 +99,10 @@ def wait_equal(
                 diffs.append((t, src[:5], dst[:5], len(src), len(dst)))
         if not diffs:
             return
+        if runner is not None and (not runner.alive() or time.monotonic() > deadline):
+            # The whole log, for the captured output of the failure report: a loss
+            # that does not reproduce must still leave its evidence in CI's output.
+            print(f"--- applier log ({runner.log_path}) ---\n{runner.log()}")
         if runner is not None and not runner.alive():
             raise AssertionError(
                 f"applier exited {runner.proc and runner.proc.returncode}:\n{runner.log()[-4000:]}"
