@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from .config import Config, redact_dsn
-from .errors import ApplierError, ConfigError
+from .errors import ApplierError, ConfigError, PermanentError
 
 if TYPE_CHECKING:
     from alembic.config import Config as AlembicConfig
@@ -103,10 +103,40 @@ def upgrade_target(conninfo: str) -> None:
     try:
         with engine.begin() as conn:
             cfg.attributes["connection"] = conn
+            _refuse_unknown_revision(_current_revisions(conn), cfg)
             command.upgrade(cfg, "head")
     finally:
         engine.dispose()
     log.debug("applier schema at head on %s", redact_dsn(conninfo))
+
+
+def _current_revisions(conn: Any) -> str | None:
+    exists = conn.exec_driver_sql(
+        "SELECT pg_catalog.to_regclass('applier.alembic_version') IS NOT NULL"
+    ).scalar()
+    if not exists:
+        return None
+    sql = "SELECT pg_catalog.string_agg(version_num, ',') FROM applier.alembic_version"
+    return conn.exec_driver_sql(sql).scalar()  # type: ignore[no-any-return]
+
+
+def _refuse_unknown_revision(current: str | None, cfg: AlembicConfig) -> None:
+    """A revision this applier does not ship was written by a newer one (applier was
+    rolled back): refuse, rather than let alembic fail with a traceback."""
+    from alembic.script import ScriptDirectory
+
+    if not current:
+        return
+    script = ScriptDirectory.from_config(cfg)
+    known = {rev.revision for rev in script.walk_revisions()}
+    unknown = [r for r in current.split(",") if r not in known]
+    if unknown:
+        raise PermanentError(
+            f"the target's applier schema is at revision {', '.join(unknown)}, newer than "
+            f"this applier knows (its newest is {', '.join(script.get_heads())})",
+            hint="a newer applier migrated this target: upgrade applier to that version "
+            "(or newer) on this machine; the schema is left as it is",
+        )
 
 
 def _connect(conninfo: str) -> Any:

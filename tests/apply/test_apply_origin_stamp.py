@@ -193,7 +193,8 @@ def _wait_for_lock_wait(pair: Pair, pid: int) -> None:
         f"SELECT 1 FROM pg_stat_activity WHERE pid = {pid} AND wait_event_type = 'Lock'"
     ):
         assert time.monotonic() < deadline, pair.sub_exec(
-            f"SELECT state, wait_event_type, wait_event, query FROM pg_stat_activity WHERE pid = {pid}"
+            "SELECT state, wait_event_type, wait_event, query "
+            f"FROM pg_stat_activity WHERE pid = {pid}"
         )
         time.sleep(0.02)
 

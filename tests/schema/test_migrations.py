@@ -71,3 +71,21 @@ def test_upgrade_ignores_the_target_databases_timeouts(pair: Pair) -> None:
     )
     upgrade_target(pair.sub_dsn)
     assert current_revision(pair.sub_dsn) == heads()[0]
+
+
+@pytest.mark.parametrize("command", ["migrate", "run"])
+def test_schema_newer_than_this_applier_is_a_clear_error(pair: Pair, command: str) -> None:
+    """Rolling applier back after a newer one migrated the target: a clear error naming
+    both revisions and what to do, exit 3, and the schema left as it was."""
+    upgrade_target(pair.sub_dsn)
+    pair.sub_exec("UPDATE applier.alembic_version SET version_num = '9999'")
+    cfg = pair.write_config()
+    proc = subprocess.run(
+        [sys.executable, "-m", "applier.cli", command, "--config", str(cfg)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 3, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "9999" in proc.stderr and heads()[0] in proc.stderr
+    assert "newer" in proc.stderr and "upgrade applier" in proc.stderr
+    assert current_revision(pair.sub_dsn) == "9999"
