@@ -29,30 +29,33 @@ down_revision: str | None = "0006"
 branch_labels = None
 depends_on = None
 
-_STAMPS = ("commit_stamp", "prepare_stamp")
+_NEW = {
+    "commit_stamp": "DELETE FROM applier.commit_stamp; "
+    "RETURN CASE WHEN pg_catalog.pg_replication_origin_xact_setup(NEW.lsn, NEW.ts) "
+    "IS NULL THEN NULL END;",
+    "prepare_stamp": "DELETE FROM applier.prepare_stamp; "
+    "RETURN CASE WHEN pg_catalog.pg_replication_origin_xact_setup(NEW.lsn, NEW.ts) "
+    "IS NULL THEN NULL END;",
+}
+_OLD = {
+    "commit_stamp": "PERFORM pg_catalog.pg_replication_origin_xact_setup(NEW.lsn, NEW.ts); "
+    "DELETE FROM applier.commit_stamp; RETURN NULL;",
+    "prepare_stamp": "PERFORM pg_catalog.pg_replication_origin_xact_setup(NEW.lsn, NEW.ts); "
+    "DELETE FROM applier.prepare_stamp; RETURN NULL;",
+}
 
 
-def _define(name: str, body: str) -> None:
-    op.execute(
-        f"CREATE OR REPLACE FUNCTION applier.{name}() RETURNS trigger LANGUAGE plpgsql "
-        f"SET search_path = pg_catalog AS $$ BEGIN {body} END $$"
-    )
+def _define(bodies: dict[str, str]) -> None:
+    for name, body in bodies.items():
+        op.execute(
+            f"CREATE OR REPLACE FUNCTION applier.{name}() RETURNS trigger LANGUAGE plpgsql "
+            f"SET search_path = pg_catalog AS $$ BEGIN {body} END $$"
+        )
 
 
 def upgrade() -> None:
-    for name in _STAMPS:
-        _define(
-            name,
-            f"DELETE FROM applier.{name}; "
-            "RETURN CASE WHEN pg_catalog.pg_replication_origin_xact_setup(NEW.lsn, NEW.ts) "
-            "IS NULL THEN NULL END;",
-        )
+    _define(_NEW)
 
 
 def downgrade() -> None:
-    for name in _STAMPS:
-        _define(
-            name,
-            "PERFORM pg_catalog.pg_replication_origin_xact_setup(NEW.lsn, NEW.ts); "
-            f"DELETE FROM applier.{name}; RETURN NULL;",
-        )
+    _define(_OLD)
