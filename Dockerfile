@@ -46,13 +46,14 @@ ENTRYPOINT ["applier"]
 # -- full: bootstrap (and everything slim does) -------------------------------------
 FROM base AS full
 ARG PG_CLIENT_MAJOR=18
-# The man directory: Debian's JRE package fails to install without it in slim images.
+# The man directory: Debian's JRE package fails to install without it in slim images;
+# procps: Spark's launcher scripts call ps.
 # Unpinned apt packages: the base image's Debian release pins them, and a rebuild
 # should get its security updates.
 # hadolint ignore=DL3008
 RUN mkdir -p /usr/share/man/man1 \
  && apt-get update \
- && apt-get install -y --no-install-recommends ca-certificates curl openjdk-17-jre-headless \
+ && apt-get install -y --no-install-recommends ca-certificates curl openjdk-17-jre-headless procps \
  && install -d /usr/share/postgresql-common/pgdg \
  && curl -fsSL -o /usr/share/postgresql-common/pgdg/apt.postgresql.org.asc \
         https://www.postgresql.org/media/keys/ACCC4CF8.asc \
