@@ -80,7 +80,8 @@ def cli() -> None:
     Exit codes (every command):
       0  stopped cleanly
       1  transient failure: a restart may cure it (systemd restarts)
-      2  bad configuration or usage
+      2  bad configuration or usage, or a missing extra (the error names
+         the pip install, e.g. 'applier[spark]' for bootstrap)
       3  stopped on an error a restart will not fix (apply error, slot
          missing, wrong source, unfinished bootstrap): a person must act
     """
@@ -126,8 +127,16 @@ def run(config_path: Path, log_level: str | None) -> int:
 )
 @click.option("--truncate", is_flag=True, help="Empty non-empty target tables before copying.")
 @click.option("--quiet", is_flag=True, help="No live progress display (for services and logs).")
+@click.option(
+    "--if-needed",
+    is_flag=True,
+    help="Exit 0 at once when the slot was bootstrapped already (a one-shot job run at "
+    "every start, as docker-compose.yml does).",
+)
 @_exits_cleanly
-def bootstrap(config_path: Path, recreate_slot: bool, truncate: bool, quiet: bool) -> int:
+def bootstrap(
+    config_path: Path, recreate_slot: bool, truncate: bool, quiet: bool, if_needed: bool
+) -> int:
     """Copy the included tables into the target from an exported snapshot (Spark job).
 
     Creates the slot with an exported snapshot, creates missing tables from the
@@ -136,12 +145,25 @@ def bootstrap(config_path: Path, recreate_slot: bool, truncate: bool, quiet: boo
     the target's replication origin to the slot's consistent point so that
     `applier run` continues with no gap and no duplicate. Rerun after an
     interruption to continue where it stopped.
-    """
-    from .bootstrap.job import run_bootstrap
 
-    return run_bootstrap(
-        _load(config_path), recreate_slot=recreate_slot, truncate=truncate, quiet=quiet
-    )
+    Needs the spark extra (pip install 'applier[spark]') and a Java runtime;
+    without them it exits 2 at once and says so.
+    """
+    from .extras import require_spark
+
+    require_spark("bootstrap")
+    from .bootstrap.job import run_bootstrap
+    from .errors import AlreadyBootstrapped
+
+    try:
+        return run_bootstrap(
+            _load(config_path), recreate_slot=recreate_slot, truncate=truncate, quiet=quiet
+        )
+    except AlreadyBootstrapped as e:
+        if not if_needed:
+            raise
+        click.echo(f"applier: nothing to do: {e.message}", err=True)
+        return 0
 
 
 @cli.command("spark-archive")
@@ -159,8 +181,11 @@ def spark_archive(config_path: Path | None) -> int:
     Starts Spark with -XX:ArchiveClassesAtExit and runs one task; the JVM
     saves the classes it loaded, parsed and verified. `scripts/setup` runs
     this. Rerun it after upgrading Java or pyspark (a stale archive is
-    ignored, never harmful).
+    ignored, never harmful). Needs the spark extra and Java, as bootstrap does.
     """
+    from .extras import require_spark
+
+    require_spark("spark-archive")
     from .bootstrap.spark import build_class_archive
     from .config import BootstrapConfig
 
@@ -416,7 +441,13 @@ def migrate(config_path: Path) -> int:
 )
 @_exits_cleanly
 def demo(source_version: str, target_version: str, rows: int, keep: bool) -> int:
-    """Run applier end to end on two throwaway local clusters (no config needed)."""
+    """Run applier end to end on two throwaway local clusters (no config needed).
+
+    Needs the demo extra (pip install 'applier[demo]') and a Java runtime.
+    """
+    from .extras import require_demo
+
+    require_demo()
     from .demo import run_demo
 
     setup_logging("info")

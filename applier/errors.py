@@ -132,6 +132,10 @@ class BootstrapError(ApplierError):
     """The bootstrap cannot go on; a rerun continues where it stopped."""
 
 
+class AlreadyBootstrapped(BootstrapError):
+    """The slot's bootstrap is done: `applier bootstrap --if-needed` exits 0 on it."""
+
+
 @dataclass
 class ErrorRecord:
     """What ``applier status`` shows of the last error a worker stopped on."""

