@@ -204,6 +204,19 @@ def status(config_path: Path, as_json: bool) -> int:
     Also the conflicts recorded per table, type and resolution, the number of
     active skip rules and, when the worker stopped on a transaction it could
     not apply, the `applier skip add --config F --lsn LSN` that skips it.
+    Ends with the health verdict and what to do; --json carries it as
+    "code", "health", "reason" and "hint". Fit for a HEALTHCHECK or a probe.
+
+    \b
+    Exit codes (status's own; when several hold, the first of 1, 5, 3, 4):
+      0  healthy: the worker runs (heartbeat fresh), slot fine
+      1  the source or the target is unreachable
+      2  bad configuration or usage
+      3  the worker stopped on an error (printed, with what to do)
+      4  no worker running, or its heartbeat is stale (older than three
+         [apply] status_interval: killed or hung)
+      5  the slot is missing or invalidated, or retains more WAL than
+         [status] max_retained_wal
     """
     from .status import show_status
 
