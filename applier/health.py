@@ -133,15 +133,17 @@ def _stopped_on_error(st: Status, w: dict[str, Any]) -> Health:
     err = w.get("last_error")
     if isinstance(err, dict):
         what = f"{err.get('kind')}: {err.get('message')}"
-        if err.get("context"):
-            what += " (" + ", ".join(f"{k}={v}" for k, v in err["context"].items()) + ")"
+        # The skip command, if any, is in the hint: not twice on the line.
+        context = {k: v for k, v in (err.get("context") or {}).items() if k != "skip_command"}
+        if context:
+            what += " (" + ", ".join(f"{k}={v}" for k, v in context.items()) + ")"
         hint = err.get("hint")
     else:
         what, hint = (json.dumps(err) if err is not None else "unknown error"), None
     todo = [hint] if hint else ["fix the cause on the target"]
     if st.skip_rule is not None:
         todo = [f"skip rule {st.skip_rule} skips that transaction"]
-    elif st.skip_command is not None:
+    elif st.skip_command is not None and st.skip_command not in (hint or ""):
         todo.append(f"or skip that transaction: {st.skip_command}")
     todo.append("then start the worker (it resumes from the origin's progress)")
     return Health(
