@@ -229,10 +229,54 @@ def status(config_path: Path, as_json: bool) -> int:
     Also the conflicts recorded per table, type and resolution, the number of
     active skip rules and, when the worker stopped on a transaction it could
     not apply, the `applier skip add --config F --lsn LSN` that skips it.
+    Ends with the health verdict and what to do; --json carries it as
+    "code", "health", "reason" and "hint". Fit for a HEALTHCHECK or a probe.
+
+    \b
+    Exit codes (status's own; when several hold, the first of 1, 5, 3, 4):
+      0  healthy: the worker runs (heartbeat fresh), slot fine
+      1  the source or the target is unreachable
+      2  bad configuration or usage
+      3  the worker stopped on an error (printed, with what to do)
+      4  no worker running, or its heartbeat is stale (older than three
+         [apply] status_interval: killed or hung)
+      5  the slot is missing or invalidated, or retains more WAL than
+         [status] max_retained_wal
     """
     from .status import show_status
 
     return show_status(_load(config_path, "warning"), as_json=as_json)
+
+
+@cli.command()
+@config_option
+@click.option("--slot", is_flag=True, help="The replication slot on the source.")
+@click.option("--origin", is_flag=True, help="The replication origin on the target.")
+@click.option("--schema", is_flag=True, help="The applier schema on the target.")
+@click.option("--yes", is_flag=True, help="Remove them (without it: only print the plan).")
+@_exits_cleanly
+def drop(config_path: Path, slot: bool, origin: bool, schema: bool, yes: bool) -> int:
+    """Remove what applier created: the slot, the origin, the applier schema.
+
+    None of --slot/--origin/--schema means all three. Without --yes it prints
+    what it would remove (and what is absent already) and removes nothing.
+    Absent objects are not an error: rerun it to finish an interrupted drop.
+    The user's tables are never touched; an applier schema that holds other
+    origins' state stays, and only this origin's rows are deleted. An
+    unfinished bootstrap does not stop it (its records go; stop a bootstrap
+    that still runs first).
+
+    \b
+    Exit codes:
+      0  removed (or absent); or the plan printed, without --yes
+      1  a server is unreachable, or a worker holds the slot or the origin
+         or runs: refused, nothing removed
+      2  bad configuration or usage
+      3  a server refused (privileges)
+    """
+    from .drop import run_drop
+
+    return run_drop(_load(config_path, "warning"), slot=slot, origin=origin, schema=schema, yes=yes)
 
 
 @cli.group()

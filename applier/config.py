@@ -4,7 +4,8 @@ Every error names the file, the key path and what was expected, on one line,
 so ``applier run --config F`` fails before touching either database. The
 sections mirror the product: ``[source]`` and ``[target]`` connections,
 ``[tables]`` include/exclude patterns, ``[apply]`` for the worker,
-``[bootstrap]`` for the Spark copy, ``[logging]``.
+``[bootstrap]`` for the Spark copy, ``[logging]``, ``[status]`` for the health
+thresholds of ``applier status``.
 
 DSNs may carry passwords (or take them from ``password_file``, PGPASSWORD,
 ~/.pgpass); :func:`redact_dsn` is the only way a DSN reaches a log.
@@ -278,6 +279,28 @@ class LoggingConfig(_Section):
     format: Literal["text", "json"] = "text"
 
 
+class StatusConfig(_Section):
+    """``[status]``: when ``applier status`` calls the slot unhealthy (exit 5)."""
+
+    # 16GB = 1024 WAL segments. PostgreSQL keeps a slot's WAL without bound by
+    # default (max_slot_wal_keep_size = -1), so this is the alarm before the
+    # source's disk fills. A caught-up worker retains little (its slot's
+    # restart_lsn only lags by the oldest transaction still open on the source),
+    # so 16GB does not trip on a healthy worker of a modest server or a long
+    # source transaction, and still fires hours before a typical pg_wal volume
+    # (100GB+) fills at a few MB/s. Set it to a fraction of the free space there.
+    max_retained_wal: int = Field(
+        default=16 * 1024**3,
+        ge=0,
+        description="WAL bytes the slot may retain before status exits 5; 0 = no check",
+    )
+
+    @field_validator("max_retained_wal", mode="before")
+    @classmethod
+    def _size(cls, v: int | str) -> int:
+        return parse_size(v)
+
+
 class Config(_Section):
     source: SourceConfig
     target: TargetConfig
@@ -286,6 +309,7 @@ class Config(_Section):
     conflicts: ConflictsConfig = Field(default_factory=ConflictsConfig)
     bootstrap: BootstrapConfig = Field(default_factory=BootstrapConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    status: StatusConfig = Field(default_factory=StatusConfig)
     path: Path | None = Field(default=None, exclude=True)
 
     @model_validator(mode="after")

@@ -143,13 +143,19 @@ class ErrorRecord:
     kind: str
     message: str
     context: dict[str, Any] = field(default_factory=dict)
+    #: What to do (the error's ``hint``), shown by ``applier status``.
+    hint: str | None = None
 
     @classmethod
     def from_exc(cls, exc: BaseException) -> ErrorRecord:
         ctx = exc.context if isinstance(exc, ApplierError) else {}
         msg = exc.message if isinstance(exc, ApplierError) else str(exc)
+        hint = exc.hint if isinstance(exc, ApplierError) else None
         return cls(
-            kind=type(exc).__name__, message=msg, context={k: str(v) for k, v in ctx.items()}
+            kind=type(exc).__name__,
+            message=msg,
+            context={k: str(v) for k, v in ctx.items()},
+            hint=hint,
         )
 
 

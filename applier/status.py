@@ -10,7 +10,14 @@ that names its transaction's finish LSN, status prints the exact
 ``applier skip add --config F --lsn LSN`` that skips that transaction (or the
 id of the rule that does, once it exists). Each side is
 queried on its own short connection, so a down server shows up as an error
-for that side while the other side is still reported.
+for that side while the other side is still reported. The slot's
+``failover`` flag (PostgreSQL 17+) is shown; null on older servers.
+
+The exit code is a health verdict (:mod:`applier.health`): 0 healthy, 1 a
+server unreachable, 3 the worker stopped on an error, 4 no worker running or
+its heartbeat stale, 5 the slot missing, invalidated or retaining more WAL
+than ``[status] max_retained_wal``; ``--json`` carries it as ``code`` with
+``health``, ``reason`` and ``hint``.
 """
 
 from __future__ import annotations
@@ -27,11 +34,15 @@ from psycopg.rows import dict_row
 
 from .config import Config, redact_dsn
 from .errors import ApplierError
+from .health import assess
 from .lsn import Lsn
 
 SLOT_SQL = """
 SELECT s.slot_name, s.plugin, s.active, s.active_pid, s.wal_status,
-       s.confirmed_flush_lsn::text AS confirmed_flush_lsn,
+       s.confirmed_flush_lsn::text AS confirmed_flush_lsn, s.safe_wal_size,
+       -- PostgreSQL 17+ only: read through to_jsonb so that older servers give NULL.
+       (to_jsonb(s) ->> 'failover')::boolean AS failover,
+       to_jsonb(s) ->> 'invalidation_reason' AS invalidation_reason,
        s.restart_lsn::text AS restart_lsn,
        pg_current_wal_lsn()::text AS current_wal_lsn,
        pg_wal_lsn_diff(pg_current_wal_lsn(), s.restart_lsn)::bigint AS retained_bytes,
@@ -53,7 +64,9 @@ WHERE o.roname = %s
 """
 
 WORKER_SQL = """
-SELECT state, pid, host, started_at, heartbeat_at, applied_txns, skipped_changes,
+SELECT state, pid, host, started_at, heartbeat_at,
+       extract(epoch FROM now() - heartbeat_at)::float8 AS heartbeat_age_s,
+       applied_txns, skipped_changes,
        last_commit_lsn::text AS last_commit_lsn, last_commit_time, last_error, last_error_at
 FROM applier.worker_status WHERE origin = %s
 """
@@ -92,6 +105,13 @@ class Status:
     #: The transaction rule that skips it, once one was added.
     skip_rule: int | None = None
     errors: list[str] = field(default_factory=list)
+    source_reachable: bool = True
+    target_reachable: bool = True
+    #: The verdict (applier.health): the exit code, its name, why, what to do.
+    code: int | None = None
+    health: str | None = None
+    reason: str | None = None
+    hint: str | None = None
 
     @property
     def worker_holds_slot(self) -> bool:
@@ -109,6 +129,13 @@ def collect(cfg: Config) -> Status:
     _source_side(cfg, st)
     _target_side(cfg, st)
     _derive_lag(st)
+    verdict = assess(st, cfg)
+    st.code, st.health, st.reason, st.hint = (
+        verdict.code,
+        verdict.health,
+        verdict.reason,
+        verdict.hint,
+    )
     return st
 
 
@@ -121,6 +148,7 @@ def _source_side(cfg: Config, st: Status) -> None:
     try:
         st.slot = _query(cfg.source.conninfo(), SLOT_SQL, cfg.source.slot)
     except psycopg.Error as e:
+        st.source_reachable = False
         st.errors.append(f"source unreachable ({redact_dsn(cfg.source.dsn)}): {_first_line(e)}")
         return
     if st.slot is None:
@@ -142,6 +170,7 @@ def _target_side(cfg: Config, st: Status) -> None:
                 )
             _conflicts_and_skips(conn, cfg, st)
     except psycopg.Error as e:
+        st.target_reachable = False
         st.errors.append(f"target unreachable ({redact_dsn(cfg.target.dsn)}): {_first_line(e)}")
         return
     if st.origin_progress is None:
@@ -230,6 +259,8 @@ def render_text(st: Status, out: TextIO) -> None:
         ("target", st.target),
         ("slot active", f"{s.get('active')} (pid {s.get('active_pid')})" if s else "-"),
         ("slot confirmed", s.get("confirmed_flush_lsn")),
+        ("slot wal_status", s.get("wal_status")),
+        ("slot failover", _failover(s)),
         ("source WAL now", s.get("current_wal_lsn")),
         ("WAL retained", _bytes(s.get("retained_bytes"))),
         ("origin progress", o.get("remote_lsn")),
@@ -251,6 +282,22 @@ def render_text(st: Status, out: TextIO) -> None:
     _skip_hint(st, out)
     for err in st.errors:
         console.print(f"[yellow]note:[/] {err}", markup=True)
+    _verdict(st, out)
+
+
+def _failover(slot: dict[str, Any]) -> str | None:
+    if not slot:
+        return None
+    flag = slot.get("failover")
+    return "- (PostgreSQL < 17)" if flag is None else str(flag)
+
+
+def _verdict(st: Status, out: TextIO) -> None:
+    # Plain lines: the reason and the hint may hold commands to copy.
+    out.flush()
+    out.write(f"health: {st.health} (exit {st.code}): {st.reason}\n")
+    if st.hint:
+        out.write(f"what to do: {st.hint}\n")
 
 
 def _conflict_table(conflicts: list[dict[str, Any]]) -> Any:
@@ -294,7 +341,8 @@ def _secs(s: float | None) -> str:
 
 
 def show_status(cfg: Config, *, as_json: bool, out: TextIO = sys.stdout) -> int:
+    """Print the status; return its health code (see :mod:`applier.health`)."""
     st = collect(cfg)
     (render_json if as_json else render_text)(st, out)
-    unreachable = any("unreachable" in e for e in st.errors)
-    return 1 if unreachable else 0
+    assert st.code is not None
+    return st.code

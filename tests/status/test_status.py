@@ -29,7 +29,8 @@ def test_status_reports_slot_origin_and_lag(pair: Pair) -> None:
     pair.sub_exec(f"SELECT pg_replication_origin_create('{origin}')")
 
     rc, st, err = _status(str(cfg))
-    assert rc == 0, err
+    # No worker has run: health 4 (before applier health, status exited 0 here).
+    assert rc == 4 and st["code"] == 4 and st["health"] == "not_running", err
     slot = st["slot"]
     assert isinstance(slot, dict)
     assert slot["active"] is False
@@ -40,7 +41,7 @@ def test_status_reports_slot_origin_and_lag(pair: Pair) -> None:
 
     pair.sub_exec(f"SELECT pg_replication_origin_advance('{origin}', '0/1234ABC')")
     rc, st, err = _status(str(cfg))
-    assert rc == 0, err
+    assert rc == 4, err
     progress = st["origin_progress"]
     assert isinstance(progress, dict) and progress["remote_lsn"] == "0/1234ABC"
     assert "password" not in json.dumps(st)
@@ -57,12 +58,17 @@ def test_status_names_the_side_that_is_down(pair: Pair) -> None:
     assert "s3cret" not in json.dumps(st)
 
 
-def _text_status(cfg_path: str) -> str:
+def _command_in(st: dict[str, object]) -> bool:
+    """The hint names the skip command."""
+    return str(st["skip_command"]) in str(st["hint"])
+
+
+def _text_status(cfg_path: str, code: int = 3) -> str:
     proc = subprocess.run(
         [sys.executable, "-m", "applier.cli", "status", "--config", cfg_path],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
-    assert proc.returncode in (0, 1), proc.stderr
+    assert proc.returncode == code, proc.stderr
     return proc.stdout
 
 
@@ -70,6 +76,8 @@ def test_status_counts_conflicts_and_prints_the_command_that_skips_the_failed_tx
     pair: Pair,
 ) -> None:
     upgrade_target(pair.sub_dsn)
+    # The slot exists, so that the health is the worker's error (3), not the slot (5).
+    pair.pub_exec(f"SELECT pg_create_logical_replication_slot('{pair.slot}', 'pgoutput')")
     cfg = pair.write_config()
     origin = pair.slot
     conflicts = [  # (origin, commit LSN, table, conflict, resolution)
@@ -108,8 +116,10 @@ def test_status_counts_conflicts_and_prints_the_command_that_skips_the_failed_tx
             (origin, pair.slot, json.dumps(error)),
         )
 
-    _, st, err = _status(str(cfg))
+    rc, st, err = _status(str(cfg))
     assert "Traceback" not in err
+    assert rc == 3 and st["health"] == "error"
+    assert "duplicate key value" in str(st["reason"]) and _command_in(st)
     got = st["conflicts"]
     assert isinstance(got, list)
     assert [(c["table"], c["conflict"], c["resolution"], c["count"]) for c in got] == [
@@ -139,8 +149,9 @@ def test_status_counts_conflicts_and_prints_the_command_that_skips_the_failed_tx
 
     # A worker that is running again (or an error without finish_lsn) gets no command.
     pair.sub_exec("UPDATE applier.worker_status SET state = 'running'")
-    _, st, _ = _status(str(cfg))
+    rc, st, _ = _status(str(cfg))
     assert st["skip_command"] is None
+    assert rc == 4  # 'running' but no heartbeat since its error: not running
     pair.sub_exec(
         "UPDATE applier.worker_status SET state = 'error', "
         "last_error = last_error #- '{context,finish_lsn}'"
