@@ -104,7 +104,9 @@ def test_a_bad_value_names_the_variable_not_the_value(tmp_path: Path) -> None:
     msg = str(e.value)
     assert msg.startswith("APPLIER_APPLY__GROUP_COMMIT (sets apply.group_commit): ")
     assert "integer" in msg
-    with pytest.raises(ConfigError, match="maybe.*set by APPLIER_CONFLICTS__DEFAULT__INSERT_EXISTS"):
+    with pytest.raises(
+        ConfigError, match=r"maybe.*set by APPLIER_CONFLICTS__DEFAULT__INSERT_EXISTS"
+    ):
         load_config(write(tmp_path), {"APPLIER_CONFLICTS__DEFAULT__INSERT_EXISTS": "maybe"})
     # A DSN libpq cannot parse: the variable is named, its secret is not shown.
     with pytest.raises(ConfigError) as e:
@@ -122,11 +124,13 @@ def test_no_file_when_the_environment_has_every_required_key() -> None:
     cfg = load_config(None, env)
     assert cfg.source.publications == ["pub"] and cfg.path is None
     del env["APPLIER_SOURCE__PUBLICATIONS"]
-    with pytest.raises(ConfigError, match="source.publications.*APPLIER_SOURCE__PUBLICATIONS"):
+    with pytest.raises(ConfigError, match=r"source\.publications.*APPLIER_SOURCE__PUBLICATIONS"):
         load_config(None, env)
 
 
-def test_password_from_a_systemd_credential(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_password_from_a_systemd_credential(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     creds = tmp_path / "creds"
     creds.mkdir()
     (creds / "target-pw").write_text("hunter2\n")
@@ -140,7 +144,7 @@ def test_password_from_a_systemd_credential(tmp_path: Path, monkeypatch: pytest.
     assert "password=hunter2" in env_cfg.target.conninfo()
 
     (creds / "target-pw").unlink()
-    with pytest.raises(ConfigError, match="'target-pw': cannot read .*target-pw") as e:
+    with pytest.raises(ConfigError, match=r"'target-pw': cannot read .*target-pw") as e:
         cfg.target.conninfo()
     assert "LoadCredential=target-pw:" in (e.value.hint or "")
     monkeypatch.delenv("CREDENTIALS_DIRECTORY")
@@ -150,7 +154,7 @@ def test_password_from_a_systemd_credential(tmp_path: Path, monkeypatch: pytest.
 
 def test_credential_name_and_one_password_source(tmp_path: Path) -> None:
     bad = MINIMAL.replace("[target]\n", '[target]\npassword_credential = "../etc/shadow"\n')
-    with pytest.raises(ConfigError, match="target.password_credential: expected a credential"):
+    with pytest.raises(ConfigError, match=r"target\.password_credential: expected a credential"):
         load_config(write(tmp_path, bad), {})
     both = MINIMAL.replace(
         "[target]\n", '[target]\npassword_credential = "pw"\npassword_file = "/x"\n'
