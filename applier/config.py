@@ -372,7 +372,8 @@ def config_from_dict(
         if var is not None:
             raise ConfigError(f"{var} (sets {key}): {msg}{more}") from None
         if err["type"] == "missing" and path is None and env:
-            msg += f" (set it in a file, or as {configenv.env_name(loc)})"
+            alt = f"it as {configenv.env_name(loc)}" if len(loc) > 1 else "its keys as APPLIER_*"
+            msg += f" (pass --config PATH or set APPLIER_CONFIG, or give {alt})"
         inside = configenv.vars_within(loc, env or []) if loc else []
         if inside:
             more += f" (keys in it set by {', '.join(inside)})"
