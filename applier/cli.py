@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 import click
 
-from . import __version__
+from . import __version__, configenv
 from .config import Config, load_config
 from .errors import ApplierError
 from .log import setup_logging
@@ -39,7 +39,7 @@ config_option = click.option(
 
 def _load(config_path: Path | None, log_level: str | None = None) -> Config:
     if config_path is None and not any(
-        v.startswith("APPLIER_") and v != "APPLIER_CONFIG" for v in os.environ
+        v.startswith(configenv.PREFIX) and v not in configenv.RESERVED for v in os.environ
     ):
         raise click.UsageError(
             "no configuration: pass --config PATH or set APPLIER_CONFIG "
