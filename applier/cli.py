@@ -10,6 +10,7 @@ it); usage errors exit 2 (click's convention). The group's and ``run``'s
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from functools import wraps
@@ -18,7 +19,7 @@ from typing import Any, TypeVar
 
 import click
 
-from . import __version__
+from . import __version__, configenv
 from .config import Config, load_config
 from .errors import ApplierError
 from .log import setup_logging
@@ -29,13 +30,21 @@ F = TypeVar("F", bound=Callable[..., Any])
 config_option = click.option(
     "--config",
     "config_path",
-    required=True,
+    envvar="APPLIER_CONFIG",
     type=click.Path(dir_okay=False, path_type=Path),
-    help="Path to the applier TOML config (see conf/applier.example.toml).",
+    help="Path to the applier TOML config (see conf/applier.example.toml); "
+    "default: $APPLIER_CONFIG. APPLIER_<SECTION>__<KEY> variables override its keys.",
 )
 
 
-def _load(config_path: Path, log_level: str | None = None) -> Config:
+def _load(config_path: Path | None, log_level: str | None = None) -> Config:
+    if config_path is None and not any(
+        v.startswith(configenv.PREFIX) and v not in configenv.RESERVED for v in os.environ
+    ):
+        raise click.UsageError(
+            "no configuration: pass --config PATH or set APPLIER_CONFIG "
+            "(or give every required key as APPLIER_* variables)"
+        )
     cfg = load_config(config_path)
     setup_logging(log_level or cfg.logging.level, cfg.logging.format)
     return cfg
@@ -91,7 +100,7 @@ def cli() -> None:
 @config_option
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default=None)
 @_exits_cleanly
-def run(config_path: Path, log_level: str | None) -> int:
+def run(config_path: Path | None, log_level: str | None) -> int:
     """Stream changes from the slot and apply them to the target until stopped.
 
     Progress is kept in a replication origin on the target, inside each
@@ -135,7 +144,7 @@ def run(config_path: Path, log_level: str | None) -> int:
 )
 @_exits_cleanly
 def bootstrap(
-    config_path: Path, recreate_slot: bool, truncate: bool, quiet: bool, if_needed: bool
+    config_path: Path | None, recreate_slot: bool, truncate: bool, quiet: bool, if_needed: bool
 ) -> int:
     """Copy the included tables into the target from an exported snapshot (Spark job).
 
@@ -170,6 +179,7 @@ def bootstrap(
 @click.option(
     "--config",
     "config_path",
+    envvar="APPLIER_CONFIG",
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
     help="Config whose [bootstrap] class_archive / spark_conf to use (default: the defaults).",
@@ -211,7 +221,7 @@ def spark_archive(config_path: Path | None) -> int:
 @click.option("--end", callback=_lsn, default=None, help="Exit once the stream reaches this LSN.")
 @_exits_cleanly
 def decode(
-    config_path: Path, slot: str | None, fmt: str, start: Lsn | None, end: Lsn | None
+    config_path: Path | None, slot: str | None, fmt: str, start: Lsn | None, end: Lsn | None
 ) -> int:
     """Print the decoded change stream, one message per line; never advances the slot."""
     from .stream.decode_cmd import run_decode
@@ -223,7 +233,7 @@ def decode(
 @config_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @_exits_cleanly
-def status(config_path: Path, as_json: bool) -> int:
+def status(config_path: Path | None, as_json: bool) -> int:
     """Show the slot, the origin's progress, lag, the worker and its last error.
 
     Also the conflicts recorded per table, type and resolution, the number of
@@ -255,7 +265,7 @@ def status(config_path: Path, as_json: bool) -> int:
 @click.option("--schema", is_flag=True, help="The applier schema on the target.")
 @click.option("--yes", is_flag=True, help="Remove them (without it: only print the plan).")
 @_exits_cleanly
-def drop(config_path: Path, slot: bool, origin: bool, schema: bool, yes: bool) -> int:
+def drop(config_path: Path | None, slot: bool, origin: bool, schema: bool, yes: bool) -> int:
     """Remove what applier created: the slot, the origin, the applier schema.
 
     None of --slot/--origin/--schema means all three. Without --yes it prints
@@ -342,7 +352,7 @@ def skip() -> None:
 )
 @_exits_cleanly
 def skip_add(
-    config_path: Path,
+    config_path: Path | None,
     table: str | None,
     ops: str | None,
     xid: int | None,
@@ -388,7 +398,7 @@ def skip_add(
     "--active", "active_only", is_flag=True, help="Only rules not done (all rules by default)."
 )
 @_exits_cleanly
-def skip_list(config_path: Path, as_json: bool, active_only: bool) -> int:
+def skip_list(config_path: Path | None, as_json: bool, active_only: bool) -> int:
     """List this origin's skip rules, done ones included (unless --active).
 
     A transaction rule is done once the worker used it (done_at, done_end_lsn);
@@ -408,7 +418,7 @@ def skip_list(config_path: Path, as_json: bool, active_only: bool) -> int:
 @config_option
 @click.argument("rule_id", metavar="ID", type=int)
 @_exits_cleanly
-def skip_remove(config_path: Path, rule_id: int) -> int:
+def skip_remove(config_path: Path | None, rule_id: int) -> int:
     """Delete rule ID; the changes it kept stay in applier.skipped_changes."""
     from . import skips
 
@@ -431,7 +441,7 @@ def skip_remove(config_path: Path, rule_id: int) -> int:
     "--format", "fmt", type=click.Choice(["sql", "json"]), default="sql", show_default=True
 )
 @_exits_cleanly
-def skip_dump(config_path: Path, xid: int | None, lsn: Lsn | None, fmt: str) -> int:
+def skip_dump(config_path: Path | None, xid: int | None, lsn: Lsn | None, fmt: str) -> int:
     """Print the kept changes in source commit order, as SQL to review and replay, or JSON.
 
     SQL: one BEGIN ... COMMIT block per transaction under a comment naming its
@@ -456,7 +466,7 @@ def skip_dump(config_path: Path, xid: int | None, lsn: Lsn | None, fmt: str) -> 
 @cli.command("sync-sequences")
 @config_option
 @_exits_cleanly
-def sync_sequences(config_path: Path) -> int:
+def sync_sequences(config_path: Path | None) -> int:
     """Copy the current values of the included tables' sequences to the target (at cutover)."""
     from .bootstrap.sequences import sync_sequences as run
 
@@ -466,7 +476,7 @@ def sync_sequences(config_path: Path) -> int:
 @cli.command()
 @config_option
 @_exits_cleanly
-def migrate(config_path: Path) -> int:
+def migrate(config_path: Path | None) -> int:
     """Create or upgrade the applier schema on the target (run and bootstrap do this too)."""
     from .schema import upgrade
 

@@ -7,16 +7,22 @@ sections mirror the product: ``[source]`` and ``[target]`` connections,
 ``[bootstrap]`` for the Spark copy, ``[logging]``, ``[status]`` for the health
 thresholds of ``applier status``.
 
-DSNs may carry passwords (or take them from ``password_file``, PGPASSWORD,
-~/.pgpass); :func:`redact_dsn` is the only way a DSN reaches a log.
+Every key may also come from an ``APPLIER_*`` environment variable, which
+wins over the file (:mod:`applier.configenv`).
+
+DSNs may carry passwords (or take them from ``password_file``, a systemd
+credential named by ``password_credential``, PGPASSWORD, ~/.pgpass);
+:func:`redact_dsn` is the only way a DSN reaches a log.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import functools
+import os
 import re
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -32,6 +38,7 @@ from pydantic import (
     model_validator,
 )
 
+from . import configenv
 from .errors import ConfigError
 
 _NAME = re.compile(r"^[a-z0-9_]{1,63}$")
@@ -58,6 +65,22 @@ class _Section(BaseModel):
 class Endpoint(_Section):
     dsn: str = Field(description="libpq connection string")
     password_file: Path | None = None
+    #: A systemd credential's name (``LoadCredential=NAME:/path`` in the unit): the
+    #: password is read from ``$CREDENTIALS_DIRECTORY/NAME``.
+    password_credential: str | None = None
+
+    @field_validator("password_credential")
+    @classmethod
+    def _credential_name(cls, v: str | None) -> str | None:
+        if v is not None and (not v or "/" in v or v in (".", "..")):
+            raise ValueError("expected a credential name (as in LoadCredential=NAME:...)")
+        return v
+
+    @model_validator(mode="after")
+    def _one_password_source(self) -> Endpoint:
+        if self.password_file is not None and self.password_credential is not None:
+            raise ValueError("password_file and password_credential: set one of them")
+        return self
 
     @field_validator("dsn")
     @classmethod
@@ -80,6 +103,8 @@ class Endpoint(_Section):
                     f"cannot read password_file {self.password_file}: {e.strerror}",
                     hint="check the path and its permissions",
                 ) from None
+        elif self.password_credential is not None:
+            extra.setdefault("password", read_credential(self.password_credential))
         return make_conninfo(self.dsn, **extra)
 
     @property
@@ -90,6 +115,9 @@ class Endpoint(_Section):
 class SourceConfig(Endpoint):
     publications: list[str] = Field(min_length=1)
     slot: str = "applier"
+    #: Create the slot with FAILOVER (PostgreSQL 17+): synchronised to standbys
+    #: that have sync_replication_slots on, so it survives a failover.
+    failover: bool = False
     #: ``none``: do not apply transactions that carry a replication origin (they
     #: were applied here by some replication): loop prevention for two-way setups,
     #: as PostgreSQL 16's subscription option ``origin``.
@@ -328,33 +356,73 @@ class Config(_Section):
         return self.target.origin
 
 
-def load_config(path: str | Path) -> Config:
-    """Read and validate a config file; raise :class:`ConfigError` naming the key."""
-    path = Path(path)
-    try:
-        raw = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(
-            f"{path}: no such file", hint="pass --config PATH to an existing file"
-        ) from None
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read ({e.strerror})") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{path}: not valid TOML: {e}") from None
-    return config_from_dict(raw, path)
+def load_config(path: str | Path | None, environ: Mapping[str, str] | None = None) -> Config:
+    """Read and validate a config file, then the ``APPLIER_*`` overrides of ``environ``
+    (default: the process's; see :mod:`applier.configenv`), which win over the file.
+
+    ``path`` None: the config comes from the environment alone. Errors are
+    :class:`ConfigError` naming the key, and the variable when one set it.
+    """
+    found = configenv.overrides(os.environ if environ is None else environ, Config)
+    raw: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        try:
+            raw = tomllib.loads(path.read_text())
+        except FileNotFoundError:
+            raise ConfigError(
+                f"{path}: no such file", hint="pass --config PATH to an existing file"
+            ) from None
+        except OSError as e:
+            raise ConfigError(f"{path}: cannot read ({e.strerror})") from None
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    return config_from_dict(configenv.apply_overrides(raw, found), path, found)
 
 
-def config_from_dict(raw: dict[str, Any], path: Path | None = None) -> Config:
+def config_from_dict(
+    raw: dict[str, Any], path: Path | None = None, env: list[configenv.Override] | None = None
+) -> Config:
     where = str(path) if path else "config"
     try:
         cfg = Config.model_validate({**raw, "path": path})
     except ValidationError as e:
         err = e.errors()[0]
-        key = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        loc = tuple(str(p) for p in err["loc"])
+        key = ".".join(loc) or "(top level)"
         msg = _explain(err)
         more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
+        var = configenv.var_for(loc, env or [])
+        if var is not None:
+            raise ConfigError(f"{var} (sets {key}): {msg}{more}") from None
+        if err["type"] == "missing" and path is None and env:
+            alt = f"it as {configenv.env_name(loc)}" if len(loc) > 1 else "its keys as APPLIER_*"
+            msg += f" (pass --config PATH or set APPLIER_CONFIG, or give {alt})"
+        inside = configenv.vars_within(loc, env or []) if loc else []
+        if inside:
+            more += f" (keys in it set by {', '.join(inside)})"
         raise ConfigError(f"{where}: {key}: {msg}{more}") from None
     return cfg
+
+
+def read_credential(name: str) -> str:
+    """A systemd credential's content (``LoadCredential=``), stripped of its newline."""
+    where = os.environ.get("CREDENTIALS_DIRECTORY")
+    hint = (
+        f"start applier from a systemd unit with LoadCredential={name}:/path/to/secret "
+        "(or use password_file)"
+    )
+    if not where:
+        raise ConfigError(
+            f"password_credential {name!r}: $CREDENTIALS_DIRECTORY is not set", hint=hint
+        )
+    try:
+        return (Path(where) / name).read_text().strip()
+    except OSError as e:
+        raise ConfigError(
+            f"password_credential {name!r}: cannot read {Path(where) / name}: {e.strerror}",
+            hint=hint,
+        ) from None
 
 
 def _explain(err: Any) -> str:

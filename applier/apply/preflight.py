@@ -12,6 +12,9 @@ So before each session (:meth:`applier.apply.worker.Worker._session`) the
 worker checks, in this order, and changes nothing on either side until all
 pass:
 
+0. **The source's version can do what the config asks**
+   (:func:`applier.stream.versions.check_source`): ``[source] failover``
+   needs PostgreSQL 17+, else :class:`~applier.errors.ConfigError`, exit 2.
 1. **No unfinished bootstrap of the slot** (``applier.bootstrap_run`` phase
    other than ``done``). Applying onto half-copied tables drops UPDATEs of
    rows not copied yet as "missing" and confirms positions; the bootstrap's
@@ -41,7 +44,9 @@ pass:
    config, a restored source): :class:`~applier.errors.SlotMissing`, exit 3,
    naming slot, origin and progress, with the way out (re-bootstrap).
    Present: it must be a logical slot of plugin ``pgoutput`` in the
-   configured database (slot names are cluster-wide).
+   configured database (slot names are cluster-wide). With ``[source]
+   failover = true`` a slot created without it is altered to fail over
+   (ALTER_REPLICATION_SLOT, 17+); ``false`` never turns off a failover slot.
 
 Not detected: a slot dropped and re-created under the same name by someone
 else, while the origin has progress. Its ``confirmed_flush_lsn`` is then past
@@ -68,6 +73,7 @@ from applier.errors import (
     SourceMismatch,
 )
 from applier.lsn import Lsn
+from applier.stream import versions
 from applier.stream.replconn import ReplicationConnection, SlotState, SystemInfo
 
 log = logging.getLogger("applier.apply")
@@ -85,6 +91,9 @@ def check_before_streaming(
 ) -> None:
     """All checks of the module docstring, in order; creates the slot if that is safe."""
     slot, origin = cfg.source.slot, cfg.origin
+    versions.check_source(
+        repl.server_version, failover=cfg.source.failover, binary=cfg.apply.binary
+    )
     check_no_unfinished_bootstrap(target, slot)
     info = repl.identify_system()
     check_source(target, repl, origin, slot, info, progress)
@@ -99,9 +108,20 @@ def check_before_streaming(
                 origin=origin,
                 progress=progress,
             )
-        repl.create_slot(slot, snapshot="nothing", two_phase=cfg.apply.two_phase)
+        repl.create_slot(
+            slot,
+            snapshot="nothing",
+            two_phase=cfg.apply.two_phase,
+            failover=cfg.source.failover,
+        )
         return
     check_slot(state, info, slot)
+    if cfg.source.failover and not state.failover:
+        # The config asks for a slot that survives a failover: make it one (the
+        # slot is not in use by us yet; ALTER refuses an active one). The reverse,
+        # failover = false on a failover slot, is left alone: false is the default,
+        # not a request to undo what someone set.
+        repl.set_slot_failover(slot, True)
 
 
 def check_no_unfinished_bootstrap(target: Conn, slot: str) -> None:

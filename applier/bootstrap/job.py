@@ -67,6 +67,7 @@ from ..apply.mapping import Catalog
 from ..config import Config
 from ..errors import AlreadyBootstrapped, ApplierError, BootstrapError
 from ..lsn import Lsn
+from ..stream.versions import check_source
 from . import schema as ddl
 from .checks import check_slot, check_target, truncate_tables
 from .copy_task import SliceResult, SliceTask, copy_slice
@@ -125,6 +126,7 @@ def _bootstrap(
             hint="start `applier run`; to bootstrap again use --recreate-slot --truncate",
         )
     ours = prior.tables if prior and prior.phase != "done" else []
+    check_source(src.info.server_version, failover=cfg.source.failover, binary=cfg.apply.binary)
     plan = discover(src, cfg)
     # Every refusal before the first change (types, truncation, slot).
     types = ddl.missing_types(src, tgt, plan.ddl_tables)
@@ -278,7 +280,9 @@ def copy_under_new_slot(
         from ..apply.preflight import record_source
 
         record_source(tgt, cfg.origin, slot, repl.identify_system())
-        info = repl.create_slot(slot, snapshot="export", two_phase=cfg.apply.two_phase)
+        info = repl.create_slot(
+            slot, snapshot="export", two_phase=cfg.apply.two_phase, failover=cfg.source.failover
+        )
         assert info.snapshot_name is not None
         # From here until every task is done, `repl` must stay idle and open.
         run = PriorRun(run_id, "copy", str(info.consistent_point), None, [])

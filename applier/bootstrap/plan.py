@@ -186,6 +186,40 @@ ORDER BY 4
 """
 
 
+#: _TREE for sources before 12 (no pg_partition_tree/pg_partition_ancestors): the
+#: same rows from pg_inherits, following partitions only as those functions do.
+_TREE_PRE12 = """
+WITH RECURSIVE down(relid, level) AS (
+  SELECT %(oid)s::regclass::oid, 0
+  UNION ALL
+  SELECT i.inhrelid, d.level + 1 FROM pg_inherits i
+  JOIN down d ON i.inhparent = d.relid
+  JOIN pg_class ch ON ch.oid = i.inhrelid AND ch.relispartition
+), up(relid, n) AS (  -- from 2: pg_partition_ancestors lists the table itself first
+  SELECT i.inhparent, 2 FROM pg_inherits i
+  JOIN pg_class ch ON ch.oid = i.inhrelid AND ch.relispartition
+  WHERE i.inhrelid = %(oid)s::regclass
+  UNION ALL
+  SELECT i.inhparent, u.n + 1 FROM pg_inherits i
+  JOIN up u ON i.inhrelid = u.relid
+  JOIN pg_class ch ON ch.oid = i.inhrelid AND ch.relispartition
+)
+SELECT n.nspname, c.relname, c.relkind, d.level, c.relreplident,
+       EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary),
+       pg_relation_size(c.oid), c.reltuples::bigint
+FROM down d JOIN pg_class c ON c.oid = d.relid JOIN pg_namespace n ON n.oid = c.relnamespace
+UNION ALL
+SELECT n.nspname, c.relname, c.relkind, -u.n, c.relreplident, true, 0, 0
+FROM up u JOIN pg_class c ON c.oid = u.relid JOIN pg_namespace n ON n.oid = c.relnamespace
+ORDER BY 4
+"""
+
+
+def tree_sql(server_version: int) -> str:
+    """The partition tree query for the source's version."""
+    return _TREE if server_version >= 120000 else _TREE_PRE12
+
+
 def quote_qual(schema: str, name: str) -> str:
     ident = sql.Identifier(schema, name)
     return ident.as_string(None)
@@ -198,7 +232,8 @@ def discover(conn: Conn, cfg: Config) -> SourcePlan:
     ddl: dict[tuple[str, str], None] = {}
     specs: dict[tuple[str, str], TableSpec] = {}
     for (schema, name), info in pub.items():
-        rows = conn.execute(_TREE, {"oid": quote_qual(schema, name)}).fetchall()
+        tree = tree_sql(conn.info.server_version)
+        rows = conn.execute(tree, {"oid": quote_qual(schema, name)}).fetchall()
         root = min(rows, key=lambda r: r[3])
         for nsp, rel, kind, _lvl, ident, has_pk, size, tuples in rows:
             ddl[(nsp, rel)] = None
@@ -239,11 +274,13 @@ def _combine_filters(info: dict[str, Any]) -> str | None:
 
 
 def _columns(conn: Conn, schema: str, name: str, only: Iterable[str] | None) -> list[Column]:
-    # Generated columns are computed on the target; COPY cannot write them.
+    # Generated columns (PostgreSQL 12+) are computed on the target; COPY cannot write them.
+    generated = " AND attgenerated = ''" if conn.info.server_version >= 120000 else ""
     rows = conn.execute(
-        "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute "
-        "WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped "
-        "AND attgenerated = '' ORDER BY attnum",
+        sql.SQL(
+            "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute "
+            "WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped{} ORDER BY attnum"
+        ).format(sql.SQL(generated)),
         (quote_qual(schema, name),),
     ).fetchall()
     keep = set(only) if only is not None else None

@@ -6,6 +6,8 @@
 * :mod:`.client` - :class:`LogicalStream`: START_REPLICATION, non-blocking
   CopyData reading through selectors, keepalives, feedback of confirmed LSNs.
 * :mod:`.decode_cmd` - ``applier decode``: print the stream, never advance the slot.
+* :mod:`.versions` - what each source version supports (protocol, options,
+  slot syntax, catalog columns), pure.
 """
 
 from .client import LogicalStream, StreamOptions, max_proto_version, negotiate

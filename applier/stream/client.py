@@ -77,6 +77,7 @@ from applier.stream.replconn import (
     quote_ident,
     quote_literal,
 )
+from applier.stream.versions import features, max_proto_version
 
 __all__ = ["LogicalStream", "StreamOptions", "max_proto_version", "negotiate"]
 
@@ -134,17 +135,6 @@ class Negotiated:
     options: tuple[tuple[str, str], ...]  # START_REPLICATION plugin options, in order
 
 
-def max_proto_version(server_version: int) -> int:
-    """The highest pgoutput proto_version a server speaks: 1 (<14), 2 (14), 3 (15), 4 (16+)."""
-    if server_version >= 160000:
-        return 4
-    if server_version >= 150000:
-        return 3
-    if server_version >= 140000:
-        return 2
-    return 1
-
-
 def negotiate(server_version: int, opts: StreamOptions) -> Negotiated:
     """Fit the requested options to what the server supports; log every downgrade."""
     top = max_proto_version(server_version)
@@ -166,17 +156,18 @@ def negotiate(server_version: int, opts: StreamOptions) -> Negotiated:
         two_phase = False
     pubs = ",".join(quote_ident(p) for p in opts.publications)
     out: list[tuple[str, str]] = [("proto_version", str(proto)), ("publication_names", pubs)]
-    if server_version >= 140000:
+    feats = features(server_version)
+    if feats.binary:
         out.append(("binary", _bool(opts.binary)))
         out.append(("messages", _bool(opts.messages)))
-    elif opts.binary or opts.messages:
-        log.info("binary/messages options need PostgreSQL 14+; not sent")
+    elif opts.binary:
+        log.warning("binary needs a PostgreSQL 14+ source; values come as text")
     if streaming != "off":
         out.append(("streaming", streaming))
     if two_phase:
         out.append(("two_phase", "true"))
     if opts.origin is not None:
-        if server_version >= 160000:
+        if feats.origin_option:
             out.append(("origin", opts.origin))
         elif opts.origin == "none":
             # pgoutput 15 refuses the option; the apply worker filters the transactions

@@ -44,6 +44,7 @@ from applier.errors import (
     SourceError,
 )
 from applier.lsn import Lsn
+from applier.stream import versions
 
 __all__ = [
     "ReplicationConnection",
@@ -109,6 +110,7 @@ class SlotState:
     two_phase: bool
     confirmed_flush_lsn: Lsn | None
     active: bool
+    failover: bool = False  # PostgreSQL 17+; always false before
 
 
 def quote_ident(name: str) -> str:
@@ -294,20 +296,22 @@ class ReplicationConnection:
         snapshot: Literal["export", "nothing", "use"] = "nothing",
         temporary: bool = False,
         two_phase: bool = False,
+        failover: bool = False,
     ) -> SlotInfo:
-        """CREATE_REPLICATION_SLOT with pgoutput (PG15+ option syntax).
+        """CREATE_REPLICATION_SLOT with pgoutput, in the server's syntax
+        (:func:`applier.stream.versions.create_slot_sql`).
 
         With ``snapshot="export"`` the snapshot stays valid until the next
         command on this connection or :meth:`close`; with ``"use"`` the
         connection must be inside a transaction (bootstrap's own business).
         """
-        opts = [f"SNAPSHOT {quote_literal(snapshot)}"]
-        if two_phase:
-            opts.append("TWO_PHASE true")
-        temp = " TEMPORARY" if temporary else ""
-        sql = (
-            f"CREATE_REPLICATION_SLOT {quote_ident(name)}{temp} LOGICAL pgoutput "
-            f"({', '.join(opts)})"
+        sql = versions.create_slot_sql(
+            quote_ident(name),
+            self.server_version,
+            snapshot=snapshot,
+            temporary=temporary,
+            two_phase=two_phase,
+            failover=failover,
         )
         row = self.command(sql, slot=name)[0]
         info = SlotInfo(
@@ -318,9 +322,17 @@ class ReplicationConnection:
         )
         log.info(
             "replication slot created",
-            extra={"ctx": {"slot": name, "consistent_point": info.consistent_point}},
+            extra={
+                "ctx": {"slot": name, "consistent_point": info.consistent_point}
+                | ({"failover": True} if failover else {})
+            },
         )
         return info
+
+    def set_slot_failover(self, name: str, failover: bool) -> None:
+        """ALTER_REPLICATION_SLOT ... (FAILOVER ...): PostgreSQL 17+, the slot not in use."""
+        self.command(versions.alter_failover_sql(quote_ident(name), failover), slot=name)
+        log.info("replication slot altered", extra={"ctx": {"slot": name, "failover": failover}})
 
     def slot_exists(self, name: str) -> bool:
         # Slot names are [a-z0-9_] (ReplicationSlotValidateName), so a name that
@@ -337,14 +349,10 @@ class ReplicationConnection:
         """
         if not _SLOT_NAME.match(name):
             return None
-        rows = self.command(
-            "SELECT slot_name, slot_type, plugin, database, two_phase, "  # noqa: S608
-            "confirmed_flush_lsn::text, active FROM pg_catalog.pg_replication_slots "
-            f"WHERE slot_name = '{name}'"
-        )
+        rows = self.command(versions.slot_state_sql(self.server_version, f"'{name}'"))
         if not rows:
             return None
-        name_, kind, plugin, database, two_phase, confirmed, active = rows[0]
+        name_, kind, plugin, database, two_phase, confirmed, active, failover = rows[0]
         return SlotState(
             slot_name=str(name_),
             slot_type=str(kind),
@@ -353,6 +361,7 @@ class ReplicationConnection:
             two_phase=_flag(two_phase),
             confirmed_flush_lsn=None if confirmed is None else Lsn.parse(str(confirmed)),
             active=_flag(active),
+            failover=_flag(failover),
         )
 
     def timeline_history(self, timeline: int) -> list[tuple[int, Lsn]]:

@@ -18,18 +18,28 @@ ROOT = Path(__file__).resolve().parents[2]
 class Runner:
     """`applier run --config F` as a real process (so SIGTERM/SIGKILL are real)."""
 
-    def __init__(self, pair: Pair, config: Path, log_name: str = "applier.log") -> None:
+    def __init__(
+        self,
+        pair: Pair,
+        config: Path | None,
+        log_name: str = "applier.log",
+        env: dict[str, str] | None = None,
+    ) -> None:
+        """``config`` None: no --config (APPLIER_CONFIG in ``env``, or no file at all);
+        ``env``: variables added to the process's environment."""
         self.pair = pair
         self.config = config
+        self.env = env or {}
         self.log_path = pair.workdir / log_name
         self.proc: subprocess.Popen[bytes] | None = None
         pair.cleanup.append(self.kill)
 
     def start(self) -> Runner:
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **self.env)
+        args = ["--config", str(self.config)] if self.config is not None else []
         self._log = open(self.log_path, "ab")  # noqa: SIM115
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "applier.cli", "run", "--config", str(self.config)],
+            [sys.executable, "-m", "applier.cli", "run", *args],
             stdout=self._log,
             stderr=subprocess.STDOUT,
             cwd=ROOT,

@@ -93,7 +93,7 @@ def test_two_phase_restart_between_prepare_and_commit(pair: Pair) -> None:
     assert runner.stop() == 0
 
 
-@pytest.mark.parametrize("any_pair", ["18-18"], indirect=True)
+@pytest.mark.parametrize("any_pair", ["18-18", "16-18"], indirect=True)
 def test_streaming_parallel_interleaved_transactions(any_pair: Pair) -> None:
     """streaming = "parallel" (protocol 4): two streamed transactions interleave, one
     with a subtransaction abort (whose Stream Abort carries its LSN), one aborting."""
