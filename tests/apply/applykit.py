@@ -18,15 +18,22 @@ ROOT = Path(__file__).resolve().parents[2]
 class Runner:
     """`applier run --config F` as a real process (so SIGTERM/SIGKILL are real)."""
 
-    def __init__(self, pair: Pair, config: Path, log_name: str = "applier.log") -> None:
+    def __init__(
+        self,
+        pair: Pair,
+        config: Path,
+        log_name: str = "applier.log",
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.pair = pair
+        self.env = env or {}  # added to the environment (e.g. NOTIFY_SOCKET)
         self.config = config
         self.log_path = pair.workdir / log_name
         self.proc: subprocess.Popen[bytes] | None = None
         pair.cleanup.append(self.kill)
 
     def start(self) -> Runner:
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **self.env)
         self._log = open(self.log_path, "ab")  # noqa: SIM115
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "applier.cli", "run", "--config", str(self.config)],
