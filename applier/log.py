@@ -7,9 +7,10 @@ as ``key=value`` pairs or JSON fields; DSNs are logged only through
 Timestamps are ISO 8601 in UTC with the zone written out
 (``2026-11-22T10:11:12.345+00:00``), in both forms. With ``[logging]
 journald = true`` each line starts with its syslog priority (``<3>`` error,
-``<4>`` warning, ``<6>`` info, ``<7>`` debug), the prefix sd-daemon(3)
-describes: journald, capturing stderr, files each line at that priority and
-strips the prefix (``journalctl -p warning`` then works).
+``<4>`` warning, ``<6>`` info, ``<7>`` debug; every line of a multi-line
+record, e.g. a traceback), the prefix sd-daemon(3) describes: journald,
+capturing stderr, files each line at that priority and strips the prefix
+(``journalctl -p warning`` then works).
 
 The error that ends a command goes through here too (:func:`log_fatal`, called
 by the CLI): one line, or one JSON object carrying the error's fields (kind,
@@ -46,7 +47,11 @@ class _Formatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         line = self.render(record)
-        return f"<{_priority(record.levelno)}>{line}" if self.journald else line
+        if not self.journald:
+            return line
+        # Every line: journald files each line of stderr as an entry of its own.
+        prefix = f"<{_priority(record.levelno)}>"
+        return "\n".join(prefix + part for part in line.split("\n"))
 
     def render(self, record: logging.LogRecord) -> str:
         raise NotImplementedError
