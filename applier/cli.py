@@ -115,8 +115,12 @@ def run(config_path: Path, log_level: str | None) -> int:
          missing or not applier's, the source is another one, a bootstrap of
          the slot is unfinished; the error line says what to do
     """
+    import faulthandler
+
     from .apply.worker import run_worker
 
+    # systemd's watchdog kills a hung worker with SIGABRT: say where it hung.
+    faulthandler.enable()
     return run_worker(_load(config_path, log_level), log_level)
 
 
