@@ -2,7 +2,8 @@
 
 Commands import their layer lazily so ``applier --help`` stays instant and
 never starts a JVM. Every :class:`~applier.errors.ApplierError` ends the
-command with one line on stderr and the error's exit code (``EXIT_*`` in
+command with one logged line on stderr (:func:`applier.log.log_fatal`: a JSON
+object with the error's fields in JSON mode) and the error's exit code (``EXIT_*`` in
 :mod:`applier.errors`: 1 transient, 2 bad input, 3 a restart will not fix
 it); usage errors exit 2 (click's convention). The group's and ``run``'s
 ``--help`` list the codes.
@@ -22,7 +23,7 @@ import click
 from . import __version__, configenv
 from .config import Config, load_config
 from .errors import ApplierError
-from .log import setup_logging
+from .log import log_fatal, setup_logging
 from .lsn import Lsn
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -46,22 +47,22 @@ def _load(config_path: Path | None, log_level: str | None = None) -> Config:
             "(or give every required key as APPLIER_* variables)"
         )
     cfg = load_config(config_path)
-    setup_logging(log_level or cfg.logging.level, cfg.logging.format)
+    setup_logging(log_level or cfg.logging.level, cfg.logging.format, cfg.logging.journald)
     return cfg
 
 
 def _exits_cleanly(fn: F) -> F:
-    """Turn ApplierError into one stderr line and its exit code."""
+    """Turn ApplierError into one logged line (JSON object in JSON mode) and its exit code."""
 
     @wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             rc = fn(*args, **kwargs)
         except ApplierError as e:
-            click.echo(f"applier: error: {e}", err=True)
+            log_fatal(e, e.exit_code)
             sys.exit(e.exit_code)
-        except KeyboardInterrupt:
-            click.echo("applier: interrupted", err=True)
+        except KeyboardInterrupt as e:
+            log_fatal(e, 130, "interrupted")
             sys.exit(130)
         sys.exit(rc or 0)
 
@@ -124,9 +125,13 @@ def run(config_path: Path | None, log_level: str | None) -> int:
          missing or not applier's, the source is another one, a bootstrap of
          the slot is unfinished; the error line says what to do
     """
+    import faulthandler
+
     from .apply.worker import run_worker
 
-    return run_worker(_load(config_path, log_level))
+    # systemd's watchdog kills a hung worker with SIGABRT: say where it hung.
+    faulthandler.enable()
+    return run_worker(_load(config_path, log_level), log_level)
 
 
 @cli.command()

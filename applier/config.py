@@ -305,6 +305,8 @@ class BootstrapConfig(_Section):
 class LoggingConfig(_Section):
     level: Literal["debug", "info", "warning", "error"] = "info"
     format: Literal["text", "json"] = "text"
+    #: Prefix each line with its syslog priority (<3> <4> <6> <7>) for journald (sd-daemon(3)).
+    journald: bool = False
 
 
 class StatusConfig(_Section):

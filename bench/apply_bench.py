@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -180,7 +181,8 @@ def time_applier(
     # Start-up: process start until START_REPLICATION was sent (the json log's clock).
     for line in (workdir / f"{slot}.log").read_text().splitlines():
         if line.startswith("{") and json.loads(line)["msg"] == "replication started":
-            cpu["start-up (wall)"] = json.loads(line)["ts"] - wall0
+            ts = datetime.fromisoformat(json.loads(line)["ts"]).timestamp()  # ISO 8601
+            cpu["start-up (wall)"] = ts - wall0
             break
     return elapsed, cpu, usage.ru_maxrss * 1024
 

@@ -28,6 +28,7 @@ import statistics
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 from applier.localpg import bin_dir, local_cluster, make_base_dir
@@ -78,7 +79,8 @@ def bench_applier(pub, sub, db: str, workdir: Path, slice_size: str, master: str
         if rec["msg"] in ("spark started", "copy done", "post-data done"):
             phases[rec["msg"]] = rec.get("seconds")
         if rec["msg"] == "spark started":
-            phases["before spark"] = round(rec["ts"] - wall0 - rec["seconds"], 1)
+            ts = datetime.fromisoformat(rec["ts"]).timestamp()  # ISO 8601
+            phases["before spark"] = round(ts - wall0 - rec["seconds"], 1)
             phases["class archive"] = rec.get("class_archive")  # `applier spark-archive`
     slices = sub.execute(
         "SELECT count(*), round(sum(seconds)::numeric, 1), round(max(seconds)::numeric, 1) "

@@ -40,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from datetime import datetime
 from pathlib import Path
 
 from apply_bench import DB, ROOT, proc_cpu, sh, walsender_cpu
@@ -190,7 +191,7 @@ def time_applier(
     out["cpu applier process"] = usage.ru_utime + usage.ru_stime
     for line in log.read_text().splitlines():
         if line.startswith("{") and json.loads(line)["msg"] == "replication started":
-            out["start-up"] = json.loads(line)["ts"] - wall0
+            out["start-up"] = datetime.fromisoformat(json.loads(line)["ts"]).timestamp() - wall0
             out["streaming"] = out["wall"] - out["start-up"]
             break
     return out

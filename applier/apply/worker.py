@@ -58,7 +58,11 @@ table, key and SQLSTATE: the worker rolls back, records it in
 moved, so nothing after the failed transaction was applied.
 
 SIGTERM/SIGINT roll back the transaction in hand, send a last status update
-and exit 0.
+and exit 0. Under systemd (:mod:`applier.service`): ``READY=1`` once streaming
+has started (after the checks), ``STATUS=`` and ``WATCHDOG=1`` from the apply
+loop (:mod:`.beat` says when and why), ``STOPPING=1`` on SIGTERM/SIGINT.
+SIGHUP re-reads the config (log settings at once, the skip rules at the next
+iteration, anything else after a restart); it never stops the worker.
 
 Rejected
 ========
@@ -103,9 +107,11 @@ from applier.errors import (
     SchemaMismatch,
     TransientError,
 )
-from applier.lsn import Lsn, now_pg_timestamp
+from applier.lsn import Lsn
 from applier.schema import schema_at_head, upgrade_target
+from applier.service import Service
 
+from .beat import Beat
 from .handlers import IDLE, Applier
 from .mapping import Catalog
 from .origin import ensure_origin, local_flush_lsn, origin_progress
@@ -189,8 +195,10 @@ def _retryable(exc: BaseException) -> bool:
 
 
 class Worker:
-    def __init__(self, cfg: Config) -> None:
+    def __init__(self, cfg: Config, log_level: str | None = None) -> None:
         self.cfg = cfg
+        self.service = Service(cfg, log_level)
+        self.notify = self.service.notify
         self.stopping = False
         self._flush_checked = 0.0
         self._stop_event = threading.Event()
@@ -211,13 +219,26 @@ class Worker:
         self._rules_read = 0.0
 
     def _sleep(self, seconds: float) -> None:
-        self._stop_event.wait(seconds)
+        """The backoff: alive (watchdog fed, SIGHUP served) and stoppable."""
+        deadline = time.monotonic() + seconds
+        while not self._stop_event.is_set():
+            self._serve_signals()
+            self.notify.watchdog()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            self._stop_event.wait(min(left, 0.5))
 
     def stop(self, *_: Any) -> None:
         if not self.stopping:
             log.info("stop requested; finishing")
+            self.notify.stopping()
         self.stopping = True
         self._stop_event.set()
+
+    def _serve_signals(self) -> None:
+        if self.service.serve_reload():
+            self._rules_read = 0.0  # the loop reads the skip rules at its next iteration
 
     # -- the retry loop ----------------------------------------------------------------
 
@@ -259,6 +280,9 @@ class Worker:
             )
             if exc is not None and self.status is not None:
                 self.status.retrying(exc)
+            self.notify.status(
+                f"reconnecting (attempt {rs.attempt_number}, next in {wait:.1f}s) after: {exc}"
+            )
 
         retrying = Retrying(
             retry=retry_if_exception(_retryable),
@@ -280,7 +304,7 @@ class Worker:
                         except _Regroup:
                             continue
         except ApplierError as e:
-            log.error("applier run stopped on an error: %s", e)
+            # The CLI logs the error (applier.log.log_fatal): one line, not two.
             self.status.failed(e)
             raise
         except BaseException as e:
@@ -375,6 +399,7 @@ class Worker:
                 else "starting at the slot's position",
                 extra={"ctx": {"lsn": progress, "origin": cfg.origin}},
             )
+            self.notify.ready(f"streaming from {progress or 'the slot'}")
             applier = Applier(
                 cfg,
                 session,
@@ -473,14 +498,15 @@ class Worker:
         catalog_conn: psycopg.Connection[Any],
         collect: Callable[[float], None],
     ) -> None:
-        interval = self.cfg.apply.status_interval
-        last_beat = last_log = started = time.monotonic()
-        txns_at_log = txns_at_start = applier.applied_txns
+        started = time.monotonic()
+        txns_at_start = applier.applied_txns
         start_lsn = stream.options.start_lsn
         healthy = False
         dispatch = applier.dispatch
         assert self.status is not None
+        beat = Beat(self.notify, self.status, applier, stream, self.cfg.apply.status_interval)
         while not self.stopping:
+            self._serve_signals()
             batch = stream.read(0.5)
             self._dispatch(batch, dispatch)
             # What arrived meanwhile joins the group open between transactions (at
@@ -508,35 +534,7 @@ class Worker:
             ):
                 healthy = True
                 self._healthy()
-            if now - last_beat >= interval:
-                last_beat = now
-                self.status.heartbeat(
-                    applier.applied_txns,
-                    applier.skipped_changes,
-                    applier.last_commit_lsn,
-                    applier.last_commit_ts,
-                )
-            if now - last_log >= max(10.0, interval):
-                rate = (applier.applied_txns - txns_at_log) / (now - last_log)
-                lag = (
-                    (now_pg_timestamp() - applier.last_commit_ts) / 1e6
-                    if applier.last_commit_ts
-                    else None
-                )
-                log.info(
-                    "progress",
-                    extra={
-                        "ctx": {
-                            "txns_per_s": round(rate, 1),
-                            "applied_txns": applier.applied_txns,
-                            "lag_s": None if lag is None else round(lag, 1),
-                            "confirmed": stream.confirmed,
-                            "skipped_changes": applier.skipped_changes,
-                            "missing_rows": applier.missing_rows,
-                        }
-                    },
-                )
-                last_log, txns_at_log = now, applier.applied_txns
+            beat.tick(now)
 
     def _dispatch(self, batch: list[tuple[Lsn, Any]], dispatch: Callable[[Lsn, Any], None]) -> None:
         for lsn, msg in batch:
@@ -575,9 +573,9 @@ class Worker:
             log.debug("last status update failed: %s", e)
 
 
-def run_worker(cfg: Config) -> int:
+def run_worker(cfg: Config, log_level: str | None = None) -> int:
     """``applier run``: apply until SIGTERM/SIGINT (exit 0) or an apply error (raised)."""
-    worker = Worker(cfg)
+    worker = Worker(cfg, log_level)
     if threading.current_thread() is threading.main_thread():
 
         def handler(signum: int, frame: FrameType | None) -> None:
@@ -585,4 +583,5 @@ def run_worker(cfg: Config) -> int:
 
         signal.signal(signal.SIGTERM, handler)
         signal.signal(signal.SIGINT, handler)
+        signal.signal(signal.SIGHUP, worker.service.request_reload)
     return worker.run()

@@ -29,7 +29,7 @@ class Runner:
         ``env``: variables added to the process's environment."""
         self.pair = pair
         self.config = config
-        self.env = env or {}
+        self.env = env or {}  # added to the environment (e.g. NOTIFY_SOCKET)
         self.log_path = pair.workdir / log_name
         self.proc: subprocess.Popen[bytes] | None = None
         pair.cleanup.append(self.kill)

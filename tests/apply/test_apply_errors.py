@@ -26,7 +26,7 @@ def test_unique_violation_stops_with_context(pair: Pair) -> None:
     rc = runner.wait(60)
     assert rc == 3
     log = runner.log()
-    line = [ln for ln in log.splitlines() if ln.startswith("applier: error")][-1]
+    line = [ln for ln in log.splitlines() if " applier: error: " in ln][-1]
     assert "23505" in line and "public.t" in line and "'id': '2'" in line
     assert "lsn=" in line and "xid=" in line
     assert origin_lsn(pair, pair.slot) == before
@@ -47,7 +47,7 @@ def test_schema_mismatch_missing_column_and_table(pair: Pair) -> None:
     runner = Runner(pair, cfg).start().ready()
     pair.pub_exec("INSERT INTO t VALUES (1, 'a', 1)")
     assert runner.wait(60) == 3
-    line = [ln for ln in runner.log().splitlines() if ln.startswith("applier: error")][-1]
+    line = [ln for ln in runner.log().splitlines() if " applier: error: " in ln][-1]
     assert "public.t" in line and "'extra'" in line and "missing" in line
     assert origin_lsn(pair, pair.slot) in (None, "0/0")
     assert pair.sub_exec("SELECT count(*) FROM t") == [(0,)]
@@ -72,7 +72,7 @@ def test_missing_table_and_type_mismatch(pair: Pair) -> None:
     pair.pub_exec("INSERT INTO ty VALUES (1, now())")
     runner = Runner(pair, cfg, "applier2.log").start()
     assert runner.wait(60) == 3
-    line = [ln for ln in runner.log().splitlines() if ln.startswith("applier: error")][-1]
+    line = [ln for ln in runner.log().splitlines() if " applier: error: " in ln][-1]
     assert "public.ty" in line and "'d'" in line and "date" in line
 
 
@@ -153,6 +153,6 @@ def test_commit_time_failure_stops_everything_after_it(
     )
     runner = Runner(pair, cfg, "applier2.log").start()
     assert runner.wait(90) == 3
-    line = [ln for ln in runner.log().splitlines() if ln.startswith("applier: error")][-1]
+    line = [ln for ln in runner.log().splitlines() if " applier: error: " in ln][-1]
     assert "23505" in line and f"xid={bad_xid}" in line, line
     assert pair.sub_exec("SELECT id FROM t ORDER BY id") == [(1,), (1000,)]

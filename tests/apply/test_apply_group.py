@@ -65,7 +65,7 @@ def test_failed_group_is_replayed_one_by_one_and_names_the_transaction(pair: Pai
     runner.start()
     assert runner.wait(120) == 3
     log = runner.log()
-    line = [ln for ln in log.splitlines() if ln.startswith("applier: error")][-1]
+    line = [ln for ln in log.splitlines() if " applier: error: " in ln][-1]
     assert "23505" in line and "public.t" in line and "'id': '1000'" in line, line
     assert f"xid={bad_xid}" in line, line
     # Every transaction before the failing one is applied, nothing from it or after it.

@@ -140,7 +140,7 @@ def test_failing_merged_update_is_replayed_to_name_its_change(pair: Pair) -> Non
     assert runner.wait(60) == 3
     log = runner.log()
     assert "one by one" in log  # the merged statement failed first
-    line = [ln for ln in log.splitlines() if ln.startswith("applier: error")][-1]
+    line = [ln for ln in log.splitlines() if " applier: error: " in ln][-1]
     assert "23514" in line and "public.t" in line and "'id': '1'" in line, line
     assert "merged_changes" not in line, line
     assert xid is not None and f"xid={xid[0]}" in line, line
@@ -155,6 +155,6 @@ def test_short_insert_runs_as_multi_row_inserts_name_the_failing_row(pair: Pair)
     runner = Runner(pair, pair.write_config()).start().ready()
     pair.pub_exec("INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 40) g")
     assert runner.wait(60) == 3
-    line = [ln for ln in runner.log().splitlines() if ln.startswith("applier: error")][-1]
+    line = [ln for ln in runner.log().splitlines() if " applier: error: " in ln][-1]
     assert "23505" in line and "'id': '17'" in line and "merged_changes" not in line, line
     assert pair.sub_exec("SELECT count(*) FROM t") == [(1,)]

@@ -90,7 +90,7 @@ def test_archive_turned_off_is_a_clear_error(tmp_path: Path) -> None:
     proc = _run("-m", "applier.cli", "spark-archive", "--config", str(cfg))
     last = proc.stderr.strip().splitlines()[-1]
     assert proc.returncode == 1
-    assert last.startswith('applier: error: bootstrap.class_archive is "off"'), last
+    assert ' applier: error: bootstrap.class_archive is "off"' in last, last
 
 
 def test_archive_settings(tmp_path: Path) -> None:
