@@ -4,7 +4,8 @@ Every error names the file, the key path and what was expected, on one line,
 so ``applier run --config F`` fails before touching either database. The
 sections mirror the product: ``[source]`` and ``[target]`` connections,
 ``[tables]`` include/exclude patterns, ``[apply]`` for the worker,
-``[bootstrap]`` for the Spark copy, ``[logging]``.
+``[bootstrap]`` for the Spark copy, ``[logging]``, ``[metrics]`` for the
+Prometheus endpoint.
 
 DSNs may carry passwords (or take them from ``password_file``, PGPASSWORD,
 ~/.pgpass); :func:`redact_dsn` is the only way a DSN reaches a log.
@@ -278,6 +279,41 @@ class LoggingConfig(_Section):
     format: Literal["text", "json"] = "text"
 
 
+_LISTEN = re.compile(
+    r"^(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[A-Za-z0-9_.-]*)):(?P<port>\d{1,5})$"
+)
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """``"127.0.0.1:9187"``, ``"[::1]:9187"``, ``":9187"`` (all interfaces) -> (host, port)."""
+    m = _LISTEN.match(value.strip())
+    port = int(m.group("port")) if m else 0
+    if not m or not 1 <= port <= 65535:
+        raise ValueError(
+            f"{value!r}: expected HOST:PORT with a port from 1 to 65535, e.g. "
+            "'127.0.0.1:9187', '[::1]:9187' or ':9187' for every interface"
+        )
+    return (m.group("v6") or m.group("host") or "0.0.0.0"), port
+
+
+class MetricsConfig(_Section):
+    """``[metrics]``: the Prometheus endpoint of ``applier run`` (applier.metrics)."""
+
+    #: None: no endpoint.
+    listen: str | None = None
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_listen(v)
+        return v
+
+    @property
+    def address(self) -> tuple[str, int] | None:
+        return None if self.listen is None else parse_listen(self.listen)
+
+
 class Config(_Section):
     source: SourceConfig
     target: TargetConfig
@@ -286,6 +322,7 @@ class Config(_Section):
     conflicts: ConflictsConfig = Field(default_factory=ConflictsConfig)
     bootstrap: BootstrapConfig = Field(default_factory=BootstrapConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     path: Path | None = Field(default=None, exclude=True)
 
     @model_validator(mode="after")

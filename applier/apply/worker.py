@@ -104,6 +104,7 @@ from applier.errors import (
     TransientError,
 )
 from applier.lsn import Lsn, now_pg_timestamp
+from applier.metrics import count_fault
 from applier.schema import schema_at_head, upgrade_target
 
 from .handlers import IDLE, Applier
@@ -114,6 +115,7 @@ from .session import TargetSession, connect, is_transient_sqlstate
 from .skiprules import REFRESH_INTERVAL, SkipRules
 from .spool import SpoolSet, check_spool_dir, default_spool_dir
 from .state import WorkerState
+from .tally import Tally
 from .targetconn import client_keepalives, close_quietly
 
 log = logging.getLogger("applier.apply")
@@ -209,6 +211,13 @@ class Worker:
         self.careful_until = Lsn(0)
         self.rules = SkipRules(cfg.origin)
         self._rules_read = 0.0
+        # Read by applier.metrics at scrape time (from its thread, never waited for).
+        self.stream: Any = None
+        self.tally = Tally()
+        self.reconnects: dict[str, int] = {}
+        self.apply_errors = 0
+        #: time.time() when everything received was last applied and confirmed.
+        self.caught_up_at = 0.0
 
     def _sleep(self, seconds: float) -> None:
         self._stop_event.wait(seconds)
@@ -257,6 +266,8 @@ class Worker:
                 exc,
                 extra={"ctx": {"attempt": rs.attempt_number, "wait_s": round(wait, 1)}},
             )
+            if exc is not None:
+                count_fault(self.reconnects, exc)
             if exc is not None and self.status is not None:
                 self.status.retrying(exc)
 
@@ -369,6 +380,7 @@ class Worker:
                 },
             )
             stream.start()
+            self.stream = stream
             log.info(
                 "resumed from the origin's progress"
                 if progress
@@ -388,10 +400,12 @@ class Worker:
                 our_origin_id,
             )
             applier.applied_txns, applier.skipped_changes = self._applied, self._skipped
+            applier.tally = self.tally
             self.applier = applier
             try:
                 self._loop(stream, applier, catalog_conn)
             except (ApplyError, SchemaMismatch) as e:
+                self.apply_errors += 1
                 merged = "merged_changes" in e.context
                 careful = isinstance(e, ApplyError) and not applier.careful and applier.catchable(e)
                 if careful:
@@ -497,6 +511,8 @@ class Worker:
             else:
                 applier.session.settle()  # idle: let the commits in flight be confirmed
             self._confirm(stream, applier, catalog_conn)
+            if stream.last_received and stream.confirmed >= stream.last_received:
+                self.caught_up_at = time.time()  # applier.metrics: lag_seconds
             now = time.monotonic()
             collect(now)
             if now - self._rules_read >= REFRESH_INTERVAL:
@@ -578,6 +594,9 @@ class Worker:
 def run_worker(cfg: Config) -> int:
     """``applier run``: apply until SIGTERM/SIGINT (exit 0) or an apply error (raised)."""
     worker = Worker(cfg)
+    from applier.metrics import serve
+
+    serve(cfg, worker)  # [metrics] listen: before connecting, so a bad port fails first
     if threading.current_thread() is threading.main_thread():
 
         def handler(signum: int, frame: FrameType | None) -> None:
