@@ -76,9 +76,12 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from psycopg.conninfo import make_conninfo
 
+from .apply.tally import count_fault, fault_side
 from .config import Config
 from .errors import ConfigError
 from .lsn import PG_EPOCH_OFFSET_US
+
+__all__ = ["WorkerCollector", "count_fault", "fault_side", "serve"]
 
 if TYPE_CHECKING:
     from .apply.worker import Worker
@@ -132,40 +135,6 @@ def _registry(collector: Collector) -> CollectorRegistry:
     GCCollector(registry=registry)
     registry.register(collector)
     return registry
-
-
-def fault_side(exc: BaseException) -> str:
-    """Which side a retried fault came from: ``source``, ``target`` or ``local``.
-
-    The innermost applier frame that raised it tells: the replication stream's code
-    (``applier.stream``) talks only to the source, a spool file is local, everything
-    else the worker retries is a target connection. A psycopg error turned into a
-    TransientError by the worker itself is judged by where the psycopg error arose.
-    """
-    module = _raised_in(exc)
-    if module == "applier.apply.worker" and exc.__context__ is not None:
-        module = _raised_in(exc.__context__) or module
-    if module.startswith("applier.stream"):
-        return "source"
-    if module == "applier.apply.spool":
-        return "local"
-    return "target"
-
-
-def _raised_in(exc: BaseException) -> str:
-    module = ""
-    tb = exc.__traceback__
-    while tb is not None:
-        name = str(tb.tb_frame.f_globals.get("__name__", ""))
-        if name.startswith("applier."):
-            module = name
-        tb = tb.tb_next
-    return module
-
-
-def count_fault(reconnects: dict[str, int], exc: BaseException) -> None:
-    side = fault_side(exc)
-    reconnects[side] = reconnects.get(side, 0) + 1
 
 
 class SlotProbe:

@@ -17,6 +17,10 @@ doubled the cost) and named at commit, once per table and group.
 The metrics thread reads the totals while the apply thread updates them in
 place: it only ever takes copies (``dict.copy()`` runs in C holding the GIL, so
 it never sees a dict resized under it) and iterates those.
+
+:func:`fault_side` names the side of a fault the worker retries
+(``applier_reconnects_total{side}``). This module imports no metrics library:
+``applier run`` without ``[metrics]`` never loads one.
 """
 
 from __future__ import annotations
@@ -106,3 +110,37 @@ class Tally:
 def _add(total: Counts, more: Counts) -> None:
     for k, n in more.items():
         total[k] = total.get(k, 0) + n
+
+
+def fault_side(exc: BaseException) -> str:
+    """Which side a retried fault came from: ``source``, ``target`` or ``local``.
+
+    The innermost applier frame that raised it tells: the replication stream's code
+    (``applier.stream``) talks only to the source, a spool file is local, everything
+    else the worker retries is a target connection. A psycopg error turned into a
+    TransientError by the worker itself is judged by where the psycopg error arose.
+    """
+    module = _raised_in(exc)
+    if module == "applier.apply.worker" and exc.__context__ is not None:
+        module = _raised_in(exc.__context__) or module
+    if module.startswith("applier.stream"):
+        return "source"
+    if module == "applier.apply.spool":
+        return "local"
+    return "target"
+
+
+def _raised_in(exc: BaseException) -> str:
+    module = ""
+    tb = exc.__traceback__
+    while tb is not None:
+        name = str(tb.tb_frame.f_globals.get("__name__", ""))
+        if name.startswith("applier."):
+            module = name
+        tb = tb.tb_next
+    return module
+
+
+def count_fault(reconnects: dict[str, int], exc: BaseException) -> None:
+    side = fault_side(exc)
+    reconnects[side] = reconnects.get(side, 0) + 1

@@ -104,7 +104,6 @@ from applier.errors import (
     TransientError,
 )
 from applier.lsn import Lsn, now_pg_timestamp
-from applier.metrics import count_fault
 from applier.schema import schema_at_head, upgrade_target
 
 from .handlers import IDLE, Applier
@@ -115,7 +114,7 @@ from .session import TargetSession, connect, is_transient_sqlstate
 from .skiprules import REFRESH_INTERVAL, SkipRules
 from .spool import SpoolSet, check_spool_dir, default_spool_dir
 from .state import WorkerState
-from .tally import Tally
+from .tally import Tally, count_fault
 from .targetconn import client_keepalives, close_quietly
 
 log = logging.getLogger("applier.apply")
@@ -594,9 +593,10 @@ class Worker:
 def run_worker(cfg: Config) -> int:
     """``applier run``: apply until SIGTERM/SIGINT (exit 0) or an apply error (raised)."""
     worker = Worker(cfg)
-    from applier.metrics import serve
+    if cfg.metrics.listen is not None:
+        from applier.metrics import serve  # prometheus_client only when asked for
 
-    serve(cfg, worker)  # [metrics] listen: before connecting, so a bad port fails first
+        serve(cfg, worker)  # before connecting: a port in use fails first
     if threading.current_thread() is threading.main_thread():
 
         def handler(signum: int, frame: FrameType | None) -> None:

@@ -128,6 +128,35 @@ def test_counters_and_positions_match_what_was_applied(pair: Pair) -> None:
     assert runner.stop() == 0
 
 
+def test_a_replayed_group_counts_once(pair: Pair) -> None:
+    """A group that fails on a conflict a policy takes is rolled back and replayed
+    carefully: its changes count once, at the commit, with the conflict."""
+    pair.both("CREATE TABLE t (id int PRIMARY KEY, u int UNIQUE)")
+    pair.pub_exec("CREATE PUBLICATION pub FOR ALL TABLES")
+    port = free_port()
+    cfg = pair.write_config(metrics={"listen": f"127.0.0.1:{port}"})
+    cfg.write_text(cfg.read_text() + '\n[conflicts]\ndefault = { update_exists = "skip" }\n')
+    assert Runner(pair, cfg, "slot.log").start().ready().stop() == 0  # the slot
+    pair.sub_exec("INSERT INTO t VALUES (100, 99)")  # a local row holding u = 99
+    # A backlog: the three transactions arrive together and share one group.
+    pair.pub_exec("INSERT INTO t VALUES (1, 1), (2, 2), (3, 3)")
+    pair.pub_exec("UPDATE t SET u = 99 WHERE id = 2")  # update_exists: skip
+    pair.pub_exec("INSERT INTO t VALUES (4, 4)")
+    runner = Runner(pair, cfg).start().ready()
+    wait_for(lambda: get(scrape(port), "applier_applied_transactions_total") == 3, 60, "3 txns")
+    m = scrape(port)
+    assert by_label(m, "applier_applied_changes_total", "table", "operation") == {
+        ("public.t", "insert"): 4,
+        ("public.t", "update"): 1,
+    }
+    assert by_label(m, "applier_conflicts_total", "table", "type", "resolution") == {
+        ("public.t", "update_exists", "skip"): 1
+    }
+    assert (get(m, "applier_apply_errors_total") or 0) >= 1  # the failed group
+    assert get(m, "applier_group_size_sum") == 3
+    assert runner.stop() == 0
+
+
 def test_lag_seconds_grows_while_the_target_blocks(pair: Pair) -> None:
     """Behind (a lock on the target holds the apply), lag in bytes and seconds grows from
     the last moment the worker was caught up; back to 0 once it applied."""
