@@ -5,7 +5,7 @@ so ``applier run --config F`` fails before touching either database. The
 sections mirror the product: ``[source]`` and ``[target]`` connections,
 ``[tables]`` include/exclude patterns, ``[apply]`` for the worker,
 ``[bootstrap]`` for the Spark copy, ``[logging]``, ``[status]`` for the health
-thresholds of ``applier status``.
+thresholds of ``applier status``, ``[metrics]`` for the Prometheus endpoint.
 
 Every key may also come from an ``APPLIER_*`` environment variable, which
 wins over the file (:mod:`applier.configenv`).
@@ -331,6 +331,41 @@ class StatusConfig(_Section):
         return parse_size(v)
 
 
+_LISTEN = re.compile(
+    r"^(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[A-Za-z0-9_.-]*)):(?P<port>\d{1,5})$"
+)
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """``"127.0.0.1:9187"``, ``"[::1]:9187"``, ``":9187"`` (all interfaces) -> (host, port)."""
+    m = _LISTEN.match(value.strip())
+    port = int(m.group("port")) if m else 0
+    if not m or not 1 <= port <= 65535:
+        raise ValueError(
+            f"{value!r}: expected HOST:PORT with a port from 1 to 65535, e.g. "
+            "'127.0.0.1:9187', '[::1]:9187' or ':9187' for every interface"
+        )
+    return (m.group("v6") or m.group("host") or "0.0.0.0"), port
+
+
+class MetricsConfig(_Section):
+    """``[metrics]``: the Prometheus endpoint of ``applier run`` (applier.metrics)."""
+
+    #: None: no endpoint.
+    listen: str | None = None
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_listen(v)
+        return v
+
+    @property
+    def address(self) -> tuple[str, int] | None:
+        return None if self.listen is None else parse_listen(self.listen)
+
+
 class Config(_Section):
     source: SourceConfig
     target: TargetConfig
@@ -340,6 +375,7 @@ class Config(_Section):
     bootstrap: BootstrapConfig = Field(default_factory=BootstrapConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     status: StatusConfig = Field(default_factory=StatusConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     path: Path | None = Field(default=None, exclude=True)
 
     @model_validator(mode="after")

@@ -169,6 +169,7 @@ from .skiprules import SkipRules
 from .spool import Spool, SpoolSet
 from .states import ChangeCtx, State, Txn
 from .streamed import Streamed
+from .tally import Tally
 from .twophase import TwoPhase
 
 log = logging.getLogger("applier.apply")
@@ -218,6 +219,8 @@ class Applier(Resolution, Streamed, TwoPhase):
         self.skipped_changes = 0
         self.missing_rows = 0
         self.skipped_txns = 0
+        #: Changes by table and operation, of committed transactions (applier.metrics).
+        self.tally = Tally()
         self.last_commit_lsn: Lsn | None = None
         self.last_commit_ts: int | None = None
         self.gid_prefix = f"applier_{cfg.origin}_"
@@ -330,6 +333,7 @@ class Applier(Resolution, Streamed, TwoPhase):
             # come before any group by LSN order); never roll one back.
             self.commit_group()
             self.session.rollback()
+            self.tally.discard()
             self.skipped_txns += 1
             self.flush.store(end_lsn, FLUSHED)
             return
@@ -350,6 +354,7 @@ class Applier(Resolution, Streamed, TwoPhase):
             self._commit(end_lsn, commit_ts, self.group_txns + 1)
         else:
             self.flush.store(end_lsn, FLUSHED)  # empty for us: nothing to wait for
+            self.tally.commit(self.tally.take(self.relmaps), 0)  # what it skipped
 
     def commit_group(self) -> None:
         """Commit the open group (if any), stamped with its last transaction's position.
@@ -366,9 +371,11 @@ class Applier(Resolution, Streamed, TwoPhase):
         self._send_held()
         self._flush_conflicts()
         entry = self.flush.store_pending(end_lsn)
+        counts = self.tally.take(self.relmaps)
 
         def done(local: Lsn) -> None:
             self.flush.resolve(entry, local)
+            self.tally.commit(counts, txns)
             self.applied_txns += txns
             self.last_commit_lsn = end_lsn
             self.last_commit_ts = ts
@@ -383,6 +390,7 @@ class Applier(Resolution, Streamed, TwoPhase):
         self.group_txns = 0
         self.progress = Lsn(max(self.progress, end_lsn))
         self.flush.store(end_lsn, local)
+        self.tally.commit(self.tally.take(self.relmaps), txns)
         self.applied_txns += txns
         self.last_commit_lsn = end_lsn
         self.last_commit_ts = ts
@@ -440,19 +448,24 @@ class Applier(Resolution, Streamed, TwoPhase):
         rm = self.relmaps.get(oid) or self.relmap(oid, lsn)
         if not rm.included:
             self.skipped_changes += 1
+            self.tally.skip(rm.qualname, "excluded")
             return None
         txn.n += 1
         ctx = ChangeCtx(lsn, txn, rm, m)
         if txn.rule is not None:
             self.skipped_changes += 1
+            self.tally.skip(rm.qualname, "transaction_rule")
             self._keep(ctx, txn.rule)
             return None
         if self.rules.has_object:
             skips = self.rules.for_table(rm.qualname)
             if skips is not None and op in skips.by_op:
                 self.skipped_changes += 1
+                self.tally.skip(rm.qualname, "table_rule")
                 self._keep(ctx, skips.by_op[op])
                 return None
+        counts, k = self.tally.changes, (oid, op)  # per table and op: applier.apply.tally
+        counts[k] = counts.get(k, 0) + 1
         if txn.seen is not None:
             txn.seen.append(ctx)
         if not self.session.in_txn:
@@ -586,6 +599,9 @@ class Applier(Resolution, Streamed, TwoPhase):
         rms = [self.relmap(oid, lsn) for oid in m.relation_oids]
         included = [rm for rm in rms if rm.included]
         self.skipped_changes += len(rms) - len(included)
+        for rm in rms:
+            if not rm.included:
+                self.tally.skip(rm.qualname, "excluded")
         if not included:
             return
         ctxs = [self._truncated(lsn, rm, m) for rm in included]
@@ -663,6 +679,7 @@ class Applier(Resolution, Streamed, TwoPhase):
         self.state = IDLE
         self.group_txns = 0
         self.conflicts = []
+        self.tally.discard()
         self.merger.discard()
         self.session.rollback()
         self.session.settle()

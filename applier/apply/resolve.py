@@ -69,6 +69,7 @@ from .policies import (
 )
 from .skiprules import Kept, Rule, SkipRules
 from .states import Txn, op_of
+from .tally import Tally
 
 log = logging.getLogger("applier.apply")
 
@@ -118,6 +119,7 @@ class Resolution:
     #: Conflicts of the open target transaction, written before its commit.
     conflicts: list[Conflict]
     our_origin_id: int | None
+    tally: Tally
 
     # -- conflicts found in results (pipeline callbacks) ---------------------------------
 
@@ -259,6 +261,8 @@ class Resolution:
                 extra={"ctx": {**ctx.describe(), "sqlstate": state}},
             )
             self.skipped_changes += 1
+            self.tally.skip(ctx.rm.qualname, "error_rule")
+            self.tally.unapply(ctx.rm.relation.oid, op)
             self._keep(ctx, rule, error=msg, sqlstate=state)
             return True
         policy = ctx.rm.policy
@@ -399,6 +403,7 @@ class Resolution:
         if not self.conflicts:
             return
         conflicts, self.conflicts = self.conflicts, []
+        self.tally.conflicts_met(conflicts)
         origin = self.cfg.origin
         for c in conflicts:
             self.session.execute(LOG_CONFLICT, conflict_params(origin, c), None, c.ctx)

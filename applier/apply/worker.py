@@ -120,6 +120,7 @@ from .session import TargetSession, connect, is_transient_sqlstate
 from .skiprules import REFRESH_INTERVAL, SkipRules
 from .spool import SpoolSet, check_spool_dir, default_spool_dir
 from .state import WorkerState
+from .tally import Tally, count_fault
 from .targetconn import client_keepalives, close_quietly
 
 log = logging.getLogger("applier.apply")
@@ -217,6 +218,13 @@ class Worker:
         self.careful_until = Lsn(0)
         self.rules = SkipRules(cfg.origin)
         self._rules_read = 0.0
+        # Read by applier.metrics at scrape time (from its thread, never waited for).
+        self.stream: Any = None
+        self.tally = Tally()
+        self.reconnects: dict[str, int] = {}
+        self.apply_errors = 0
+        #: time.time() when everything received was last applied and confirmed.
+        self.caught_up_at = 0.0
 
     def _sleep(self, seconds: float) -> None:
         """The backoff: alive (watchdog fed, SIGHUP served) and stoppable."""
@@ -278,6 +286,8 @@ class Worker:
                 exc,
                 extra={"ctx": {"attempt": rs.attempt_number, "wait_s": round(wait, 1)}},
             )
+            if exc is not None:
+                count_fault(self.reconnects, exc)
             if exc is not None and self.status is not None:
                 self.status.retrying(exc)
             self.notify.status(
@@ -393,6 +403,7 @@ class Worker:
                 },
             )
             stream.start()
+            self.stream = stream
             log.info(
                 "resumed from the origin's progress"
                 if progress
@@ -413,10 +424,12 @@ class Worker:
                 our_origin_id,
             )
             applier.applied_txns, applier.skipped_changes = self._applied, self._skipped
+            applier.tally = self.tally
             self.applier = applier
             try:
                 self._loop(stream, applier, catalog_conn)
             except (ApplyError, SchemaMismatch) as e:
+                self.apply_errors += 1
                 merged = "merged_changes" in e.context
                 careful = isinstance(e, ApplyError) and not applier.careful and applier.catchable(e)
                 if careful:
@@ -523,6 +536,8 @@ class Worker:
             else:
                 applier.session.settle()  # idle: let the commits in flight be confirmed
             self._confirm(stream, applier, catalog_conn)
+            if stream.last_received and stream.confirmed >= stream.last_received:
+                self.caught_up_at = time.time()  # applier.metrics: lag_seconds
             now = time.monotonic()
             collect(now)
             if now - self._rules_read >= REFRESH_INTERVAL:
@@ -576,6 +591,10 @@ class Worker:
 def run_worker(cfg: Config, log_level: str | None = None) -> int:
     """``applier run``: apply until SIGTERM/SIGINT (exit 0) or an apply error (raised)."""
     worker = Worker(cfg, log_level)
+    if cfg.metrics.listen is not None:
+        from applier.metrics import serve  # prometheus_client only when asked for
+
+        serve(cfg, worker)  # before connecting: a port in use fails first
     if threading.current_thread() is threading.main_thread():
 
         def handler(signum: int, frame: FrameType | None) -> None:

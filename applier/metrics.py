@@ -1,0 +1,323 @@
+"""Prometheus metrics of ``applier run``: ``[metrics] listen = "HOST:PORT"`` serves ``/metrics``.
+
+The endpoint is the official ``prometheus_client``'s HTTP server, in daemon
+threads of the worker process, with its own registry: the standard
+``process_*``, ``python_*`` (and ``python_gc_*``) collectors, and
+:class:`WorkerCollector`, which builds every ``applier_*`` metric at scrape
+time from plain attributes the worker keeps anyway (positions, counters,
+:class:`~applier.apply.tally.Tally`). Nothing on the apply path calls the
+metrics library or takes a lock for it: the apply thread only bumps ints and
+dict entries, and a scrape reads them (copies, see :mod:`applier.apply.tally`).
+
+What the numbers mean
+=====================
+
+* Changes and conflicts count at the *commit* of the target transaction they
+  went into (the ``done`` callback of a pipelined commit), so a group rolled
+  back and replayed one by one is counted once, when it commits. A change a
+  conflict policy resolved (skip, keep_local, ...) is also an applied change.
+  Changes of a two-phase transaction count at its PREPARE.
+* Skipped changes: ``reason`` is ``excluded`` (``[tables]``), ``table_rule``,
+  ``transaction_rule`` or ``error_rule`` (``applier skip``).
+* Positions: *received* is the highest WAL position the walsender told us of
+  (XLogData and keepalives: its ``wal_end``); *applied* the end of the last
+  source transaction committed on the target (the origin's progress);
+  *confirmed* what the slot was told is durably applied (it also moves over
+  transactions with nothing for us and idle WAL).
+* ``applier_lag_bytes``: the source's position (the highest of *received* and
+  the source's ``pg_current_wal_flush_lsn()`` read with the slot query below)
+  minus the higher of *applied* and *confirmed*; 0 when everything is applied.
+* ``applier_lag_seconds``: 0 while caught up (nothing received is left to
+  apply). Behind, the oldest change not applied yet was committed on the source
+  after the last applied transaction (commit order) and after the last moment
+  the worker was caught up, so the lag is now minus the later of those two
+  times: it grows while the worker falls behind and does not jump to "time
+  since the last transaction" when a new one arrives after a quiet hour. Absent
+  while behind before the first commit of the process. Clock skew between the
+  source and this host adds to it.
+* ``applier_slot_retained_wal_bytes``: ``pg_wal_lsn_diff(current, restart_lsn)``
+  of our slot. It needs a query on the source, done *at scrape time* on a
+  separate ordinary connection (kept open, reopened after a failure) with a
+  5 s connect and statement timeout, at most once per ``[apply]
+  status_interval`` (a cached value in between, whoever scrapes). So the apply
+  loop never waits for it and never runs it when nobody scrapes; a slow or
+  unreachable source only makes the scrape slower (bounded) and the metric
+  absent. (From the worker loop it would cost the loop a round trip to the
+  source, or a thread anyway.)
+* ``applier_reconnects_total{side}``: faults the worker retried, by the server
+  whose connection failed, told by where the error was raised: the replication
+  stream's code (``applier.stream``) is ``source``, a spool file ``local``,
+  anything else (apply session, catalog and status connections) ``target``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+from prometheus_client import (
+    CollectorRegistry,
+    GCCollector,
+    PlatformCollector,
+    ProcessCollector,
+    start_http_server,
+)
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+from psycopg.conninfo import make_conninfo
+
+from .apply.tally import count_fault, fault_side
+from .config import Config
+from .errors import ConfigError
+from .lsn import PG_EPOCH_OFFSET_US
+
+__all__ = ["WorkerCollector", "count_fault", "fault_side", "serve"]
+
+if TYPE_CHECKING:
+    from .apply.worker import Worker
+
+log = logging.getLogger("applier.metrics")
+
+#: Seconds the slot query may take to connect, and to run.
+PROBE_TIMEOUT = 5
+
+#: Upper bounds of the group size histogram (source transactions per target commit).
+GROUP_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
+
+SLOT_SQL = """
+SELECT pg_catalog.pg_wal_lsn_diff(w.lsn, s.restart_lsn)::bigint,
+       pg_catalog.pg_wal_lsn_diff(w.lsn, '0/0')::bigint
+FROM (SELECT CASE WHEN pg_catalog.pg_is_in_recovery() THEN pg_catalog.pg_last_wal_replay_lsn()
+                  ELSE pg_catalog.pg_current_wal_flush_lsn() END AS lsn) w
+LEFT JOIN pg_catalog.pg_replication_slots s ON s.slot_name = %s
+"""
+
+
+def serve(cfg: Config, worker: Worker) -> Any:
+    """Start the endpoint if ``[metrics] listen`` is set; the server, or None.
+
+    A port in use or an address this host does not have is a :class:`ConfigError`
+    (exit 2): a restart would meet it again.
+    """
+    address = cfg.metrics.address
+    if address is None:
+        return None
+    host, port = address
+    registry = _registry(WorkerCollector(worker, SlotProbe(cfg)))
+    try:
+        server, _ = start_http_server(port, addr=host, registry=registry)
+    except OSError as e:
+        raise ConfigError(
+            f"[metrics] listen = {cfg.metrics.listen!r}: cannot listen there: {e.strerror or e}",
+            hint="another process holds the port (another applier run?) or the host is not "
+            "an address of this machine; pick another [metrics] listen, or stop the other "
+            "process",
+        ) from None
+    log.info("metrics endpoint listening", extra={"ctx": {"url": f"http://{host}:{port}/metrics"}})
+    return server
+
+
+def _registry(collector: Collector) -> CollectorRegistry:
+    """A registry of our own (no global state): the standard collectors and ours."""
+    registry = CollectorRegistry()
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
+    registry.register(collector)
+    return registry
+
+
+class SlotProbe:
+    """The slot's retained WAL and the source's WAL position, read at most every
+    ``status_interval`` s on an ordinary connection of its own (see the module doc)."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.interval = cfg.apply.status_interval
+        self._conn: psycopg.Connection[Any] | None = None
+        self._lock = threading.Lock()
+        self._read_at = -math.inf
+        #: (retained bytes or None when the slot is missing, source WAL position).
+        self.value: tuple[int | None, int] | None = None
+
+    def read(self) -> tuple[int | None, int] | None:
+        with self._lock:
+            now = time.monotonic()
+            if now - self._read_at >= self.interval:
+                self._read_at = now
+                self.value = self._query()
+            return self.value
+
+    def _query(self) -> tuple[int | None, int] | None:
+        try:
+            if self._conn is None or self._conn.closed:
+                self._conn = psycopg.connect(self._conninfo(), autocommit=True)
+            row = self._conn.execute(SLOT_SQL, (self.cfg.source.slot,)).fetchone()
+        except (psycopg.Error, ConfigError) as e:
+            log.debug("metrics: reading the slot's retained WAL failed: %s", e)
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+            return None
+        if row is None or row[1] is None:
+            return None
+        return (None if row[0] is None else int(row[0])), int(row[1])
+
+    def _conninfo(self) -> str:
+        return make_conninfo(
+            self.cfg.source.conninfo(),
+            application_name="applier metrics",
+            connect_timeout=PROBE_TIMEOUT,
+            options=f"-c statement_timeout={PROBE_TIMEOUT * 1000}",
+        )
+
+
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, value=value)
+
+
+def _counter(name: str, doc: str, labels: list[str], counts: dict[Any, int]) -> Metric:
+    family = CounterMetricFamily(name, doc, labels=labels)
+    for key, n in sorted(counts.items()):
+        family.add_metric(list(key), n)
+    return family
+
+
+class WorkerCollector(Collector):
+    """Every ``applier_*`` metric, read from the worker at scrape time."""
+
+    def __init__(self, worker: Worker, probe: SlotProbe) -> None:
+        self.worker = worker
+        self.probe = probe
+
+    def describe(self) -> Iterable[Metric]:
+        return []  # registered without a trial collect (that would query the source)
+
+    def collect(self) -> Iterator[Metric]:
+        w = self.worker
+        stream, applier = w.stream, w.applier
+        # LogicalStream has no public "streaming" flag; started and not stopped is it.
+        up = stream is not None and stream._started and not stream._stopped
+        yield _gauge("applier_up", "1 while the worker streams from the slot, else 0", int(up))
+        yield from self._positions(stream, applier)
+        tally = w.tally
+        yield CounterMetricFamily(
+            "applier_applied_transactions",
+            "Source transactions committed on the target",
+            value=applier.applied_txns if applier is not None else w._applied,
+        )
+        yield _counter(
+            "applier_applied_changes",
+            "Changes of committed transactions sent to the target, by table and operation",
+            ["table", "operation"],
+            tally.applied.copy(),
+        )
+        yield _counter(
+            "applier_skipped_changes",
+            "Changes not applied, by table and reason (excluded, table_rule, "
+            "transaction_rule, error_rule)",
+            ["table", "reason"],
+            tally.skipped_total.copy(),
+        )
+        yield _counter(
+            "applier_conflicts",
+            "Conflicts met in committed transactions, by table, type and resolution",
+            ["table", "type", "resolution"],
+            tally.conflicts_total.copy(),
+        )
+        yield CounterMetricFamily(
+            "applier_apply_errors",
+            "Failures of a target transaction other than a lost connection (replayed "
+            "one by one or carefully, or the one that stopped the worker)",
+            value=w.apply_errors,
+        )
+        yield _counter(
+            "applier_reconnects",
+            "Faults retried by reconnecting, by the side that failed (source, target, local)",
+            ["side"],
+            {(side,): n for side, n in {"source": 0, "target": 0, **w.reconnects}.items()},
+        )
+        yield self._groups(tally.group_sizes.copy())
+        spools = applier.spools if applier is not None else None
+        memory = spools.mem_bytes if spools is not None else 0
+        disk = sum(s.disk_bytes for s in list(spools.spools.values())) if spools else 0
+        family = GaugeMetricFamily(
+            "applier_spool_bytes",
+            "Bytes of streamed transactions held until their commit, in memory and on disk",
+            labels=["where"],
+        )
+        family.add_metric(["memory"], memory)
+        family.add_metric(["disk"], disk)
+        yield family
+
+    def _positions(self, stream: Any, applier: Any) -> Iterator[Metric]:
+        probe = self.probe.read()
+        received = int(stream.last_received) if stream is not None else 0
+        confirmed = int(stream.confirmed) if stream is not None else 0
+        applied = 0
+        if applier is not None and applier.last_commit_lsn is not None:
+            applied = int(applier.last_commit_lsn)
+        elif stream is not None:
+            applied = int(stream.options.start_lsn)
+        yield _gauge("applier_received_lsn", "Highest source WAL position received", received)
+        yield _gauge(
+            "applier_applied_lsn",
+            "End of the last source transaction committed on the target (the origin)",
+            applied,
+        )
+        yield _gauge(
+            "applier_confirmed_lsn", "Source position confirmed to the slot (flushed)", confirmed
+        )
+        if stream is None:
+            return
+        source = max(received, probe[1] if probe is not None else 0)
+        done = max(applied, confirmed)
+        yield _gauge(
+            "applier_lag_bytes",
+            "Source WAL not yet applied: source position minus applied/confirmed",
+            max(0, source - done),
+        )
+        lag = self._lag_seconds(applier, done >= max(received, 1))
+        if lag is not None:
+            yield _gauge(
+                "applier_lag_seconds",
+                "Age of the oldest source commit not applied yet (0 when caught up)",
+                lag,
+            )
+        if probe is not None and probe[0] is not None:
+            yield _gauge(
+                "applier_slot_retained_wal_bytes",
+                "WAL the source keeps for the slot (current position minus restart_lsn)",
+                probe[0],
+            )
+
+    def _lag_seconds(self, applier: Any, caught_up: bool) -> float | None:
+        if caught_up:
+            return 0.0
+        ts = applier.last_commit_ts if applier is not None else None
+        if not ts:
+            return None
+        since = max((ts + PG_EPOCH_OFFSET_US) / 1e6, self.worker.caught_up_at)
+        return max(0.0, time.time() - float(since))
+
+    def _groups(self, sizes: dict[int, int]) -> Metric:
+        buckets: list[tuple[str, float]] = []
+        for bound in GROUP_BUCKETS:
+            buckets.append((str(bound), sum(n for s, n in sizes.items() if s <= bound)))
+        buckets.append(("+Inf", sum(sizes.values())))
+        return HistogramMetricFamily(
+            "applier_group_size",
+            "Source transactions per target commit (group commit)",
+            buckets=buckets,
+            sum_value=sum(s * n for s, n in sizes.items()),
+        )
