@@ -1,0 +1,291 @@
+"""Row changes: Insert, Update, Delete and Truncate messages -> statements on the target.
+
+The half of :class:`~applier.apply.handlers.Applier` that turns one change into
+work for the session: it finds the change's table mapping (an excluded table
+or a skip rule ends it here, counted and kept as the rule says), checks the
+tuple's width against the Relation message (a :class:`ProtocolError` before
+anything of the transaction commits), and sends the plain statement, a
+policy-checked one (:mod:`applier.apply.conflicts`), a merged UPDATE
+(:mod:`applier.apply.merge`) or, in a careful replay, a statement under its
+own savepoint (:mod:`applier.apply.resolve`). TRUNCATE never cascades on the
+target. Transaction boundaries, dispatch and group commit stay in
+:mod:`applier.apply.handlers`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+
+from applier.errors import ApplyError, ProtocolError, TransientError
+from applier.lsn import Lsn
+from applier.protocol import Delete, Insert, Truncate, Update
+
+from .conflicts import CheckedRows, ConflictPlanner
+from .mapping import Catalog, RelMap
+from .merge import MAX_HELD, UpdateMerger
+from .planner import Planner
+from .session import TargetSession
+from .skiprules import SkipRules
+from .states import ChangeCtx, Txn
+from .tally import Tally
+
+
+class Changes:
+    """Mixin of :class:`~applier.apply.handlers.Applier`: one handler per row change."""
+
+    txn: Txn | None
+    relmaps: dict[int, RelMap]
+    skipped_changes: int
+    tally: Tally
+    rules: SkipRules
+    session: TargetSession
+    merger: UpdateMerger
+    merging: bool
+    planner: Planner
+    cplanner: ConflictPlanner
+    careful: bool
+    catalog: Catalog
+
+    if TYPE_CHECKING:  # provided by Applier and Resolution; no stubs at run time (MRO)
+
+        def relmap(self, oid: int, lsn: Lsn) -> RelMap: ...
+        def _xid(self) -> int | None: ...
+        def _keep(self, ctx: Any, rule: Any, skipped: bool = True, **error: str | None) -> None: ...
+        def _careful(self, ctx: Any, send: Any) -> None: ...
+        def _insert_checked(self, ctx: Any, res: Any) -> None: ...
+        def _rows_checked(self, group: Any, res: Any) -> None: ...
+        def _upsert_checked(self, ctx: Any, res: Any) -> None: ...
+        def _origin_checked(self, ctx: Any, res: Any) -> None: ...
+
+    def _target(self, lsn: Lsn, oid: int, m: Any, op: str) -> ChangeCtx | None:
+        """The change's context, or None when it is not to be applied (already applied,
+        excluded table, skipped by a rule: then kept as the rule says)."""
+        txn = self.txn
+        assert txn is not None
+        if txn.skip:
+            return None
+        rm = self.relmaps.get(oid) or self.relmap(oid, lsn)
+        if not rm.included:
+            self.skipped_changes += 1
+            self.tally.skip(rm.qualname, "excluded")
+            return None
+        txn.n += 1
+        ctx = ChangeCtx(lsn, txn, rm, m)
+        if txn.rule is not None:
+            self.skipped_changes += 1
+            self.tally.skip(rm.qualname, "transaction_rule")
+            self._keep(ctx, txn.rule)
+            return None
+        if self.rules.has_object:
+            skips = self.rules.for_table(rm.qualname)
+            if skips is not None and op in skips.by_op:
+                self.skipped_changes += 1
+                self.tally.skip(rm.qualname, "table_rule")
+                self._keep(ctx, skips.by_op[op])
+                return None
+        counts, k = self.tally.changes, (oid, op)  # per table and op: applier.apply.tally
+        counts[k] = counts.get(k, 0) + 1
+        if txn.seen is not None:
+            txn.seen.append(ctx)
+        if not self.session.in_txn:
+            self.session.begin()
+        return ctx
+
+    def _width_error(self, lsn: Lsn, rm: RelMap, got: int) -> ProtocolError:
+        want = len(rm.relation.columns)
+        return ProtocolError(
+            f"a change for {rm.qualname} carries {got} column values, its Relation message "
+            f"has {want} columns",
+            lsn=str(Lsn(lsn)),
+            xid=self._xid(),
+            table=rm.qualname,
+            hint="the stream is corrupt or out of order; nothing of this transaction was "
+            "applied, applier run restarts from the origin",
+        )
+
+    def on_insert(self, lsn: Lsn, m: Insert) -> None:
+        ctx = self._target(lsn, m.relation_oid, m, "insert")
+        if ctx is None:
+            return
+        rm = ctx.rm
+        if len(m.new.kinds) != len(rm.columns):
+            raise self._width_error(lsn, rm, len(m.new.kinds))
+        if self.merger.tables:
+            self._before_change(rm)
+        session = self.session
+        if rm.policy is not None and rm.policy.checked_insert:
+            assert self.txn is not None
+            stmt, params, fmts = self._planned(ctx, self.cplanner.insert, self.txn.commit_ts)
+            ctx.check = self._insert_checked
+            if session.multi_row and not self.careful and self.cplanner.batchable(rm, stmt):
+                new = m.new.values
+                ctx.key = tuple([new[i] for i in rm.key])
+                session.insert_checked(stmt, params, fmts, ctx, self._checked_rows)
+                return
+            self._send(ctx, lambda: session.execute(stmt, params, fmts, ctx, checked=True))
+            return
+        stmt, params, fmts = self.planner.insert(rm, m)
+        if self.careful:
+            self._careful(ctx, lambda: session.execute(stmt, params, fmts, ctx))
+        else:
+            session.insert(stmt, params, fmts, ctx)
+
+    def on_update(self, lsn: Lsn, m: Update) -> None:
+        ctx = self._target(lsn, m.relation_oid, m, "update")
+        if ctx is None:
+            return
+        rm = ctx.rm
+        width = len(rm.columns)
+        if len(m.new.kinds) != width or (m.old is not None and len(m.old.kinds) != width):
+            bad = m.new if len(m.new.kinds) != width else m.old
+            raise self._width_error(lsn, rm, len(bad.kinds) if bad is not None else 0)
+        if rm.policy is not None and self._policy_change(ctx):
+            return
+        if rm.merge and self.merging:
+            held = self.merger.add(rm, m, ctx)
+            if held:
+                if held >= MAX_HELD:
+                    self._send_held(rm.relation.oid)
+                return
+        self._keyed_change(ctx, self.planner.update)
+
+    def on_delete(self, lsn: Lsn, m: Delete) -> None:
+        ctx = self._target(lsn, m.relation_oid, m, "delete")
+        if ctx is None:
+            return
+        if len(m.old.kinds) != len(ctx.rm.columns):
+            raise self._width_error(lsn, ctx.rm, len(m.old.kinds))
+        if ctx.rm.policy is not None and self._policy_change(ctx):
+            return
+        self._keyed_change(ctx, self.planner.delete)
+
+    def _checked_rows(self, stmt: Any, n: int, ctxs: list[Any]) -> Any:
+        """For a run of checked INSERTs: the statement for n rows, and its context."""
+        return self.cplanner.insert_many(ctxs[0].rm, stmt, n), CheckedRows(ctxs, self._rows_checked)
+
+    def _planned(self, ctx: ChangeCtx, plan: Callable[..., Any], *args: Any) -> Any:
+        """Plan a change; a refusal (REPLICA IDENTITY NOTHING) gets its context."""
+        try:
+            return plan(ctx.rm, ctx.change, *args)
+        except ApplyError as e:
+            e.context.update(ctx.describe())
+            raise
+
+    def _keyed_change(self, ctx: ChangeCtx, plan: Callable[[RelMap, Any], Any]) -> None:
+        """UPDATE/DELETE with the plain statement."""
+        if self.merger.tables:
+            self._before_change(ctx.rm)
+        stmt, params, fmts = self._planned(ctx, plan)
+        if self.careful:
+            session = self.session
+            self._careful(ctx, lambda: session.execute(stmt, params, fmts, ctx))
+        else:
+            self.session.execute(stmt, params, fmts, ctx)
+
+    def _policy_change(self, ctx: ChangeCtx) -> bool:
+        """An UPDATE/DELETE under a policy that needs its own statement (see
+        applier.apply.conflicts); False when the plain statement will do."""
+        rm, m = ctx.rm, ctx.change
+        txn = self.txn
+        assert txn is not None
+        planned: Any = None
+        if rm.policy.check_origin:
+            planned = self._planned(ctx, self.cplanner.origin_checked, txn.commit_ts)
+            ctx.check = self._origin_checked
+        elif isinstance(m, Update) and rm.policy.checked_update:
+            planned = self._planned(ctx, self.cplanner.update)
+            ctx.check = self._upsert_checked
+        if planned is None:
+            return False
+        if self.merger.tables:
+            self._before_change(rm)
+        stmt, params, fmts = planned
+        session = self.session
+        self._send(ctx, lambda: session.execute(stmt, params, fmts, ctx, checked=True))
+        return True
+
+    def _send(self, ctx: ChangeCtx, send: Callable[[], None]) -> None:
+        if self.careful:
+            self._careful(ctx, send)
+        else:
+            send()
+
+    def on_truncate(self, lsn: Lsn, m: Truncate) -> None:
+        txn = self.txn
+        assert txn is not None
+        if txn.skip:
+            return
+        rms = [self.relmap(oid, lsn) for oid in m.relation_oids]
+        included = [rm for rm in rms if rm.included]
+        self.skipped_changes += len(rms) - len(included)
+        for rm in rms:
+            if not rm.included:
+                self.tally.skip(rm.qualname, "excluded")
+        if not included:
+            return
+        ctxs = [self._truncated(lsn, rm, m) for rm in included]
+        included = [c.rm for c in ctxs if c is not None]
+        if not included:
+            return
+        self._check_truncate(lsn, included)
+        if not self.session.in_txn:
+            self.session.begin()
+        self._send_held()
+        query = self.planner.truncate(included, m.restart_identity)
+        ctx = ChangeCtx(lsn, txn, included[0], m)
+        session = self.session
+        self._send(ctx, lambda: session.execute_sql(query, ctx))
+
+    def _truncated(self, lsn: Lsn, rm: RelMap, m: Truncate) -> ChangeCtx | None:
+        """One relation of a TRUNCATE, as a change that rules may skip."""
+        return self._target(lsn, rm.relation.oid, m, "truncate")
+
+    def _check_truncate(self, lsn: Lsn, rms: list[RelMap]) -> None:
+        """Never cascade on the target (worker.c: RESTRICT): refuse, naming the tables,
+        when a table outside the message references one it truncates."""
+        oids = [rm.target.oid for rm in rms if rm.target is not None]
+        try:
+            refs = self.catalog.referencing(oids)
+        except psycopg.OperationalError as e:
+            raise TransientError(f"catalog lookup failed: {str(e).strip()}") from None
+        except psycopg.Error as e:
+            raise ApplyError(
+                f"looking up foreign keys on the target failed: {str(e).strip()}",
+                lsn=str(Lsn(lsn)),
+                xid=self._xid(),
+                sqlstate=e.sqlstate,
+            ) from None
+        if refs:
+            referencing, referenced = refs[0]
+            others = f" (and {len(refs) - 1} more)" if len(refs) > 1 else ""
+            raise ApplyError(
+                f"TRUNCATE of {referenced} would cascade on the target: {referencing} "
+                f"references it{others}, and the source did not truncate {referencing}",
+                lsn=str(Lsn(lsn)),
+                xid=self._xid(),
+                table=referenced,
+                referencing=referencing,
+                hint=f"empty {referencing} on the target (or drop its foreign key to "
+                f"{referenced}, or publish it), then restart applier run",
+            )
+
+    # -- merged UPDATEs (see applier.apply.merge) ---------------------------------------
+
+    def _before_change(self, rm: RelMap) -> None:
+        """Keep source order where it can be seen: before a change that is not merged."""
+        if rm.target is not None and rm.target.observed:
+            self._send_held()
+        elif self.merger.holds(rm.relation.oid):
+            self._send_held(rm.relation.oid)
+
+    def _send_held(self, oid: int | None = None) -> None:
+        """Send the rows held for one table (``oid``) or for all."""
+        merger = self.merger
+        if not merger.tables:
+            return
+        batches = merger.take_all() if oid is None else merger.take(oid)
+        for stmt, params, fmts, ctx in batches:
+            self.session.execute(stmt, params, fmts, ctx, merged=True)
