@@ -100,8 +100,23 @@ def cli() -> None:
 @cli.command()
 @config_option
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default=None)
+@click.option(
+    "--until-lsn",
+    callback=_lsn,
+    default=None,
+    help="Apply every transaction whose commit ends at or before this LSN, none after "
+    "it; confirm it to the slot and exit 0.",
+)
+@click.option(
+    "--until-caught-up",
+    is_flag=True,
+    help="As --until-lsn with the source's current WAL position (pg_current_wal_lsn() "
+    "when the command starts).",
+)
 @_exits_cleanly
-def run(config_path: Path | None, log_level: str | None) -> int:
+def run(
+    config_path: Path | None, log_level: str | None, until_lsn: Lsn | None, until_caught_up: bool
+) -> int:
     """Stream changes from the slot and apply them to the target until stopped.
 
     Progress is kept in a replication origin on the target, inside each
@@ -114,9 +129,13 @@ def run(config_path: Path | None, log_level: str | None) -> int:
     exists (it is created only for an origin without progress) and is a
     logical pgoutput slot of the source database.
 
+    With --until-lsn/--until-caught-up it stops on its own once the target
+    has every transaction whose commit record ends at or before the position
+    (and none after it), and that position is confirmed to the slot.
+
     \b
     Exit codes:
-      0  stopped by SIGTERM/SIGINT
+      0  stopped by SIGTERM/SIGINT, or the --until position reached
       1  a failure that may pass (target unreachable at start, a source
          refusal such as a missing publication); systemd restarts it.
          Connection losses while running are retried in-process.
@@ -131,7 +150,14 @@ def run(config_path: Path | None, log_level: str | None) -> int:
 
     # systemd's watchdog kills a hung worker with SIGABRT: say where it hung.
     faulthandler.enable()
-    return run_worker(_load(config_path, log_level), log_level)
+    if until_lsn is not None and until_caught_up:
+        raise click.UsageError("--until-lsn and --until-caught-up exclude each other")
+    cfg = _load(config_path, log_level)
+    if until_caught_up:
+        from .apply.until import current_wal_lsn
+
+        until_lsn = current_wal_lsn(cfg)
+    return run_worker(cfg, log_level, until=until_lsn)
 
 
 @cli.command()
