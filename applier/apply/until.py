@@ -108,6 +108,8 @@ class Until:
         self.cap = lsn
         #: What stopped the worker, for its log line.
         self.why = ""
+        #: Everything at or before the position is applied and confirmed.
+        self.done = False
 
     def admit(self, batch: list[Item], applier: Any) -> Iterator[Item]:
         """The messages of ``batch`` to dispatch, in order; lazily, so that the open
@@ -163,6 +165,7 @@ class Until:
             if done:
                 self.why = f"the stream passed {self.lsn} ({stream.last_received})"
         if done:
+            self.done = True
             log.info(
                 "applied everything up to the position; stopping",
                 extra={
