@@ -194,4 +194,3 @@ def current_wal_lsn(cfg: Config) -> Lsn:
         ) from None
     assert row is not None
     return Lsn.parse(str(row[0]))
-

@@ -69,7 +69,8 @@ def _ids(pair: Pair) -> list[int]:
 
 def _confirmed(pair: Pair) -> int:
     rows = pair.pub_exec(
-        f"SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = '{pair.slot}'"
+        "SELECT confirmed_flush_lsn::text FROM pg_replication_slots "
+        f"WHERE slot_name = '{pair.slot}'"
     )
     return _num(rows[0][0])
 
@@ -150,3 +151,32 @@ def test_until_options_exclude_each_other(pair: Pair) -> None:
     assert rc == 2, out
     rc, out, _ = _run(cfg, "--until-lsn", "nonsense")
     assert rc == 2, out
+
+
+def test_until_lsn_with_streamed_and_prepared_transactions(pair: Pair) -> None:
+    """A streamed transaction follows the rule at its Stream Commit; a PREPARE before the
+    position whose COMMIT PREPARED comes after it is left prepared on the target."""
+    pair.pub.execute(f"ALTER DATABASE \"{pair.pub_db}\" SET logical_decoding_work_mem = '64kB'")
+    cfg = _setup(pair, two_phase=True, memory_limit="64kB", spool_dir=str(pair.workdir / "sp"))
+    big = "INSERT INTO t SELECT g, repeat('x', 200) FROM generate_series({}, {}) g"
+    pair.pub_exec(big.format(1000, 3999))  # streamed (larger than the decoding memory)
+    pair.pub_exec("BEGIN; INSERT INTO t VALUES (2, 'p'); PREPARE TRANSACTION 'g1'")
+    mid = pair.pub_exec("SELECT pg_current_wal_lsn()::text")[0][0]
+    pair.pub_exec("COMMIT PREPARED 'g1'")
+    pair.pub_exec(big.format(5000, 7999))
+    _insert(pair, range(3, 4))
+
+    rc, out, _ = _run(cfg, "--until-lsn", mid)
+    assert rc == 0, out
+    assert "stream_commit" in out or "streamed transaction commits" in out, out[-3000:]
+    ids = _ids(pair)
+    assert ids == list(range(1000, 4000)), (len(ids), ids[:3], ids[-3:])
+    prepared = pair.sub_exec(
+        "SELECT count(*) FROM pg_prepared_xacts WHERE database = current_database()"
+    )[0][0]
+    assert prepared == 1
+
+    rc, out, _ = _run(cfg, "--until-caught-up")
+    assert rc == 0, out
+    assert _ids(pair) == [2, 3, *range(1000, 4000), *range(5000, 8000)]
+    assert pair.sub_exec("SELECT count(*) FROM pg_prepared_xacts")[0][0] == 0
