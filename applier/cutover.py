@@ -294,7 +294,10 @@ def _verify(cfg: Config) -> tuple[int, str]:
         run_verify = importlib.import_module("applier.verify").run_verify
     except ImportError as e:
         return EXIT_INCOMPLETE, f"could not run: {e}"
-    rc = int(run_verify(cfg, rounds=1, quiet=True))
+    try:
+        rc = int(run_verify(cfg, rounds=1, quiet=True))
+    except ApplierError as e:
+        return EXIT_INCOMPLETE, f"could not complete: {e}"
     if rc == 0:
         return EXIT_EQUAL, "equal"
     if rc == 1:
