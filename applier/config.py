@@ -5,7 +5,8 @@ so ``applier run --config F`` fails before touching either database. The
 sections mirror the product: ``[source]`` and ``[target]`` connections,
 ``[tables]`` include/exclude patterns, ``[apply]`` for the worker,
 ``[bootstrap]`` for the Spark copy, ``[logging]``, ``[status]`` for the health
-thresholds of ``applier status``, ``[metrics]`` for the Prometheus endpoint.
+thresholds of ``applier status``, ``[metrics]`` for the Prometheus endpoint,
+``[verify]`` for the load of ``applier verify``.
 
 Every key may also come from an ``APPLIER_*`` environment variable, which
 wins over the file (:mod:`applier.configenv`).

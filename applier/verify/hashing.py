@@ -2,11 +2,12 @@
 
 Row text
 --------
-A row is hashed as ``md5(ROW(c1::text, c2::text, ...)::text)``: the columns
-listed *by name* (the target may order them differently), each cast to
-text, the row of texts in the record's output form, in which a NULL is an
-empty field and an empty string or the word NULL are quoted, so that NULL,
-``''`` and ``'NULL'`` never hash alike. The text forms depend on session
+A row is hashed as ``md5(ROW(c1, c2, ...)::text)``: the columns listed *by
+name* (the target may order them differently), the row in the record's
+output form, which prints each column with its type's output function (as
+COPY does; cheaper than a ``::text`` cast per column), a NULL as an empty
+field, an empty string as ``""`` (and any value with blanks, commas, quotes
+or parentheses quoted), so that NULL, ``''`` and ``'NULL'`` never hash alike. The text forms depend on session
 settings, so every verify session pins those of the bootstrap and the stream
 (:data:`applier.bootstrap.sessions.FORMAT_SETTINGS`: UTF8, DateStyle ISO,
 IntervalStyle postgres, extra_float_digits 3, TimeZone UTC): the same values
@@ -92,9 +93,7 @@ def connect(conninfo: str, side: str, statement_timeout: float) -> Conn:
 
 
 def row_text(t: VTable) -> sql.Composable:
-    return sql.SQL("ROW({})::text").format(
-        sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(c)) for c in t.columns)
-    )
+    return sql.SQL("ROW({})::text").format(sql.SQL(", ").join(sql.Identifier(c) for c in t.columns))
 
 
 @dataclass(frozen=True)
@@ -134,6 +133,8 @@ def keys_where(t: VTable, keys: list[Bound]) -> tuple[sql.Composable, list[Any]]
     """The rows of these keys (or, without a key, of these row hashes)."""
     if not t.key:
         cond = sql.SQL("md5({}) = ANY(%s::text[])").format(row_text(t))
+        if t.row_filter:
+            cond = sql.SQL("{} AND ({})").format(cond, sql.SQL(t.row_filter))
         return cond, [[k[0] for k in keys]]
     arrays = sql.SQL(", ").join(
         sql.SQL("%s::text[]::{}[]").format(sql.SQL(ty)) for ty in t.key_types
