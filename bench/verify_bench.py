@@ -39,7 +39,7 @@ from typing import Any
 from applier.localpg import local_cluster, make_base_dir
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bootstrap_bench import TABLE  # noqa: E402  (the same table as the bootstrap bench)
+from bootstrap_bench import TABLE  # the same table as the bootstrap bench
 
 DIFFS = 100
 
