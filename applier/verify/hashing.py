@@ -8,10 +8,11 @@ output form, which prints each column with its type's output function (as
 COPY does; cheaper than a ``::text`` cast per column), a NULL as an empty
 field, an empty string as ``""`` (and any value with blanks, commas, quotes
 or parentheses quoted), so that NULL, ``''`` and ``'NULL'`` never hash alike.
-The text forms depend on session settings, so every verify session pins those of the bootstrap and the stream
+The text forms depend on session settings, so every verify session pins
+those of the bootstrap and the stream
 (:data:`applier.bootstrap.sessions.FORMAT_SETTINGS`: UTF8, DateStyle ISO,
-IntervalStyle postgres, extra_float_digits 3, TimeZone UTC): the same values
-print the same on PostgreSQL 15 and 18.
+IntervalStyle postgres, extra_float_digits 3, TimeZone UTC): the same
+values print the same on PostgreSQL 15 and 18.
 
 Range hash
 ----------
