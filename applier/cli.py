@@ -494,6 +494,76 @@ def skip_dump(config_path: Path | None, xid: int | None, lsn: Lsn | None, fmt: s
     return 0
 
 
+@cli.command()
+@config_option
+@click.option(
+    "--tables",
+    "patterns",
+    metavar="PATTERN",
+    multiple=True,
+    help="Only these tables: schema.table, '*' allowed as in [tables]; repeatable.",
+)
+@click.option(
+    "--chunk-rows",
+    type=click.IntRange(min=100),
+    default=None,
+    help="Rows per key range (default: [verify] chunk_rows, 100000).",
+)
+@click.option(
+    "--rounds",
+    type=click.IntRange(min=1),
+    default=3,
+    show_default=True,
+    help="Times a row must differ, each under a new snapshot, before it is reported.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option(
+    "--diff-out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write the differing rows to this file, one JSON object per line.",
+)
+@_exits_cleanly
+def verify(
+    config_path: Path | None,
+    patterns: tuple[str, ...],
+    chunk_rows: int | None,
+    rounds: int,
+    as_json: bool,
+    diff_out: Path | None,
+) -> int:
+    """Compare the target with the source, data and schema, while writes go on (Spark job).
+
+    Hashes key ranges inside both servers, narrows differing ranges down to
+    the rows that differ (by key, and what each side has), rechecks them in
+    later rounds so that rows still in flight are not reported, and compares
+    tables, columns, keys, indexes, constraints and sequences.
+
+    \b
+    Exit codes:
+      0  equal
+      1  differences found
+      2  bad configuration or usage, or the spark extra missing
+      3  the verify could not complete (a server, a query or Spark failed)
+    """
+    from .extras import require_spark
+
+    for p in patterns:
+        if p.count(".") != 1 or not all(p.split(".")):
+            raise click.BadParameter(f"{p!r}: expected schema.table", param_hint="--tables")
+    require_spark("verify")
+    from .verify import run_verify
+
+    return run_verify(
+        _load(config_path, "warning"),
+        tables=list(patterns) or None,
+        chunk_rows=chunk_rows,
+        rounds=rounds,
+        as_json=as_json,
+        diff_out=diff_out,
+    )
+
+
 @cli.command("sync-sequences")
 @config_option
 @_exits_cleanly
