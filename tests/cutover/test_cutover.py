@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from conftest import Pair
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "apply"))
@@ -132,3 +133,20 @@ def test_cutover_in_process_timeout(pair: Pair) -> None:
         blocker.execute("ROLLBACK")
     rc, rep, err = _cutover(cfg)
     _assert_caught_up(pair, rc, rep, err)
+
+
+@pytest.mark.spark
+def test_cutover_verify_equal_then_different(pair: Pair) -> None:
+    _, runner = _setup(pair)
+    cfg = pair.write_config(bootstrap={"spark_master": "local[1]"})
+    runner.start().ready()
+    _write(pair, 20)
+    rc, rep, err = _cutover(cfg, "--verify", timeout=300)
+    _assert_caught_up(pair, rc, rep, err)
+    assert rep["verify"] == "equal", rep
+    pair.sub_exec("UPDATE t SET v = 'changed on the target' WHERE id = 3")
+    rc, rep, err = _cutover(cfg, "--verify", timeout=300)
+    assert rc == 1, (rep, err[-3000:])
+    assert rep["caught_up"] is True and rep["verify"].startswith("differences"), rep
+    assert any("do not switch" in s for s in rep["next_steps"]), rep
+    assert runner.stop() == 0
