@@ -121,6 +121,9 @@ def _cutover(cfg: Config, rep: Report, timeout: float, verify: bool) -> None:
             "; ".join(st.errors) or "a server is unreachable",
             hint="check [source]/[target] dsn and that both servers are up; rerun cutover",
         )
+    if st.slot is None or st.slot.get("wal_status") == "lost":
+        # Applying in-process would create a fresh slot and "catch up" with nothing.
+        raise CutoverFailed(st.reason or "the slot is missing or lost", hint=st.hint)
     position = current_wal_lsn(cfg)
     rep.position = str(position)
     rep.lag_bytes_at_start = st.lag_bytes

@@ -150,3 +150,36 @@ def test_cutover_verify_equal_then_different(pair: Pair) -> None:
     assert rep["caught_up"] is True and rep["verify"].startswith("differences"), rep
     assert any("do not switch" in s for s in rep["next_steps"]), rep
     assert runner.stop() == 0
+
+
+def test_cutover_names_the_error_of_the_worker_it_waits_for(pair: Pair) -> None:
+    cfg, runner = _setup(pair)
+    runner.start().ready()
+    pair.sub_exec("INSERT INTO t VALUES (5, 'diverged')")
+    with pair.sub_conn() as blocker:
+        blocker.execute("BEGIN")
+        blocker.execute("LOCK TABLE t IN ACCESS EXCLUSIVE MODE")  # holds the worker back
+        _write(pair, 10)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "applier.cli", "cutover", "--config", str(cfg), "--json"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        )  # fmt: skip
+        time.sleep(3)  # the cutover found the worker running and waits for it
+        blocker.execute("ROLLBACK")
+    out, err = proc.communicate(timeout=60)
+    assert runner.wait(30) == 3  # the duplicate key stopped it
+    assert proc.returncode == 3, (out, err[-3000:])
+    rep = json.loads(out)
+    assert rep["mode"] == "waited for the running worker", rep
+    assert "the worker stopped on an error" in rep["error"], rep
+    assert "23505" in rep["error"] and "public.t" in rep["error"], rep
+
+
+def test_cutover_refuses_without_the_slot(pair: Pair) -> None:
+    pair.both("CREATE TABLE t (id serial PRIMARY KEY, v text)")
+    pair.pub_exec("CREATE PUBLICATION pub FOR ALL TABLES")
+    rc, rep, err = _cutover(pair.write_config())
+    assert rc == 3, (rep, err[-3000:])
+    assert "does not exist" in rep["error"], rep
+    # It created nothing: no slot appeared.
+    assert not pair.pub_exec(f"SELECT 1 FROM pg_replication_slots WHERE slot_name = '{pair.slot}'")
