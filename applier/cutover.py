@@ -7,6 +7,8 @@ Steps
    current WAL position X (``pg_current_wal_lsn()``), the slot, the origin's
    progress, the worker's row; the lag at start in bytes (X - the slot's
    ``confirmed_flush_lsn``) and seconds (as ``applier status`` derives it).
+   A missing or lost slot ends it here (exit 3): applying in-process would
+   create a fresh slot and report a catch-up that is none.
 2. Get the target to X:
 
    * **A worker runs** (the slot is active, or the worker's heartbeat is
@@ -50,7 +52,7 @@ from typing import Any, TextIO
 import psycopg
 
 from .config import Config
-from .errors import ApplierError, PermanentError
+from .errors import EXIT_USAGE, ApplierError, ConfigError, PermanentError
 from .health import HEALTHY
 from .lsn import Lsn
 
@@ -98,7 +100,7 @@ def run_cutover(
     try:
         _cutover(cfg, rep, timeout, verify)
     except ApplierError as e:
-        rep.code = EXIT_INCOMPLETE
+        rep.code = EXIT_USAGE if isinstance(e, ConfigError) else EXIT_INCOMPLETE
         rep.error = str(e)
         rep.hint = e.hint
     rep.next_steps = _next_steps(cfg, rep)
@@ -228,6 +230,8 @@ def _apply_in_process(cfg: Config, position: Lsn, deadline: float) -> None:
         restore()
     if failure:
         e = failure[0]
+        if isinstance(e, ConfigError):
+            raise e  # exit 2, as `applier run` would
         if isinstance(e, ApplierError):
             raise CutoverFailed(
                 f"applying up to {position} failed: {e}",
@@ -312,7 +316,7 @@ def _verify(cfg: Config) -> tuple[int, str]:
 
 
 def _next_steps(cfg: Config, rep: Report) -> list[str]:
-    if rep.code == EXIT_INCOMPLETE:
+    if rep.code in (EXIT_INCOMPLETE, EXIT_USAGE):
         return [
             "do not switch yet: the target is not known to have everything",
             "keep writes on the source stopped (or resume them: nothing has changed there), "
@@ -345,7 +349,12 @@ def _next_steps(cfg: Config, rep: Report) -> list[str]:
 
 
 def _render(rep: Report, out: TextIO) -> None:
-    verdict = {0: "caught up", 1: "caught up, but the target differs", 3: "NOT caught up"}
+    verdict = {
+        0: "caught up",
+        1: "caught up, but the target differs",
+        2: "NOT caught up (configuration)",
+        3: "NOT caught up",
+    }
     rows: list[tuple[str, str]] = [
         ("result", verdict.get(rep.code, str(rep.code))),
         ("source position", rep.position or "-"),
