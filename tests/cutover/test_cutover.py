@@ -99,6 +99,7 @@ def test_cutover_names_the_error_the_worker_stopped_on(pair: Pair) -> None:
     assert any("do not switch yet" in s for s in rep["next_steps"]), rep
 
 
+@pytest.mark.parametrize("pair", ["15-18"], indirect=True)  # not version-specific
 def test_cutover_timeout_while_the_worker_is_blocked(pair: Pair) -> None:
     cfg, runner = _setup(pair)
     runner.start().ready()
@@ -118,6 +119,7 @@ def test_cutover_timeout_while_the_worker_is_blocked(pair: Pair) -> None:
     assert runner.stop() == 0
 
 
+@pytest.mark.parametrize("pair", ["15-18"], indirect=True)  # not version-specific
 def test_cutover_in_process_timeout(pair: Pair) -> None:
     cfg, _ = _setup(pair)
     with pair.sub_conn() as blocker:
@@ -136,6 +138,7 @@ def test_cutover_in_process_timeout(pair: Pair) -> None:
 
 
 @pytest.mark.spark
+@pytest.mark.parametrize("pair", ["15-18"], indirect=True)  # not version-specific
 def test_cutover_verify_equal_then_different(pair: Pair) -> None:
     _, runner = _setup(pair)
     cfg = pair.write_config(bootstrap={"spark_master": "local[1]"})
@@ -152,6 +155,7 @@ def test_cutover_verify_equal_then_different(pair: Pair) -> None:
     assert runner.stop() == 0
 
 
+@pytest.mark.parametrize("pair", ["15-18"], indirect=True)  # not version-specific
 def test_cutover_names_the_error_of_the_worker_it_waits_for(pair: Pair) -> None:
     cfg, runner = _setup(pair)
     runner.start().ready()
@@ -175,6 +179,7 @@ def test_cutover_names_the_error_of_the_worker_it_waits_for(pair: Pair) -> None:
     assert "23505" in rep["error"] and "public.t" in rep["error"], rep
 
 
+@pytest.mark.parametrize("pair", ["15-18"], indirect=True)  # not version-specific
 def test_cutover_refuses_without_the_slot(pair: Pair) -> None:
     pair.both("CREATE TABLE t (id serial PRIMARY KEY, v text)")
     pair.pub_exec("CREATE PUBLICATION pub FOR ALL TABLES")

@@ -7,6 +7,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from conftest import Pair
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "apply"))
@@ -145,6 +146,7 @@ def test_group_commit_does_not_cross_the_position(pair: Pair) -> None:
     assert _num(origin_lsn(pair, pair.slot)) == ends[149]
 
 
+@pytest.mark.parametrize("pair", ["15-18"], indirect=True)  # not version-specific
 def test_until_options_exclude_each_other(pair: Pair) -> None:
     cfg = pair.write_config()
     rc, out, _ = _run(cfg, "--until-lsn", "0/1", "--until-caught-up")
