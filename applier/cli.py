@@ -100,8 +100,23 @@ def cli() -> None:
 @cli.command()
 @config_option
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default=None)
+@click.option(
+    "--until-lsn",
+    callback=_lsn,
+    default=None,
+    help="Apply every transaction whose commit ends at or before this LSN, none after "
+    "it; confirm it to the slot and exit 0.",
+)
+@click.option(
+    "--until-caught-up",
+    is_flag=True,
+    help="As --until-lsn with the source's current WAL position (pg_current_wal_lsn() "
+    "when the command starts).",
+)
 @_exits_cleanly
-def run(config_path: Path | None, log_level: str | None) -> int:
+def run(
+    config_path: Path | None, log_level: str | None, until_lsn: Lsn | None, until_caught_up: bool
+) -> int:
     """Stream changes from the slot and apply them to the target until stopped.
 
     Progress is kept in a replication origin on the target, inside each
@@ -114,9 +129,13 @@ def run(config_path: Path | None, log_level: str | None) -> int:
     exists (it is created only for an origin without progress) and is a
     logical pgoutput slot of the source database.
 
+    With --until-lsn/--until-caught-up it stops on its own once the target
+    has every transaction whose commit record ends at or before the position
+    (and none after it), and that position is confirmed to the slot.
+
     \b
     Exit codes:
-      0  stopped by SIGTERM/SIGINT
+      0  stopped by SIGTERM/SIGINT, or the --until position reached
       1  a failure that may pass (target unreachable at start, a source
          refusal such as a missing publication); systemd restarts it.
          Connection losses while running are retried in-process.
@@ -131,7 +150,14 @@ def run(config_path: Path | None, log_level: str | None) -> int:
 
     # systemd's watchdog kills a hung worker with SIGABRT: say where it hung.
     faulthandler.enable()
-    return run_worker(_load(config_path, log_level), log_level)
+    if until_lsn is not None and until_caught_up:
+        raise click.UsageError("--until-lsn and --until-caught-up exclude each other")
+    cfg = _load(config_path, log_level)
+    if until_caught_up:
+        from .apply.until import current_wal_lsn
+
+        until_lsn = current_wal_lsn(cfg)
+    return run_worker(cfg, log_level, until=until_lsn)
 
 
 @cli.command()
@@ -468,6 +494,76 @@ def skip_dump(config_path: Path | None, xid: int | None, lsn: Lsn | None, fmt: s
     return 0
 
 
+@cli.command()
+@config_option
+@click.option(
+    "--tables",
+    "patterns",
+    metavar="PATTERN",
+    multiple=True,
+    help="Only these tables: schema.table, '*' allowed as in [tables]; repeatable.",
+)
+@click.option(
+    "--chunk-rows",
+    type=click.IntRange(min=100),
+    default=None,
+    help="Rows per key range (default: [verify] chunk_rows, 100000).",
+)
+@click.option(
+    "--rounds",
+    type=click.IntRange(min=1),
+    default=3,
+    show_default=True,
+    help="Times a row must differ, each under a new snapshot, before it is reported.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option(
+    "--diff-out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write the differing rows to this file, one JSON object per line.",
+)
+@_exits_cleanly
+def verify(
+    config_path: Path | None,
+    patterns: tuple[str, ...],
+    chunk_rows: int | None,
+    rounds: int,
+    as_json: bool,
+    diff_out: Path | None,
+) -> int:
+    """Compare the target with the source, data and schema, while writes go on (Spark job).
+
+    Hashes key ranges inside both servers, narrows differing ranges down to
+    the rows that differ (by key, and what each side has), rechecks them in
+    later rounds so that rows still in flight are not reported, and compares
+    tables, columns, keys, indexes, constraints and sequences.
+
+    \b
+    Exit codes:
+      0  equal
+      1  differences found
+      2  bad configuration or usage, or the spark extra missing
+      3  the verify could not complete (a server, a query or Spark failed)
+    """
+    from .extras import require_spark
+
+    for p in patterns:
+        if p.count(".") != 1 or not all(p.split(".")):
+            raise click.BadParameter(f"{p!r}: expected schema.table", param_hint="--tables")
+    require_spark("verify")
+    from .verify import run_verify
+
+    return run_verify(
+        _load(config_path, "warning"),
+        tables=list(patterns) or None,
+        chunk_rows=chunk_rows,
+        rounds=rounds,
+        as_json=as_json,
+        diff_out=diff_out,
+    )
+
+
 @cli.command("sync-sequences")
 @config_option
 @_exits_cleanly
@@ -476,6 +572,41 @@ def sync_sequences(config_path: Path | None) -> int:
     from .bootstrap.sequences import sync_sequences as run
 
     return run(_load(config_path))
+
+
+@cli.command()
+@config_option
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0),
+    default=600.0,
+    show_default=True,
+    help="Seconds to wait for the target to catch up before giving up (exit 3).",
+)
+@click.option("--verify", is_flag=True, help="Then compare the tables (one round of verify).")
+@click.option("--json", "as_json", is_flag=True, help="The report as one JSON object.")
+@_exits_cleanly
+def cutover(config_path: Path | None, timeout: float, verify: bool, as_json: bool) -> int:
+    """Switch to the target, once writes on the source are stopped: catch up, sync sequences.
+
+    Reads the source's current WAL position; waits until the running worker
+    has confirmed it, or (no worker running) applies up to it in-process as
+    `applier run --until-caught-up` does; copies the sequences' values;
+    with --verify compares the tables once. Prints the lag at start, the
+    time to catch up, the sequences set, the verify result, and what to do
+    next (point the application at the target; how to roll back).
+
+    \b
+    Exit codes:
+      0  caught up (and equal, with --verify): switch now
+      1  caught up, but --verify found differences
+      2  bad configuration or usage
+      3  could not complete: timeout, the worker stopped on an error, a
+         server refused or is unreachable (the report says which)
+    """
+    from .cutover import run_cutover
+
+    return run_cutover(_load(config_path), timeout=timeout, verify=verify, as_json=as_json)
 
 
 @cli.command()

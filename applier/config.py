@@ -5,7 +5,8 @@ so ``applier run --config F`` fails before touching either database. The
 sections mirror the product: ``[source]`` and ``[target]`` connections,
 ``[tables]`` include/exclude patterns, ``[apply]`` for the worker,
 ``[bootstrap]`` for the Spark copy, ``[logging]``, ``[status]`` for the health
-thresholds of ``applier status``, ``[metrics]`` for the Prometheus endpoint.
+thresholds of ``applier status``, ``[metrics]`` for the Prometheus endpoint,
+``[verify]`` for the load of ``applier verify``.
 
 Every key may also come from an ``APPLIER_*`` environment variable, which
 wins over the file (:mod:`applier.configenv`).
@@ -366,6 +367,23 @@ class MetricsConfig(_Section):
         return None if self.listen is None else parse_listen(self.listen)
 
 
+class VerifyConfig(_Section):
+    """``[verify]``: the load ``applier verify`` may put on both servers (applier.verify)."""
+
+    #: Spark tasks hashing ranges at once (each holds one connection per server);
+    #: None: as many as Spark runs at once (its task slots).
+    parallelism: int | None = Field(default=None, ge=1)
+    #: Rows per key range of the first pass (the --chunk-rows default).
+    chunk_rows: int = Field(default=100_000, ge=100)
+    #: A differing range is split until it holds at most this many rows, then
+    #: its rows (key, row hash) are fetched from both sides and compared.
+    fetch_rows: int = Field(default=2000, ge=10)
+    #: statement_timeout (and lock_timeout) of every verify query, seconds; 0 = none.
+    statement_timeout: float = Field(default=600.0, ge=0)
+    #: Seconds a range waits for the target to apply up to its source snapshot.
+    catchup_timeout: float = Field(default=60.0, ge=0)
+
+
 class Config(_Section):
     source: SourceConfig
     target: TargetConfig
@@ -376,6 +394,7 @@ class Config(_Section):
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     status: StatusConfig = Field(default_factory=StatusConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    verify: VerifyConfig = Field(default_factory=VerifyConfig)
     path: Path | None = Field(default=None, exclude=True)
 
     @model_validator(mode="after")

@@ -18,7 +18,8 @@ at the current position and with no snapshot), and streams from the origin's
 progress (or the slot's confirmed position when the origin has none). Every
 message goes through :meth:`Applier.dispatch`: a table maps each message kind
 to its handler and to the session states in which it may arrive; anything
-else is a :class:`ProtocolError`.
+else is a :class:`ProtocolError`. With ``run --until-lsn``/``--until-caught-up``
+:mod:`applier.apply.until` admits the messages and says when to stop (exit 0).
 
 Restart and idempotence
 =======================
@@ -121,6 +122,7 @@ from .spool import SpoolSet, check_spool_dir, default_spool_dir
 from .state import WorkerState
 from .tally import Tally, count_fault
 from .targetconn import client_keepalives, close_quietly
+from .until import Until
 
 log = logging.getLogger("applier.apply")
 
@@ -189,6 +191,8 @@ class Worker:
         self.apply_errors = 0
         #: time.time() when everything received was last applied and confirmed.
         self.caught_up_at = 0.0
+        #: ``run --until-lsn``/``--until-caught-up``: stop there (applier.apply.until).
+        self.until: Until | None = None
 
     def _sleep(self, seconds: float) -> None:
         """The backoff: alive (watchdog fed, SIGHUP served) and stoppable."""
@@ -500,6 +504,8 @@ class Worker:
             else:
                 applier.session.settle()  # idle: let the commits in flight be confirmed
             self._confirm(stream, applier, catalog_conn)
+            if self.until is not None and self.until.finished(stream, applier):
+                break
             if stream.last_received and stream.confirmed >= stream.last_received:
                 self.caught_up_at = time.time()  # applier.metrics: lag_seconds
             now = time.monotonic()
@@ -516,7 +522,8 @@ class Worker:
             beat.tick(now)
 
     def _dispatch(self, batch: list[tuple[Lsn, Any]], dispatch: Callable[[Lsn, Any], None]) -> None:
-        for lsn, msg in batch:
+        until = self.until
+        for lsn, msg in batch if until is None else until.admit(batch, self.applier):
             dispatch(lsn, msg)
             if self.stopping:
                 break
@@ -541,8 +548,11 @@ class Worker:
             # Only between fully processed batches: on the way out (stop, error) the
             # last received position may lie inside a transaction we did not apply.
             idle = not final and applier.state is IDLE and not applier.session.in_txn
-            if idle and not flush.pending and stream.last_received > position:
-                position = stream.last_received
+            received = stream.last_received
+            if self.until is not None:
+                received = self.until.confirmable(received)  # never past the position
+            if idle and not flush.pending and received > position:
+                position = received
             stream.confirm(position)
             if final:
                 stream.send_status()
@@ -552,9 +562,11 @@ class Worker:
             log.debug("last status update failed: %s", e)
 
 
-def run_worker(cfg: Config, log_level: str | None = None) -> int:
-    """``applier run``: apply until SIGTERM/SIGINT (exit 0) or an apply error (raised)."""
+def run_worker(cfg: Config, log_level: str | None = None, until: Lsn | None = None) -> int:
+    """``applier run``: apply until SIGTERM/SIGINT (exit 0) or an apply error (raised);
+    with ``until``, until every transaction ending at or before it is applied (exit 0)."""
     worker = Worker(cfg, log_level)
+    worker.until = None if until is None else Until(until)
     if cfg.metrics.listen is not None:
         from applier.metrics import serve  # prometheus_client only when asked for
 

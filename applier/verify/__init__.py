@@ -1,0 +1,116 @@
+"""``applier verify``: is the target really equal to the source, while writes go on?
+
+* :mod:`.schema`: tables, columns, keys, indexes, constraints, sequences.
+* :mod:`.ranges`: the tables, their keys, the key ranges.
+* :mod:`.hashing`: the in-server range hashes and the snapshot discipline
+  (a source range under a snapshot of known WAL position, the target range
+  once it applied up to there).
+* :mod:`.job`: round 1 as a Spark job (same Spark settings as the bootstrap),
+  narrowing differing ranges down to rows, rounds 2..N rechecking them.
+* :mod:`.report`: rich / ``--json`` / ``--diff-out`` output.
+
+Exit codes: 0 equal, 1 differences found, 2 usage or configuration, 3 the
+verify could not complete (a server unreachable, a query failed or timed
+out, Spark failed).
+
+Everything heavy (pyspark, psycopg queries) is imported inside
+:func:`run_verify`, which ``applier cutover --verify`` calls too.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..config import Config
+
+log = logging.getLogger(__name__)
+
+#: Exit codes of ``applier verify``.
+EXIT_EQUAL = 0
+EXIT_DIFFERENT = 1
+
+
+def run_verify(
+    cfg: Config,
+    *,
+    tables: list[str] | None = None,
+    chunk_rows: int | None = None,
+    rounds: int = 3,
+    as_json: bool = False,
+    diff_out: Path | None = None,
+    quiet: bool = False,
+) -> int:
+    """Compare source and target; print the report; 0 equal, 1 differences.
+
+    Raises :class:`~applier.errors.ConfigError` (exit 2) for bad input and
+    :class:`.hashing.VerifyError` (exit 3) when the comparison could not
+    complete. ``quiet``: no rich output (``--json`` and ``diff_out`` still
+    written).
+    """
+    from ..errors import ApplierError, ConfigError
+    from .hashing import VerifyError
+    from .job import verify
+    from .report import print_json, print_rich, write_diff_lines
+
+    if rounds < 1:
+        raise ConfigError("--rounds must be at least 1")
+    if chunk_rows is not None and chunk_rows < 100:
+        raise ConfigError("--chunk-rows must be at least 100")
+    spark = _Spark(cfg)
+    try:
+        report = verify(
+            cfg,
+            spark.context,
+            patterns=tables or None,
+            chunk_rows=chunk_rows or cfg.verify.chunk_rows,
+            rounds=rounds,
+        )
+    except ConfigError:
+        raise
+    except VerifyError:
+        raise
+    except ApplierError as e:
+        raise VerifyError(f"verify could not complete: {e.message}", hint=e.hint) from None
+    except Exception as e:  # psycopg errors of a query (timeout, privileges)
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise VerifyError(
+            f"verify could not complete: {first}",
+            hint="check the error; [verify] statement_timeout bounds every query",
+        ) from None
+    finally:
+        spark.stop()
+    if diff_out is not None:
+        write_diff_lines(report, diff_out)
+    if as_json:
+        print_json(report)
+    elif not quiet:
+        print_rich(report)
+    return EXIT_EQUAL if report.equal else EXIT_DIFFERENT
+
+
+class _Spark:
+    """The bootstrap's SparkContext, started only if some table has ranges to hash."""
+
+    def __init__(self, cfg: Config) -> None:
+        self._cfg = cfg
+        self._sc: Any = None
+
+    def context(self) -> Any:
+        if self._sc is None:
+            from ..bootstrap.job import _spark
+
+            self._sc = _spark(self._cfg)
+        return self._sc
+
+    def stop(self) -> None:
+        if self._sc is not None:
+            from ..bootstrap.job import _stop_spark
+
+            _stop_spark(self._sc)
+            self._sc = None
+
+
+__all__ = ["run_verify"]

@@ -1,0 +1,224 @@
+"""The hashes ``applier verify`` computes inside the servers, and its snapshots.
+
+Row text
+--------
+A row is hashed as ``md5(ROW(c1, c2, ...)::text)``: the columns listed *by
+name* (the target may order them differently), the row in the record's
+output form, which prints each column with its type's output function (as
+COPY does; cheaper than a ``::text`` cast per column), a NULL as an empty
+field, an empty string as ``""`` (and any value with blanks, commas, quotes
+or parentheses quoted), so that NULL, ``''`` and ``'NULL'`` never hash alike.
+The text forms depend on session settings, so every verify session pins
+those of the bootstrap and the stream
+(:data:`applier.bootstrap.sessions.FORMAT_SETTINGS`: UTF8, DateStyle ISO,
+IntervalStyle postgres, extra_float_digits 3, TimeZone UTC): the same
+values print the same on PostgreSQL 15 and 18.
+
+Range hash
+----------
+``count(*)`` and ``sum(first 64 bits of each row's md5 as a bigint)``. A sum
+does not depend on the order the rows are read in, so a range is one scan
+(an index range scan or a sequential one, whatever the planner likes), with
+no sort, no ``string_agg`` of the whole range in memory, and it runs in
+parallel pieces. ``sum(bigint)`` accumulates in 128 bits (exact, no
+overflow), and unlike XOR it does not cancel duplicated rows, which matters
+for tables without a key. Two ranges that differ hash alike only if their
+64-bit sums collide: about 2^-64.
+
+Snapshots and WAL positions
+---------------------------
+A source range is hashed in its own ``REPEATABLE READ READ ONLY``
+transaction whose first statement reads ``pg_current_wal_lsn()``: the
+snapshot is taken when that statement starts, and the position is read just
+after it, so every transaction the snapshot sees committed before that
+position. The race: a transaction can commit between the two, so the
+position may cover a few commits the snapshot does not see. The target,
+compared once it has applied everything up to the position, may then hold
+rows newer than the snapshot's: a false difference, never a missed one
+(equal ranges stay equal). Such a range is simply rechecked in the next
+round, under a new snapshot, and reported only if it differs every time.
+The transaction ends right after the one range: the source never holds a
+snapshot longer than one range needs (vacuum is not held back).
+
+"Applied up to the position" is the target's replication origin progress
+(``pg_replication_origin_progress``) at or past it, or the slot's
+``confirmed_flush_lsn`` at or past it (an idle source moves only the latter:
+a caught-up worker confirms the stream's position without applying
+anything). The wait is bounded by ``[verify] catchup_timeout``; a range
+still behind is hashed anyway and is then likely rechecked.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from ..apply.targetconn import pin
+from ..bootstrap.sessions import FORMAT_SETTINGS
+from ..config import redact_dsn
+from ..errors import PermanentError
+from ..lsn import Lsn
+from .ranges import Bound, KeyRange, VTable, key_text, range_where, relation
+
+Conn = psycopg.Connection[Any]
+
+
+class VerifyError(PermanentError):
+    """``applier verify`` could not complete (exit 3)."""
+
+
+def connect(conninfo: str, side: str, statement_timeout: float) -> Conn:
+    """An autocommit session with the pinned formats and the verify's own timeouts."""
+    try:
+        conn = psycopg.connect(conninfo, autocommit=True, application_name="applier-verify")
+    except psycopg.OperationalError as e:
+        first = str(e).strip().splitlines()[-1] if str(e).strip() else "connection failed"
+        raise VerifyError(
+            f"cannot connect to the {side} ({redact_dsn(conninfo)}): {first}",
+            hint=f"check [{side}] dsn and that the server is up",
+        ) from None
+    ms = str(int(statement_timeout * 1000))
+    settings = [
+        *FORMAT_SETTINGS,
+        ("statement_timeout", ms),
+        ("lock_timeout", ms),
+        ("idle_in_transaction_session_timeout", "0"),
+        ("default_transaction_isolation", "read committed"),
+    ]
+    pin(conn, settings)
+    return conn
+
+
+def row_text(t: VTable) -> sql.Composable:
+    return sql.SQL("ROW({})::text").format(sql.SQL(", ").join(sql.Identifier(c) for c in t.columns))
+
+
+@dataclass(frozen=True)
+class RangeHash:
+    rows: int
+    digest: str  # the sum, as text
+
+
+def hash_query(t: VTable, side: str, rng: KeyRange) -> tuple[sql.Composed, list[Any]]:
+    where, params = range_where(t, rng)
+    q = sql.SQL(
+        "SELECT count(*), coalesce(sum(('x' || substr(md5({rt}), 1, 16))::bit(64)::bigint), 0)"
+        "::text FROM {rel} WHERE {where}"
+    ).format(rt=row_text(t), rel=relation(t, side), where=where)
+    return q, params
+
+
+def rows_query(
+    t: VTable, side: str, where: sql.Composable, params: list[Any]
+) -> tuple[sql.Composed, list[Any]]:
+    """Key texts, row hash and the row as jsonb (keyed); row hash, count, one row (no key)."""
+    cols = sql.SQL(", ").join(sql.Identifier(c) for c in t.columns)
+    inner = sql.SQL("SELECT {} FROM {} WHERE {}").format(cols, relation(t, side), where)
+    if t.key:
+        q = sql.SQL("SELECT ARRAY[{kt}], md5({rt}), to_jsonb(x) FROM ({inner}) x").format(
+            kt=key_text(t), rt=row_text(t), inner=inner
+        )
+    else:
+        q = sql.SQL(
+            "SELECT md5({rt}) AS h, count(*), min(to_jsonb(x)::text)::jsonb FROM ({inner}) x "
+            "GROUP BY 1"
+        ).format(rt=row_text(t), inner=inner)
+    return q, params
+
+
+def keys_where(t: VTable, keys: list[Bound]) -> tuple[sql.Composable, list[Any]]:
+    """The rows of these keys (or, without a key, of these row hashes)."""
+    if not t.key:
+        cond = sql.SQL("md5({}) = ANY(%s::text[])").format(row_text(t))
+        if t.row_filter:
+            cond = sql.SQL("{} AND ({})").format(cond, sql.SQL(t.row_filter))
+        return cond, [[k[0] for k in keys]]
+    arrays = sql.SQL(", ").join(
+        sql.SQL("%s::text[]::{}[]").format(sql.SQL(ty)) for ty in t.key_types
+    )
+    cond = sql.SQL("ROW({}) IN (SELECT * FROM unnest({}))").format(
+        sql.SQL(", ").join(sql.Identifier(k) for k in t.key), arrays
+    )
+    params: list[Any] = [[k[i] for k in keys] for i in range(len(t.key))]
+    if t.row_filter:
+        cond = sql.SQL("{} AND ({})").format(cond, sql.SQL(t.row_filter))
+    return cond, params
+
+
+@dataclass
+class Catchup:
+    """How a task waits for the target to apply up to a source position."""
+
+    origin: str
+    slot: str
+    wait: bool  # False: no worker streams (nothing would move): compare as is
+    timeout: float
+
+
+class Sides:
+    """One source and one target session, and the snapshot discipline around them."""
+
+    def __init__(self, src_dsn: str, tgt_dsn: str, catchup: Catchup, timeout: float) -> None:
+        self.src = connect(src_dsn, "source", timeout)
+        self.tgt = connect(tgt_dsn, "target", timeout)
+        self.catchup = catchup
+        self.lagging = 0  # waits that ran out
+
+    def close(self) -> None:
+        self.src.close()
+        self.tgt.close()
+
+    def both(
+        self, q_src: sql.Composed, q_tgt: sql.Composed, params: list[Any]
+    ) -> tuple[list[Any], list[Any]]:
+        """A query on the source under a fresh snapshot, then on the target once caught up."""
+        self.src.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        try:
+            row = self.src.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+            assert row is not None
+            src_rows = self.src.execute(q_src, params).fetchall()
+        finally:
+            self.src.execute("COMMIT")
+        self._wait_for(Lsn.parse(row[0]))
+        return src_rows, self.tgt.execute(q_tgt, params).fetchall()
+
+    def hashes(self, t: VTable, rng: KeyRange) -> tuple[RangeHash, RangeHash]:
+        """The range's hash on each side."""
+        q_s, params = hash_query(t, "source", rng)
+        q_t, _ = hash_query(t, "target", rng)
+        s, d = self.both(q_s, q_t, params)
+        return RangeHash(int(s[0][0]), s[0][1]), RangeHash(int(d[0][0]), d[0][1])
+
+    def rows(
+        self, t: VTable, where: sql.Composable, params: list[Any]
+    ) -> tuple[list[Any], list[Any]]:
+        """The rows under ``where`` on each side (see :func:`rows_query`)."""
+        q_s, _ = rows_query(t, "source", where, params)
+        q_t, _ = rows_query(t, "target", where, params)
+        return self.both(q_s, q_t, params)
+
+    def _wait_for(self, lsn: Lsn) -> None:
+        c = self.catchup
+        if not c.wait:
+            return
+        deadline = time.monotonic() + c.timeout
+        while True:
+            row = self.tgt.execute(
+                "SELECT pg_replication_origin_progress(%s, true)::text", (c.origin,)
+            ).fetchone()
+            if row and row[0] and Lsn.parse(row[0]) >= lsn:
+                return
+            row = self.src.execute(
+                "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
+                (c.slot,),
+            ).fetchone()
+            if row and row[0] and Lsn.parse(row[0]) >= lsn:
+                return
+            if time.monotonic() >= deadline:
+                self.lagging += 1
+                return
+            time.sleep(0.02)

@@ -1,0 +1,245 @@
+"""The tables ``applier verify`` compares, and the key ranges it cuts them into.
+
+A table's *key* is its primary key, else its replica-identity index: the
+columns the apply engine finds rows by, so a row is the same row on both
+sides exactly when its key is. ctids are never used (they differ between
+the two clusters). A table with neither (``REPLICA IDENTITY FULL`` or
+none) has no key and is compared whole, as a multiset of row hashes.
+
+Ranges are half-open intervals of the key, ``lo <= key < hi`` compared as a
+row (``ROW(k1, k2) >= ROW(...)``, which a btree index on the key answers),
+the first open below and the last open above, so that together they cover
+every key either side may hold. Bounds are the key's text forms, taken from
+the source and cast back to the key's types in each query.
+
+The first cut comes from a cheap sample: ``TABLESAMPLE SYSTEM`` reads a few
+pages, whose sorted keys give the quantiles (a range is then about
+``chunk_rows`` rows; a skewed sample only makes ranges uneven, never misses
+a row). A range that differs is cut again by walking its own keys
+(``row_number() % step``, an index-only scan of that range alone).
+
+Keys compare under each server's collation: a text key whose collations
+sort differently on the two servers could put one row in different ranges
+on each side; the narrowing then fetches it on both sides anyway, but from
+two different ranges (reported as missing and extra). Keys of numbers,
+dates or uuids are not affected.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from ..bootstrap.plan import discover, quote_qual, target_columns
+
+Conn = psycopg.Connection[Any]
+Bound = tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class VTable:
+    """One table to compare: where it is on each side, its columns and key."""
+
+    src: tuple[str, str]
+    dst: tuple[str, str]
+    columns: tuple[str, ...]  # present on both sides, compared by name
+    key: tuple[str, ...]  # empty: no key, compared as a multiset
+    key_types: tuple[str, ...]  # the source's format_type() of each key column
+    row_filter: str | None = None  # the publication's row filter (on both sides)
+    only: bool = True  # ONLY: an inheritance child is a table of its own
+    est_rows: int = 0
+
+    @property
+    def name(self) -> str:
+        return f"{self.src[0]}.{self.src[1]}"
+
+
+@dataclass(frozen=True)
+class KeyRange:
+    """``lo <= key < hi``; None: unbounded on that side."""
+
+    lo: Bound | None = None
+    hi: Bound | None = None
+
+
+def key_columns(conn: Conn, schema: str, name: str) -> list[tuple[str, str]]:
+    """(column, type) of the primary key, else of the replica-identity index; [] if none."""
+    rows = conn.execute(
+        "SELECT a.attname, format_type(a.atttypid, a.atttypmod) "
+        "FROM pg_index i JOIN pg_class c ON c.oid = i.indrelid "
+        "CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY k(attnum, n) "
+        "JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum "
+        "WHERE i.indrelid = %s::regclass AND k.n <= i.indnkeyatts "
+        "  AND (i.indisprimary OR (c.relreplident = 'i' AND i.indisreplident)) "
+        "ORDER BY i.indisprimary DESC, i.indexrelid, k.n",
+        (quote_qual(schema, name),),
+    ).fetchall()
+    if not rows:
+        return []
+    # Two indexes can match (a PK and another replica-identity index): the first one's.
+    first: list[tuple[str, str]] = []
+    for attname, typ in rows:
+        if (attname, typ) in first:
+            break
+        first.append((attname, typ))
+    return first
+
+
+def _exists(conn: Conn, schema: str, name: str) -> bool:
+    row = conn.execute("SELECT to_regclass(%s)", (quote_qual(schema, name),)).fetchone()
+    return row is not None and row[0] is not None
+
+
+def tables_to_verify(src: Conn, tgt: Conn, cfg: Any, patterns: list[str] | None) -> list[VTable]:
+    """The published, included tables (narrowed by ``--tables`` patterns) that the target has.
+
+    A partition the target lacks while it has the partition tree's root
+    (the target is not partitioned alike) is compared at the root: the
+    source's whole tree against the target's table.
+    """
+    from ..config import table_matches
+
+    plan = discover(src, cfg)
+    out: dict[tuple[str, str], VTable] = {}
+    for t in plan.tables:
+        if patterns and not any(table_matches(p, t.schema, t.name) for p in patterns):
+            continue
+        src_rel, dst, only = (t.schema, t.name), (t.schema, t.name), True
+        if not _exists(tgt, *dst):
+            if t.root == dst or not _exists(tgt, *t.root):
+                continue  # the schema comparison reports the missing table
+            src_rel, dst, only = t.root, t.root, False
+        if dst in out:
+            continue
+        on_target = target_columns(tgt, *dst)
+        cols = tuple(c.name for c in t.columns if c.name in on_target)
+        key = key_columns(src, *src_rel)
+        if key and not all(k in cols for k, _ in key):
+            key = []  # a key column missing on the target: compare as a multiset
+        out[dst] = VTable(
+            src=src_rel,
+            dst=dst,
+            columns=cols,
+            key=tuple(k for k, _ in key),
+            key_types=tuple(ty for _, ty in key),
+            row_filter=t.row_filter,
+            only=only,
+            est_rows=t.est_rows,
+        )
+    return list(out.values())
+
+
+# -- SQL pieces -------------------------------------------------------------------------
+
+
+def relation(t: VTable, side: str) -> sql.Composable:
+    rel = t.src if side == "source" else t.dst
+    return sql.SQL("ONLY {}" if t.only else "{}").format(sql.Identifier(*rel))
+
+
+def _key_row(t: VTable) -> sql.Composable:
+    return sql.SQL("ROW({})").format(sql.SQL(", ").join(sql.Identifier(k) for k in t.key))
+
+
+def _bound_row(t: VTable) -> sql.Composable:
+    # format_type() output is catalog text, not user input.
+    return sql.SQL("ROW({})").format(
+        sql.SQL(", ").join(sql.SQL("%s::{}").format(sql.SQL(ty)) for ty in t.key_types)
+    )
+
+
+def range_where(t: VTable, rng: KeyRange) -> tuple[sql.Composable, list[Any]]:
+    """The WHERE condition of one range (and the row filter), with its parameters."""
+    parts: list[sql.Composable] = []
+    params: list[Any] = []
+    if rng.lo is not None:
+        parts.append(sql.SQL("{} >= {}").format(_key_row(t), _bound_row(t)))
+        params += rng.lo
+    if rng.hi is not None:
+        parts.append(sql.SQL("{} < {}").format(_key_row(t), _bound_row(t)))
+        params += rng.hi
+    if t.row_filter:
+        parts.append(sql.SQL("({})").format(sql.SQL(t.row_filter)))
+    if not parts:
+        return sql.SQL("true"), params
+    return sql.SQL(" AND ").join(parts), params
+
+
+def key_order(t: VTable, alias: str | None = None) -> sql.Composable:
+    return sql.SQL(", ").join(
+        sql.Identifier(alias, k) if alias else sql.Identifier(k) for k in t.key
+    )
+
+
+def key_text(t: VTable) -> sql.Composable:
+    return sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(k)) for k in t.key)
+
+
+# -- cutting ----------------------------------------------------------------------------
+
+
+def _row_count(conn: Conn, t: VTable) -> int:
+    where, params = range_where(t, KeyRange())
+    q = sql.SQL("SELECT count(*) FROM {} WHERE {}").format(relation(t, "source"), where)
+    row = conn.execute(q, params).fetchone()
+    return int(row[0]) if row else 0
+
+
+def first_ranges(conn: Conn, t: VTable, chunk_rows: int) -> list[KeyRange]:
+    """About ``rows / chunk_rows`` ranges, from a sample of the source's keys."""
+    if not t.key:
+        return [KeyRange()]
+    est = t.est_rows if t.est_rows > 0 else _row_count(conn, t)
+    n = math.ceil(est / chunk_rows)
+    if n <= 1:
+        return [KeyRange()]
+    want = n * 20  # keys sampled per range: the quantiles are then a fair cut
+    pct = min(100.0, 100.0 * want / max(est, 1))
+    rows = conn.execute(
+        # ORDER BY r.k: a bare k would name the text output column (text order).
+        sql.SQL("SELECT {} FROM {} AS r TABLESAMPLE SYSTEM (%s) ORDER BY {}").format(
+            key_text(t), relation(t, "source"), key_order(t, "r")
+        ),
+        (pct,),
+    ).fetchall()
+    return ranges_from_keys(t, [tuple(r) for r in rows], n)
+
+
+def ranges_from_keys(
+    t: VTable, keys: list[Bound], n: int, base: KeyRange = KeyRange()
+) -> list[KeyRange]:
+    """Cut ``base`` at ``n - 1`` of the sorted ``keys`` (evenly spaced, distinct)."""
+    if n <= 1 or len(keys) < 2:
+        return [base]
+    step = len(keys) / n
+    cuts: list[Bound] = []
+    for i in range(1, n):
+        k = keys[min(int(i * step), len(keys) - 1)]
+        if not cuts or cuts[-1] != k:
+            cuts.append(k)
+    if base.lo is not None and cuts and cuts[0] == base.lo:
+        cuts = cuts[1:]  # an empty first range
+    bounds: list[Bound | None] = [base.lo, *cuts, base.hi]
+    return [KeyRange(bounds[i], bounds[i + 1]) for i in range(len(bounds) - 1)]
+
+
+def split_range(
+    conn: Conn, t: VTable, rng: KeyRange, rows: int, parts: int, side: str
+) -> list[KeyRange]:
+    """Cut ``rng`` (of about ``rows`` rows on ``side``) into ``parts`` by walking its keys."""
+    step = max(1, rows // parts)
+    where, params = range_where(t, rng)
+    q = sql.SQL(
+        "SELECT {kt} FROM (SELECT {ko}, row_number() OVER (ORDER BY {ko}) AS applier_rn "
+        "FROM {rel} WHERE {where}) s "
+        "WHERE applier_rn %% %s = 1 AND applier_rn > 1 ORDER BY applier_rn"
+    ).format(kt=key_text(t), ko=key_order(t), rel=relation(t, side), where=where)
+    cuts = [tuple(r) for r in conn.execute(q, [*params, step]).fetchall()]
+    if not cuts:
+        return [rng]
+    bounds: list[Bound | None] = [rng.lo, *cuts, rng.hi]
+    return [KeyRange(bounds[i], bounds[i + 1]) for i in range(len(bounds) - 1)]

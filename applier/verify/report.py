@@ -1,0 +1,154 @@
+"""What ``applier verify`` found, and how it is shown.
+
+* A rich table per compared table (rows, ranges, differing rows, seconds,
+  and a note for tables compared as multisets), then the schema differences
+  and the differing rows (the first ones of each table).
+* ``--json``: ``{"equal": bool, "tables": [{"table": "schema.name", "rows": N,
+  "ranges": N, "keyed": bool, "seconds": S, "truncated": bool, "differences":
+  [{"key": {...} | null, "source": {...} | null, "target": {...} | null}, ...]}],
+  "schema": [{"kind", "table", "name", "problem", "source", "target"}, ...]}``.
+  A table without a key has ``"key": null`` and ``source_count`` /
+  ``target_count``: how often each side holds that row.
+* ``--diff-out FILE``: the differences as JSON lines, one row each, with its
+  ``table``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Diff:
+    """One row that differs: its key, and what each side has (None: no such row)."""
+
+    table: str
+    ident: tuple[str, ...]  # the key's texts (without a key: the row hash)
+    key: dict[str, Any] | None
+    source: dict[str, Any] | None
+    target: dict[str, Any] | None
+    source_count: int | None = None  # without a key: copies on each side
+    target_count: int | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"key": self.key, "source": self.source, "target": self.target}
+        if self.key is None:
+            out["source_count"] = self.source_count
+            out["target_count"] = self.target_count
+        return out
+
+
+@dataclass(frozen=True)
+class SchemaDiff:
+    kind: str  # table, column, primary key, index, constraint, sequence
+    table: str
+    name: str
+    problem: str
+    source: Any = None
+    target: Any = None
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "table": self.table,
+            "name": self.name,
+            "problem": self.problem,
+            "source": self.source,
+            "target": self.target,
+        }
+
+
+@dataclass
+class TableReport:
+    table: str
+    keyed: bool
+    rows: int = 0
+    ranges: int = 0
+    seconds: float = 0.0
+    truncated: bool = False
+    differences: list[Diff] = field(default_factory=list)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "table": self.table,
+            "rows": self.rows,
+            "ranges": self.ranges,
+            "keyed": self.keyed,
+            "seconds": round(self.seconds, 3),
+            "truncated": self.truncated,
+            "differences": [d.as_json() for d in self.differences],
+        }
+
+
+@dataclass
+class Report:
+    tables: list[TableReport]
+    schema: list[SchemaDiff]
+    rounds: int
+    seconds: float = 0.0
+    lagging: int = 0  # catch-up waits that ran out
+
+    @property
+    def equal(self) -> bool:
+        return not self.schema and not any(t.differences or t.truncated for t in self.tables)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "equal": self.equal,
+            "rounds": self.rounds,
+            "seconds": round(self.seconds, 3),
+            "tables": [t.as_json() for t in self.tables],
+            "schema": [s.as_json() for s in self.schema],
+        }
+
+
+def write_diff_lines(report: Report, path: Path) -> None:
+    with path.open("w") as f:
+        for t in report.tables:
+            for d in t.differences:
+                f.write(json.dumps({"table": t.table, **d.as_json()}, default=str) + "\n")
+
+
+def print_json(report: Report) -> None:
+    json.dump(report.as_json(), sys.stdout, default=str, indent=2)
+    sys.stdout.write("\n")
+
+
+#: Differing rows printed per table in the rich output (all are in --json / --diff-out).
+SHOWN = 20
+
+
+def print_rich(report: Report) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    grid = Table(title=f"applier verify ({report.rounds} round(s), {report.seconds:.1f} s)")
+    for col in ("table", "rows", "ranges", "differing rows", "seconds", "note"):
+        grid.add_column(col, justify="right" if col in ("rows", "ranges", "seconds") else "left")
+    for t in report.tables:
+        n = len(t.differences)
+        shown = f"[red]{n}{'+' if t.truncated else ''}[/red]" if n or t.truncated else "0"
+        note = "" if t.keyed else "no key: compared as a multiset"
+        grid.add_row(t.table, str(t.rows), str(t.ranges), shown, f"{t.seconds:.2f}", note)
+    console.print(grid)
+    for s in report.schema:
+        console.print(f"[red]schema[/red] {s.kind} {s.table} {s.name}: {s.problem}", markup=True)
+    for t in report.tables:
+        for d in t.differences[:SHOWN]:
+            where = d.key if d.key is not None else "(no key)"
+            console.print(f"{t.table} {where}: source={d.source} target={d.target}", markup=False)
+        if len(t.differences) > SHOWN:
+            console.print(
+                f"{t.table}: {len(t.differences) - SHOWN} more (use --json or --diff-out)"
+            )
+    if report.lagging:
+        console.print(
+            f"{report.lagging} range(s) were compared before the target caught up "
+            "([verify] catchup_timeout); their differences were rechecked"
+        )
+    console.print("[green]equal[/green]" if report.equal else "[red]differences found[/red]")
