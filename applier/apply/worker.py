@@ -119,6 +119,7 @@ from .session import TargetSession, connect, is_transient_sqlstate
 from .skiprules import REFRESH_INTERVAL, SkipRules
 from .spool import SpoolSet, check_spool_dir, default_spool_dir
 from .state import WorkerState
+from .tablesync import TableSyncs
 from .tally import Tally, count_fault
 from .targetconn import client_keepalives, close_quietly
 
@@ -182,6 +183,8 @@ class Worker:
         self.careful_until = Lsn(0)
         self.rules = SkipRules(cfg.origin)
         self._rules_read = 0.0
+        #: Tables sync-tables copies (applier.apply.tablesync).
+        self.syncs = TableSyncs(cfg)
         # Read by applier.metrics at scrape time (from its thread, never waited for).
         self.stream: Any = None
         self.tally = Tally()
@@ -338,6 +341,7 @@ class Worker:
             )
             progress = origin_progress(session.conn, cfg.origin)
             our_origin_id = self._prepare_conflicts(catalog_conn)
+            self.syncs.start(catalog_conn)
             repl = ReplicationConnection.open(source_conninfo(cfg), application_name="applier")
             try:
                 check_before_streaming(catalog_conn, repl, cfg, progress)
@@ -389,6 +393,7 @@ class Worker:
             )
             applier.applied_txns, applier.skipped_changes = self._applied, self._skipped
             applier.tally = self.tally
+            applier.syncs = self.syncs
             self.applier = applier
             try:
                 self._loop(stream, applier, catalog_conn)
@@ -507,6 +512,7 @@ class Worker:
             if now - self._rules_read >= REFRESH_INTERVAL:
                 self._rules_read = now
                 self.rules.load(catalog_conn)
+            self.syncs.tick(now, applier, stream)
             if not healthy and (
                 (applier.applied_txns > txns_at_start and stream.confirmed > start_lsn)
                 or now - started >= HEALTHY_AFTER
