@@ -147,6 +147,10 @@ class TableSyncs:
         self._load(conn)
         left = [n for n, (st, _) in self.states.items() if st == "handover"]
         if left:
+            log.info(
+                "a handover left by an earlier run: waiting for sync-tables before streaming",
+                extra={"ctx": {"tables": [f"{s}.{n}" for s, n in left]}},
+            )
             # A previous session paused at its position W and stopped; this one has
             # processed nothing yet, so W still bounds everything skipped: settle it.
             self._wait(conn, {n: self.states[n] for n in left})

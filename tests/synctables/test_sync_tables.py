@@ -1,0 +1,93 @@
+"""`applier sync-tables`: a table added to the publication while a writer writes to it and
+to other tables and `applier run` runs; crash-and-rerun at each state."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+from apply.applykit import Runner, wait_equal, wait_for
+from conftest import Pair
+from synckit import Writer, finish, setup, slots, state, sync_tables, wait_state
+
+pytestmark = pytest.mark.spark
+
+ROWS = 20_000
+
+
+def _started(pair: Pair) -> tuple[Runner, Writer, object]:
+    setup(pair, ROWS)
+    cfg = pair.write_config(apply={"status_interval": 1.0, "timeout": 20.0})
+    runner = Runner(pair, cfg).start().ready()
+    writer = Writer(pair, ROWS).start()
+    pair.pub_exec("ALTER PUBLICATION pub ADD TABLE t_new")
+    wait_for(lambda: "run `applier sync-tables" in runner.log(), 30, "the worker's warning")
+    return runner, writer, cfg
+
+
+def _assert_done(pair: Pair, runner: Runner, writer: Writer) -> None:
+    time.sleep(0.5)
+    writer.stop()
+    wait_equal(pair, ["a", "t_new"], timeout=60, runner=runner)
+    assert state(pair)[0] in ("syncdone", "ready")
+    assert [s for s in slots(pair) if s.startswith("applier_sync_")] == []
+    assert pair.sub_exec(
+        "SELECT count(*) FROM pg_replication_origin WHERE roname LIKE 'applier_sync_%'"
+    ) == [(0,)]
+    # The index came after the data, from the source's definition.
+    assert pair.sub_exec("SELECT count(*) FROM pg_indexes WHERE indexname = 't_new_n'") == [(1,)]
+    assert runner.stop() == 0
+
+
+@pytest.mark.parametrize("pair", ["15-15"], indirect=True)
+def test_added_table_copied_while_everything_streams(pair: Pair) -> None:
+    runner, writer, cfg = _started(pair)
+    proc = sync_tables(cfg)
+    # Other tables are applied while the table copies (never blocked by it).
+    wait_state(pair, {"copying"}, proc)
+    before = pair.sub_exec("SELECT sum(n) FROM a")[0][0]
+    wait_for(
+        lambda: pair.sub_exec("SELECT sum(n) FROM a")[0][0] > before, 30, "a to move on"
+    )
+    code, out = finish(proc)
+    assert code == 0, out
+    assert "handed over" in out
+    _assert_done(pair, runner, writer)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pair", ["15-15"], indirect=True)
+def test_killed_while_copying_then_rerun(pair: Pair) -> None:
+    runner, writer, cfg = _started(pair)
+    proc = sync_tables(cfg)
+    wait_state(pair, {"copying"}, proc)
+    time.sleep(1.0)  # into the copy
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(30)
+    code, out = finish(sync_tables(cfg))
+    assert code == 0, out
+    _assert_done(pair, runner, writer)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pair", ["15-15"], indirect=True)
+def test_killed_in_catchup_and_worker_killed_at_handover(pair: Pair) -> None:
+    runner, writer, cfg = _started(pair)
+    assert runner.stop() == 0  # no worker: sync-tables catches up and waits for one
+    proc = sync_tables(cfg, "--timeout", "60")
+    wait_state(pair, {"syncwait"}, proc)
+    time.sleep(1.0)  # the writer goes on: the catch-up applies it
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(30)
+    # The worker answers the syncwait, pauses at its position, and is killed there.
+    runner = Runner(pair, cfg, log_name="applier2.log").start().ready()
+    wait_state(pair, {"handover"}, timeout=30)
+    runner.kill()
+    # Both dead, the handover written. Rerun both: the worker settles the handover
+    # before streaming, sync-tables continues from its origin.
+    proc = sync_tables(cfg, "--timeout", "90")
+    runner = Runner(pair, cfg, log_name="applier3.log").start()
+    code, out = finish(proc)
+    assert code == 0, out
+    _assert_done(pair, runner, writer)
