@@ -28,9 +28,10 @@ covers and applies the others; in ``ready`` all.
 The steps, and why nothing is lost or doubled
 ---------------------------------------------
 1. **Copy** (``init``/``copying``, :mod:`.copy`). A permanent slot of the
-   table's own (``tag`` = origin + table, so a crash does not force a second
-   copy of a finished one... nor keep WAL past the end: it is dropped at the
-   end) is created with an exported snapshot at its consistent point ``L``;
+   table's own (named ``tag``, a hash of origin and table: a crash of
+   sync-tables after the copy resumes the catch-up from it instead of copying
+   again; dropped at the end) is created with an exported snapshot at its
+   consistent point ``L``;
    the table is created on the target from the source's definitions (the
    bootstrap's :mod:`applier.bootstrap.schema`) and copied under that snapshot
    by the bootstrap's Spark job (slices, a done-record per slice). The
@@ -93,8 +94,10 @@ them) that the target lacks and applier has no record of, and those whose row
 is not ``syncdone``/``ready`` (an unfinished run, or ``skipped``). A table the
 target has and applier knows is left alone. A row of a table no longer
 published or included is reported, its slot and origin dropped, and deleted.
-Only plain tables (no partitions or inheritance children of a published
-root): partitioned trees are refused with a hint to bootstrap.
+Plain tables, and new partitions of a partitioned table the target has
+(published with ``publish_via_partition_root = false``: the stream names the
+partition; pg_dump's pre-data creates and attaches it). A partition whose root
+the target lacks is refused with a hint to bootstrap.
 
 The worker decides for a table the target lacks (:mod:`applier.apply.tablesync`):
 applier knows it (a ``ready`` row; a table of the bootstrap's records;
@@ -105,8 +108,14 @@ changes are skipped with one warning, and a ``skipped`` row tells sync-tables.
 
 Known limits
 ------------
+* ``[apply] two_phase = true`` is refused: a transaction prepared before the
+  handover and committed after it would be prepared by one side (with or
+  without the table's changes) and committed by the other.
 * Tables are synced one after the other (each with its own Spark job).
-* Not for partitioned tables or inheritance trees (refused).
+* The worker does not feed systemd's watchdog during its pause (at most 10 s).
+* Not for new partitioned trees (refused), nor for a new partition of a
+  table published with ``publish_via_partition_root = true`` (the stream names
+  the root: the worker stops when the target lacks the partition, as before).
 * The worker's pause at the handover is bounded (10 s, a quarter of
   ``[apply] timeout``); on a loaded source where sync-tables needs longer to
   cover W, it keeps asking, and sync-tables ends with exit 1 after

@@ -62,6 +62,13 @@ def run_sync_tables(
     for p in patterns:
         if p.count(".") != 1:
             raise ConfigError(f"--tables {p!r}: expected schema.table, '*' allowed")
+    if cfg.apply.two_phase:
+        # A transaction prepared before the handover and committed after it would be
+        # prepared by one side and committed by the other (see the package docstring).
+        raise ConfigError(
+            "sync-tables does not support [apply] two_phase = true yet",
+            hint="copy the table with a new `applier bootstrap`, or run with two_phase off",
+        )
     with (
         connect(cfg.source.conninfo(), "source") as src,
         connect(cfg.target.conninfo(), "target") as tgt,
@@ -118,12 +125,14 @@ def _pick(
             continue
         if row is None and not ddl.missing_tables(tgt, [name]):
             continue  # on the target already and not ours to copy
-        if t.root != name or any(u.root == name and u is not t for u in plan.tables):
+        if t.root != name and ddl.missing_tables(tgt, [t.root]):
+            # A partition whose root the target lacks: the whole tree is new.
             raise BootstrapError(
-                f"table {t.qualname} is part of a partitioned tree: sync-tables copies "
-                "plain tables only",
+                f"table {t.qualname} is a partition of {t.root[0]}.{t.root[1]}, which the "
+                "target lacks: sync-tables copies plain tables and new partitions of "
+                "replicated partitioned tables",
                 table=t.qualname,
-                hint="copy it with `applier bootstrap` (a new bootstrap of the origin)",
+                hint="copy the tree with `applier bootstrap` (a new bootstrap of the origin)",
             )
         if "." in t.schema:
             raise BootstrapError(f"schema name {t.schema!r} has a dot: not supported")

@@ -13,6 +13,7 @@ from the snapshot. The post-data DDL, the origin ``tag`` and the state
 from __future__ import annotations
 
 import logging
+import re
 import time
 from typing import Any
 
@@ -113,6 +114,7 @@ def copy_table(
         )
         created = created_before or not present
         pre, post, seqs = _dump(cfg, src, name, info.snapshot_name, not present, created)
+        pre, attach = split_attach(pre)
         plan = SourcePlan(ddl_tables=[name], tables=[t])
         sc = spark.context()
         with tgt.transaction():
@@ -130,6 +132,8 @@ def copy_table(
         if post:
             _index_build_settings(tgt, cfg.bootstrap.maintenance_work_mem)
             ddl.run_script(tgt, post, f"indexes and constraints of {t.qualname}")
+        if attach:
+            ddl.run_script(tgt, attach, f"the attachment of partition {t.qualname}")
         set_values(tgt, seqs)
         if not tgt.execute(
             "SELECT 1 FROM pg_replication_origin WHERE roname = %s", (tag,)
@@ -137,6 +141,22 @@ def copy_table(
             tgt.execute("SELECT pg_replication_origin_create(%s)", (tag,))
         set_state(tgt, cfg.origin, name, "catchup")
     advance_origin(tgt, tag, lsn)
+
+
+_TABLE_ATTACH = re.compile(r"^ALTER TABLE ONLY .* ATTACH PARTITION .*;$")
+_INDEX_ATTACH = re.compile(r"^ALTER INDEX .* ATTACH PARTITION .*;$")
+
+
+def split_attach(pre: str) -> tuple[str, str]:
+    """A new partition of a table the target has: created alone, attached after its data
+    and indexes. ATTACH PARTITION then adopts its indexes that match the parent's
+    (pg_dump's ``ALTER INDEX ... ATTACH PARTITION`` lines are dropped: see _dump);
+    attached first, the parent's indexes would be built on it and its own PRIMARY
+    KEY refused as a second one."""
+    keep, attach = [], []
+    for line in pre.splitlines():
+        (attach if _TABLE_ATTACH.match(line) else keep).append(line)
+    return "\n".join(keep) + "\n", "\n".join(attach) + "\n" if attach else ""
 
 
 def advance_origin(tgt: Conn, tag: str, lsn: Lsn) -> None:
@@ -173,6 +193,7 @@ def _dump(
         dsn = src_conninfo(cfg)
         pre_sql = ddl.dump(dsn, [name], "pre-data", snapshot) if pre else ""
         post_sql = ddl.dump(dsn, [name], "post-data", snapshot) if post else ""
+        post_sql = "\n".join(x for x in post_sql.splitlines() if not _INDEX_ATTACH.match(x))
         seqs = read_values(src, sequences_of(src, [name]))
     finally:
         src.execute("ROLLBACK")

@@ -93,8 +93,7 @@ def finish(proc: subprocess.Popen[str], timeout: float = 180) -> tuple[int, str]
 
 def state(pair: Pair, table: str = "t_new") -> tuple[Any, ...] | None:
     rows = pair.sub_exec(
-        "SELECT state, lsn::text, slot FROM applier.table_sync "
-        f"WHERE table_name = '{table}'"
+        f"SELECT state, lsn::text, slot FROM applier.table_sync WHERE table_name = '{table}'"
     )
     return rows[0] if rows else None
 

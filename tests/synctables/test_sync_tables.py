@@ -47,9 +47,7 @@ def test_added_table_copied_while_everything_streams(pair: Pair) -> None:
     # Other tables are applied while the table copies (never blocked by it).
     wait_state(pair, {"copying"}, proc)
     before = pair.sub_exec("SELECT sum(n) FROM a")[0][0]
-    wait_for(
-        lambda: pair.sub_exec("SELECT sum(n) FROM a")[0][0] > before, 30, "a to move on"
-    )
+    wait_for(lambda: pair.sub_exec("SELECT sum(n) FROM a")[0][0] > before, 30, "a to move on")
     code, out = finish(proc)
     assert code == 0, out
     assert "handed over" in out
@@ -91,3 +89,29 @@ def test_killed_in_catchup_and_worker_killed_at_handover(pair: Pair) -> None:
     code, out = finish(proc)
     assert code == 0, out
     _assert_done(pair, runner, writer)
+
+
+@pytest.mark.parametrize("pair", ["15-15"], indirect=True)
+def test_new_partition_of_a_replicated_table(pair: Pair) -> None:
+    pair.both(
+        "CREATE TABLE p (id int, k int, PRIMARY KEY (id, k)) PARTITION BY RANGE (k);"
+        "CREATE TABLE p1 PARTITION OF p FOR VALUES FROM (0) TO (100)"
+    )
+    pair.pub_exec("CREATE PUBLICATION pub FOR TABLE p")
+    cfg = pair.write_config()
+    runner = Runner(pair, cfg).start().ready()
+    pair.pub_exec("INSERT INTO p SELECT g, g % 100 FROM generate_series(1, 500) g")
+    pair.pub_exec("CREATE TABLE p2 PARTITION OF p FOR VALUES FROM (100) TO (200)")
+    pair.pub_exec("INSERT INTO p SELECT g, 100 + g % 100 FROM generate_series(1, 500) g")
+    wait_for(lambda: "run `applier sync-tables" in runner.log(), 30, "the worker's warning")
+    code, out = finish(sync_tables(cfg))
+    assert code == 0, out
+    pair.pub_exec("UPDATE p SET id = -id WHERE id % 3 = 0; DELETE FROM p WHERE id % 7 = 0")
+    wait_equal(pair, ["p", "p2"], runner=runner)
+    assert pair.sub_exec("SELECT relispartition FROM pg_class WHERE relname = 'p2'") == [(True,)]
+    # Its own primary key, adopted by the parent's (one index, attached).
+    assert pair.sub_exec(
+        "SELECT count(*), count(h.inhparent) FROM pg_index i "
+        "LEFT JOIN pg_inherits h ON h.inhrelid = i.indexrelid WHERE i.indrelid = 'p2'::regclass"
+    ) == [(1, 1)]
+    assert runner.stop() == 0

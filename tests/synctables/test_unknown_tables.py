@@ -35,9 +35,10 @@ def test_known_table_dropped_on_target_stops_the_worker(pair: Pair) -> None:
     pair.pub_exec("INSERT INTO a VALUES (1, 0)")
     wait_equal(pair, ["a"], runner=runner)
     # First start with table_sync: the target's tables were recorded as ready.
-    assert pair.sub_exec(
-        "SELECT table_name, state FROM applier.table_sync ORDER BY 1"
-    ) == [("a", "ready"), ("b", "ready")]
+    assert pair.sub_exec("SELECT table_name, state FROM applier.table_sync ORDER BY 1") == [
+        ("a", "ready"),
+        ("b", "ready"),
+    ]
     pair.sub_exec("DROP TABLE b")
     pair.pub_exec("INSERT INTO b VALUES (1)")
     wait_for(lambda: not runner.alive(), 30, "the worker to stop")
