@@ -38,7 +38,9 @@ The steps, and why nothing is lost or doubled
    snapshot holds exactly the transactions ``L`` covers; the slot streams
    exactly those it does not. Indexes and constraints (post-data), the origin
    ``tag`` and the state ``catchup`` commit in one target transaction, and the
-   origin is then advanced to ``L``. A crash before that transaction
+   origin is then advanced to ``L`` (a rerun never moves it: a crash before
+   the advance leaves it without progress, and the stream then starts at the
+   slot's confirmed point, still ``L``). A crash before that transaction
    commits leaves ``copying``: the rerun drops the slot and the origin, empties
    the table (the row proves it is ours) and copies again under a new snapshot
    (the old snapshot died with its connection, and slices of two snapshots
@@ -50,9 +52,8 @@ The steps, and why nothing is lost or doubled
    handlers, group commit, conflicts) under a config whose ``[tables]`` is
    only this table and whose origin is ``tag``: each applied transaction
    moves ``tag`` in its own commit, so a crash and a rerun continue exactly
-   once from ``tag``'s progress (a crash between the ``catchup`` commit and
-   the advance leaves ``tag`` at 0: the stream then starts at the slot's
-   confirmed point, which is ``L``, the same place).
+   once from ``tag``'s progress (the slot is confirmed only up to what is
+   durably applied, so it never runs ahead of the origin's progress).
 3. **Handshake**. When its stream has reached the worker's slot's confirmed
    position (so the worker's pause will be short), sync-tables writes
    ``syncwait``. The worker, at a transaction boundary (nothing of a

@@ -97,6 +97,8 @@ class CatchUp(Worker):
             near = bool(pos) and (worker is None or pos >= worker)
             if near and cas_state(conn, origin, self.name, (state, lsn), ("syncwait", lsn)):
                 self._say("caught up with the worker; asking it to take the table over")
+            elif not near:
+                self._ask_position(stream)
             return False
         if state == "syncwait":
             self._say("waiting for applier run to take the table over (is it running?)")
@@ -111,10 +113,8 @@ class CatchUp(Worker):
                         extra={"ctx": {"table": self._qual, "worker_lsn": lsn, "cut": pos}},
                     )
                     return True
-            elif time.monotonic() - self._asked >= STEP_INTERVAL:
-                # An idle walsender says how far it has read only when asked.
-                self._asked = time.monotonic()
-                stream.send_status(reply_requested=True)
+            else:
+                self._ask_position(stream)
             return False
         if state in ("syncdone", "ready"):
             return True
@@ -123,6 +123,12 @@ class CatchUp(Worker):
             table=self._qual,
             hint="another sync-tables may run for this table; rerun sync-tables",
         )
+
+    def _ask_position(self, stream: Any) -> None:
+        """An idle walsender says how far it has read (a keepalive) only when asked."""
+        if time.monotonic() - self._asked >= STEP_INTERVAL:
+            self._asked = time.monotonic()
+            stream.send_status(reply_requested=True)
 
     def _say(self, what: str) -> None:
         if self._said != what:

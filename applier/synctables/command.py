@@ -76,7 +76,9 @@ def run_sync_tables(
         if not schema_at_head(tgt):
             upgrade_target(cfg.target.conninfo())
         check_source(src.info.server_version, failover=False, binary=cfg.apply.binary)
+        _lock(tgt, cfg.origin)
         plan = discover(src, cfg)
+        forget_stale(src, tgt, cfg)
         rows = _rows(tgt, cfg.origin)
         forget_removed(src, tgt, cfg, rows, set(plan.ddl_tables))
         tgt.execute(_MARK_READY, (cfg.origin, cfg.origin))
@@ -97,6 +99,44 @@ def run_sync_tables(
         print(f"sync-tables: {len(todo)} table(s) copied and handed over to applier run: "
               + ", ".join(t.qualname for t in todo))  # fmt: skip
     return 0
+
+
+def _lock(tgt: Conn, origin: str) -> None:
+    """One sync-tables per origin at a time (held until the connection closes)."""
+    row = tgt.execute(
+        "SELECT pg_try_advisory_lock(hashtext('applier sync-tables'), hashtext(%s))", (origin,)
+    ).fetchone()
+    if not row or not row[0]:
+        raise BootstrapError(
+            f"another sync-tables runs for origin {origin}",
+            hint="wait for it to finish (or stop it), then rerun",
+        )
+
+
+def forget_stale(src: Conn, tgt: Conn, cfg: Config) -> None:
+    """Unfinished rows older than a finished bootstrap of the slot: that bootstrap copied
+    every published table anew (the worker ignores these rows already); their leftovers
+    go, and the rows too (a table the bootstrap did not copy is unknown again)."""
+    for s, n, tag in tgt.execute(
+        "SELECT t.schema_name, t.table_name, t.slot FROM applier.table_sync t "
+        "JOIN applier.bootstrap_run b ON b.slot = %s AND b.phase = 'done' "
+        "WHERE t.origin = %s AND t.state NOT IN ('syncdone', 'ready') "
+        "AND t.updated_at < b.finished_at",
+        (cfg.source.slot, cfg.origin),
+    ).fetchall():
+        log.warning(
+            "sync state of %s.%s predates the last bootstrap: forgotten",
+            s,
+            n,
+            extra={"ctx": {"table": f"{s}.{n}"}},
+        )
+        if tag:
+            _cleanup(src, tgt, tag)
+        tgt.execute(
+            "DELETE FROM applier.table_sync WHERE origin = %s AND schema_name = %s "
+            "AND table_name = %s",
+            (cfg.origin, s, n),
+        )
 
 
 def _rows(tgt: Conn, origin: str) -> dict[Name, tuple[str, bool, str | None]]:
@@ -145,7 +185,7 @@ def _sync_one(
     spark: Any, truncate: bool, timeout: float, quiet: bool,
 ) -> None:  # fmt: skip
     from .catchup import catch_up
-    from .copy import advance_origin, copy_table
+    from .copy import copy_table
 
     name = (t.schema, t.name)
     tag = sync_tag(cfg.origin, name)
@@ -166,15 +206,10 @@ def _sync_one(
         created = row is not None and row[1]
         copy_table(cfg, tcfg, src, tgt, t, state, created, truncate, spark, quiet)
     else:
-        lsn = tgt.execute(
-            "SELECT lsn::text FROM applier.table_sync WHERE origin = %s AND schema_name = %s "
-            "AND table_name = %s",
-            (cfg.origin, *name),
-        ).fetchone()
-        from ..lsn import Lsn
-
-        if lsn and lsn[0] and state == "catchup":
-            advance_origin(tgt, tag, Lsn.parse(lsn[0]))
+        # The origin is never moved here: its progress, or (none yet, e.g. a crash right
+        # after the copy) the slot's confirmed point, which is the snapshot's LSN until
+        # an applied transaction moves both, is where the catch-up continues. The row's
+        # lsn is no guide: the handshake writes the worker's position into it.
         log.info("resuming the catch-up of a table", extra={"ctx": {"table": t.qualname}})
     catch_up(cfg, tcfg, name, timeout)
     _cleanup(src, tgt, tag)
@@ -229,6 +264,9 @@ def forget_removed(
                 extra={"ctx": {"table": qual, "state": state}},
             )
             print(f"sync-tables: {qual} is no longer replicated (state {state}): forgotten")
+            if state in ("init", "copying", "catchup", "syncwait", "handover") and _created:
+                print(f"sync-tables: the target's {qual} (created by sync-tables) holds a "
+                      "partial copy; drop it if you do not need it")  # fmt: skip
         if tag:
             _cleanup(src, tgt, tag)
         tgt.execute(

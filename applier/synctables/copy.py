@@ -153,7 +153,8 @@ def split_attach(pre: str) -> tuple[str, str]:
     (pg_dump's ``ALTER INDEX ... ATTACH PARTITION`` lines are dropped: see _dump);
     attached first, the parent's indexes would be built on it and its own PRIMARY
     KEY refused as a second one."""
-    keep, attach = [], []
+    keep: list[str] = []
+    attach: list[str] = []
     for line in pre.splitlines():
         (attach if _TABLE_ATTACH.match(line) else keep).append(line)
     return "\n".join(keep) + "\n", "\n".join(attach) + "\n" if attach else ""

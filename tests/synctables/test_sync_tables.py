@@ -115,3 +115,46 @@ def test_new_partition_of_a_replicated_table(pair: Pair) -> None:
         "LEFT JOIN pg_inherits h ON h.inhrelid = i.indexrelid WHERE i.indrelid = 'p2'::regclass"
     ) == [(1, 1)]
     assert runner.stop() == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pair", ["15-15"], indirect=True)
+def test_worker_withdraws_a_handover_nobody_finishes(pair: Pair) -> None:
+    runner, writer, cfg = _started(pair)
+    assert runner.stop() == 0
+    proc = sync_tables(cfg, "--timeout", "60")
+    wait_state(pair, {"syncwait"}, proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(30)
+    # The worker answers, waits (a quarter of [apply] timeout = 5 s), withdraws its
+    # position and goes on skipping the table, applying the others.
+    runner = Runner(pair, cfg, log_name="applier2.log").start().ready()
+    wait_state(pair, {"handover"}, timeout=30)
+    wait_state(pair, {"catchup"}, timeout=30)
+    assert "did not reach the worker's position" in runner.log()
+    before = pair.sub_exec("SELECT sum(n) FROM a")[0][0]
+    wait_for(lambda: pair.sub_exec("SELECT sum(n) FROM a")[0][0] > before, 30, "a to move on")
+    code, out = finish(sync_tables(cfg, "--timeout", "90"))
+    assert code == 0, out
+    _assert_done(pair, runner, writer)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pair", ["15-15"], indirect=True)
+def test_table_removed_from_the_publication_is_forgotten(pair: Pair) -> None:
+    runner, writer, cfg = _started(pair)
+    proc = sync_tables(cfg)
+    wait_state(pair, {"copying"}, proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(30)
+    writer.stop()
+    pair.pub_exec("ALTER PUBLICATION pub DROP TABLE t_new")
+    code, out = finish(sync_tables(cfg))
+    assert code == 0, out
+    assert "public.t_new is no longer replicated (state copying): forgotten" in out
+    # Forgotten (the worker, still decoding changes from before the DROP TABLE, may
+    # record it as skipped again: it is not on the target).
+    assert state(pair) in (None, ("skipped", None, None))
+    wait_for(lambda: not [s for s in slots(pair) if s.startswith("applier_sync_")], 30, "slot")
+    assert runner.alive()
+    assert runner.stop() == 0
