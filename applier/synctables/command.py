@@ -89,13 +89,14 @@ def run_sync_tables(
             log.info("no table to sync", extra={"ctx": {"origin": cfg.origin}})
             print("sync-tables: nothing to copy (every included table is on the target)")
             return 0
-        spark = _SparkStarter(cfg).start()
+        spark = _SparkStarter(cfg)  # started by the first copy (a resumed catch-up needs none)
         try:
             for t in todo:
                 _sync_one(cfg, src, tgt, t, rows.get((t.schema, t.name)), spark, truncate,
                           timeout, quiet)  # fmt: skip
-        finally:
             spark.stop()
+        finally:
+            spark.abandon()  # on an error: without waiting for a JVM still booting
         print(f"sync-tables: {len(todo)} table(s) copied and handed over to applier run: "
               + ", ".join(t.qualname for t in todo))  # fmt: skip
     return 0

@@ -92,6 +92,7 @@ def copy_table(
     from ..stream.replconn import ReplicationConnection
 
     name, tag = (t.schema, t.name), tcfg.source.slot
+    spark.start()  # the JVM boots while the slot and the table are made
     # A previous attempt's snapshot is gone: its slot, origin and slices go too.
     drop_slot(src, tag)
     drop_origin(tgt, tag)
