@@ -57,6 +57,12 @@ table, key and SQLSTATE: the worker rolls back, records it in
 ``applier.worker_status.last_error`` and exits non-zero; the origin has not
 moved, so nothing after the failed transaction was applied.
 
+Tables added to the publication (:mod:`applier.apply.tablesync`): a table the
+target lacks and applier never copied is skipped with one warning until
+``applier sync-tables`` copies it; the worker re-reads the tables' states
+between batches every few seconds and, at a transaction boundary, pauses
+briefly to hand a caught-up table over (:mod:`applier.synctables`).
+
 SIGTERM/SIGINT roll back the transaction in hand, send a last status update
 and exit 0. Under systemd (:mod:`applier.service`): ``READY=1`` once streaming
 has started (after the checks), ``STATUS=`` and ``WATCHDOG=1`` from the apply
