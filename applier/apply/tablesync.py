@@ -25,7 +25,9 @@ The protocol, and why each step is safe, is in :mod:`applier.synctables`. Here:
   writes its position W (``handover``), pauses at most :data:`HANDOVER_WAIT` s
   until ``sync-tables`` has applied the table up to W and written the cut
   (``syncdone``), or takes the request back (``catchup``) so that W is never used
-  once the worker went past it.
+  once the worker went past it; it then answers that table again only after
+  :data:`RETRY_AFTER` pauses' worth of time (a slow sync-tables meanwhile comes
+  closer).
 """
 
 from __future__ import annotations
@@ -45,6 +47,10 @@ log = logging.getLogger("applier.apply")
 REFRESH_INTERVAL = 2.0
 #: Longest pause of the worker at a handover (its stream is not read meanwhile).
 HANDOVER_WAIT = 10.0
+#: After a pause that ended without the table, the worker answers it again only after
+#: this many pauses' worth of time: a sync-tables slower than the worker must not
+#: pause it every few seconds.
+RETRY_AFTER = 3
 #: Above every LSN: skip all of the table's changes.
 INF = Lsn(0xFFFFFFFFFFFFFFFF)
 #: States in which the worker applies none of the table's changes.
@@ -126,6 +132,7 @@ class TableSyncs:
         self.conn: Conn | None = None
         self._read = 0.0
         self._answer = False  # a syncwait to answer at the next transaction boundary
+        self._withdrawn: dict[Name, float] = {}  # table -> when its pause ended without it
 
     # -- session start -----------------------------------------------------------------
 
@@ -254,7 +261,7 @@ class TableSyncs:
             self._load(self.conn)
             if any(st == "syncdone" for st, _ in self.states.values()):
                 self.conn.execute(_MARK_READY, (self.origin, self.origin))
-            self._answer = any(st in ("syncwait", "handover") for st, _ in self.states.values())
+            self._answer = any(self._due(n, st) for n, (st, _) in self.states.items())
         if self._answer and _at_boundary(applier):
             if not stream.keepalives_received:
                 # W must cover what earlier sessions skipped and confirmed: a keepalive's
@@ -285,7 +292,7 @@ class TableSyncs:
         w = Lsn(max(stream.last_received, applier.progress))
         asked: dict[Name, tuple[str, Lsn | None]] = {}
         for name, (state, lsn) in self.states.items():
-            if state not in ("syncwait", "handover"):
+            if not self._due(name, state):
                 continue
             mine = Lsn(max(w, lsn or 0))
             if cas_state(conn, self.origin, name, (state, lsn), ("handover", mine)):
@@ -299,11 +306,21 @@ class TableSyncs:
             self._wait(conn, asked, stream)
         self._load(conn)
 
+    def _due(self, name: Name, state: str) -> bool:
+        """A handover to answer now (not within RETRY_AFTER of a fruitless pause)."""
+        if state not in ("syncwait", "handover"):
+            return False
+        ended = self._withdrawn.get(name, float("-inf"))
+        return time.monotonic() - ended >= RETRY_AFTER * self._pause()
+
+    def _pause(self) -> float:
+        return min(HANDOVER_WAIT, self.cfg.apply.timeout / 4)
+
     def _wait(
         self, conn: Conn, asked: dict[Name, tuple[str, Lsn | None]], stream: Any = None
     ) -> None:
         """Wait for ``syncdone``; past the deadline take each request back (CAS)."""
-        wait = min(HANDOVER_WAIT, self.cfg.apply.timeout / 4)
+        wait = self._pause()
         deadline = time.monotonic() + wait
         pending = dict(asked)
         last_status = time.monotonic()
@@ -316,11 +333,13 @@ class TableSyncs:
                     last_status = time.monotonic()
                     stream.send_status()
         for name, old in pending.items():
+            self._withdrawn[name] = time.monotonic()
             if cas_state(conn, self.origin, name, old, ("catchup", old[1])):
                 log.warning(
                     "sync-tables did not reach the worker's position in %.0f s; going on "
-                    "(it asks again)",
+                    "(answering it again in %.0f s)",
                     wait,
+                    RETRY_AFTER * wait,
                     extra={"ctx": {"table": f"{name[0]}.{name[1]}"}},
                 )
         self.states = read_states(conn, self.origin, self.cfg.source.slot)
