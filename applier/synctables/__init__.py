@@ -77,8 +77,9 @@ The steps, and why nothing is lost or doubled
    it moves ``handover W`` back to ``catchup`` by compare-and-set and goes on
    skipping; sync-tables' compare-and-set on ``handover W`` then fails, and it
    asks again later (the worker answers that table again only after three
-   pauses' worth of time, so a slow sync-tables does not stall it). Exactly one of the two succeeds, so W is either honoured
-   (the worker paused at it) or withdrawn. A worker that stops while paused
+   pauses' worth of time, so a slow sync-tables does not stall it). Exactly
+   one of the two succeeds, so W is either honoured (the worker paused at it)
+   or withdrawn. A worker that stops while paused
    leaves ``handover W``; the next session settles it *before streaming*
    (waits for ``syncdone``, or withdraws W): it restarts at or before W (it
    never confirmed past it), so W still covers everything skipped. A
