@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import signal
 import time
+from pathlib import Path
 
 import pytest
 from apply.applykit import Runner, wait_equal, wait_for
@@ -16,7 +17,7 @@ pytestmark = pytest.mark.spark
 ROWS = 20_000
 
 
-def _started(pair: Pair) -> tuple[Runner, Writer, object]:
+def _started(pair: Pair) -> tuple[Runner, Writer, Path]:
     setup(pair, ROWS)
     cfg = pair.write_config(apply={"status_interval": 1.0, "timeout": 20.0})
     runner = Runner(pair, cfg).start().ready()
@@ -30,7 +31,8 @@ def _assert_done(pair: Pair, runner: Runner, writer: Writer) -> None:
     time.sleep(0.5)
     writer.stop()
     wait_equal(pair, ["a", "t_new"], timeout=60, runner=runner)
-    assert state(pair)[0] in ("syncdone", "ready")
+    st = state(pair)
+    assert st is not None and st[0] in ("syncdone", "ready")
     assert [s for s in slots(pair) if s.startswith("applier_sync_")] == []
     assert pair.sub_exec(
         "SELECT count(*) FROM pg_replication_origin WHERE roname LIKE 'applier_sync_%'"
