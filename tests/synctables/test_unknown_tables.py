@@ -19,7 +19,9 @@ def test_unknown_table_is_skipped_with_one_warning(pair: Pair) -> None:
     for i in range(1, 6):
         pair.pub_exec(f"INSERT INTO a VALUES ({i}, 0); INSERT INTO t_new VALUES ({i}, 0)")
         pair.pub_exec(f"UPDATE t_new SET n = 1 WHERE id = {i}; TRUNCATE t_new")
+    pair.pub_exec("INSERT INTO t_new VALUES (9, 9); TRUNCATE a, t_new; INSERT INTO a VALUES (7, 7)")
     wait_equal(pair, ["a"], runner=runner)
+    assert pair.sub_exec("SELECT id FROM a") == [(7,)]  # one TRUNCATE of both: a's half applied
     assert runner.alive()
     log = runner.log()
     assert log.count("run `applier sync-tables") == 1, log[-3000:]
