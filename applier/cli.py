@@ -206,6 +206,47 @@ def bootstrap(
         return 0
 
 
+@cli.command("sync-tables")
+@config_option
+@click.option(
+    "--tables",
+    "patterns",
+    multiple=True,
+    metavar="PATTERN",
+    help="Only these tables (schema.table, '*' allowed; may be repeated).",
+)
+@click.option("--truncate", is_flag=True, help="Empty a non-empty target table before copying.")
+@click.option(
+    "--timeout",
+    type=float,
+    default=600.0,
+    show_default=True,
+    help="Seconds to wait for `applier run` to take a caught-up table over.",
+)
+@click.option("--quiet", is_flag=True, help="No live progress display.")
+@_exits_cleanly
+def sync_tables(
+    config_path: Path | None, patterns: tuple[str, ...], truncate: bool, timeout: float,
+    quiet: bool,
+) -> int:  # fmt: skip
+    """Copy tables added to the publication while `applier run` streams everything else.
+
+    Each table the target lacks (or whose earlier sync did not finish) is
+    created from the source's definition, copied under its own exported
+    snapshot (a Spark job, as bootstrap), caught up from its own slot, and
+    handed over to the running worker at a transaction boundary; its state is
+    in applier.table_sync. Rerun after a crash: it continues where it stopped.
+    """
+    from .extras import require_spark
+
+    require_spark("sync-tables")
+    from .synctables.command import run_sync_tables
+
+    return run_sync_tables(
+        _load(config_path), list(patterns), truncate=truncate, timeout=timeout, quiet=quiet
+    )
+
+
 @cli.command("spark-archive")
 @click.option(
     "--config",

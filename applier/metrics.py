@@ -18,7 +18,8 @@ What the numbers mean
   conflict policy resolved (skip, keep_local, ...) is also an applied change.
   Changes of a two-phase transaction count at its PREPARE.
 * Skipped changes: ``reason`` is ``excluded`` (``[tables]``), ``table_rule``,
-  ``transaction_rule`` or ``error_rule`` (``applier skip``).
+  ``transaction_rule`` or ``error_rule`` (``applier skip``), ``table_sync``
+  (a table not copied yet: :mod:`applier.apply.tablesync`).
 * Positions: *received* is the highest WAL position the walsender told us of
   (XLogData and keepalives: its ``wal_end``); *applied* the end of the last
   source transaction committed on the target (the origin's progress);
@@ -225,7 +226,7 @@ class WorkerCollector(Collector):
         yield _counter(
             "applier_skipped_changes",
             "Changes not applied, by table and reason (excluded, table_rule, "
-            "transaction_rule, error_rule)",
+            "transaction_rule, error_rule, table_sync)",
             ["table", "reason"],
             tally.skipped_total.copy(),
         )

@@ -30,6 +30,7 @@ from .planner import Planner
 from .session import TargetSession
 from .skiprules import SkipRules
 from .states import ChangeCtx, Txn
+from .tablesync import NO_SYNCS, TableSyncs
 from .tally import Tally
 
 
@@ -48,6 +49,9 @@ class Changes:
     cplanner: ConflictPlanner
     careful: bool
     catalog: Catalog
+    relations: dict[int, Any]
+    #: Tables held back while sync-tables copies them (the worker sets its own).
+    syncs: TableSyncs = NO_SYNCS
 
     if TYPE_CHECKING:  # provided by Applier and Resolution; no stubs at run time (MRO)
 
@@ -67,7 +71,17 @@ class Changes:
         assert txn is not None
         if txn.skip:
             return None
-        rm = self.relmaps.get(oid) or self.relmap(oid, lsn)
+        # Tables sync-tables copies (applier.apply.tablesync): one lookup per change;
+        # the decision by name only at a relation's first change (a mapping miss).
+        rm = self.relmaps.get(oid)
+        syncs = self.syncs
+        cut = syncs.cut.get(oid) if rm is not None else syncs.classify(oid, self.relations.get(oid))
+        if cut is not None and txn.commit_lsn < cut:
+            self.skipped_changes += 1
+            self.tally.skip(rm.qualname if rm is not None else syncs.qualname(oid), "table_sync")
+            return None
+        if rm is None:
+            rm = self.relmap(oid, lsn)
         if not rm.included:
             self.skipped_changes += 1
             self.tally.skip(rm.qualname, "excluded")
@@ -218,7 +232,8 @@ class Changes:
         assert txn is not None
         if txn.skip:
             return
-        rms = [self.relmap(oid, lsn) for oid in m.relation_oids]
+        oids = [o for o in m.relation_oids if not self._held(o, txn.commit_lsn)]
+        rms = [self.relmap(oid, lsn) for oid in oids]
         included = [rm for rm in rms if rm.included]
         self.skipped_changes += len(rms) - len(included)
         for rm in rms:
@@ -238,6 +253,20 @@ class Changes:
         ctx = ChangeCtx(lsn, txn, included[0], m)
         session = self.session
         self._send(ctx, lambda: session.execute_sql(query, ctx))
+
+    def _held(self, oid: int, commit_lsn: Lsn) -> bool:
+        """A TRUNCATE's relation that sync-tables holds back (counted as skipped)."""
+        syncs = self.syncs
+        cut = (
+            syncs.cut.get(oid)
+            if oid in self.relmaps
+            else syncs.classify(oid, self.relations.get(oid))
+        )
+        if cut is None or commit_lsn >= cut:
+            return False
+        self.skipped_changes += 1
+        self.tally.skip(syncs.qualname(oid), "table_sync")
+        return True
 
     def _truncated(self, lsn: Lsn, rm: RelMap, m: Truncate) -> ChangeCtx | None:
         """One relation of a TRUNCATE, as a change that rules may skip."""

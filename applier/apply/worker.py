@@ -58,6 +58,12 @@ table, key and SQLSTATE: the worker rolls back, records it in
 ``applier.worker_status.last_error`` and exits non-zero; the origin has not
 moved, so nothing after the failed transaction was applied.
 
+Tables added to the publication (:mod:`applier.apply.tablesync`): a table the
+target lacks and applier never copied is skipped with one warning until
+``applier sync-tables`` copies it; the worker re-reads the tables' states
+between batches every few seconds and, at a transaction boundary, pauses
+briefly to hand a caught-up table over (:mod:`applier.synctables`).
+
 SIGTERM/SIGINT roll back the transaction in hand, send a last status update
 and exit 0. Under systemd (:mod:`applier.service`): ``READY=1`` once streaming
 has started (after the checks), ``STATUS=`` and ``WATCHDOG=1`` from the apply
@@ -120,6 +126,7 @@ from .session import TargetSession, connect, is_transient_sqlstate
 from .skiprules import REFRESH_INTERVAL, SkipRules
 from .spool import SpoolSet, check_spool_dir, default_spool_dir
 from .state import WorkerState
+from .tablesync import TableSyncs
 from .tally import Tally, count_fault
 from .targetconn import client_keepalives, close_quietly
 from .until import Until
@@ -184,6 +191,8 @@ class Worker:
         self.careful_until = Lsn(0)
         self.rules = SkipRules(cfg.origin)
         self._rules_read = 0.0
+        #: Tables sync-tables copies (applier.apply.tablesync).
+        self.syncs = TableSyncs(cfg)
         # Read by applier.metrics at scrape time (from its thread, never waited for).
         self.stream: Any = None
         self.tally = Tally()
@@ -342,6 +351,7 @@ class Worker:
             )
             progress = origin_progress(session.conn, cfg.origin)
             our_origin_id = self._prepare_conflicts(catalog_conn)
+            self.syncs.start(catalog_conn)
             repl = ReplicationConnection.open(source_conninfo(cfg), application_name="applier")
             try:
                 check_before_streaming(catalog_conn, repl, cfg, progress)
@@ -393,6 +403,7 @@ class Worker:
             )
             applier.applied_txns, applier.skipped_changes = self._applied, self._skipped
             applier.tally = self.tally
+            applier.syncs = self.syncs
             self.applier = applier
             try:
                 self._loop(stream, applier, catalog_conn)
@@ -513,6 +524,7 @@ class Worker:
             if now - self._rules_read >= REFRESH_INTERVAL:
                 self._rules_read = now
                 self.rules.load(catalog_conn)
+            self.syncs.tick(now, applier, stream)
             if not healthy and (
                 (applier.applied_txns > txns_at_start and stream.confirmed > start_lsn)
                 or now - started >= HEALTHY_AFTER
