@@ -13,6 +13,12 @@ from conftest import Pair
 ROOT = Path(__file__).resolve().parents[2]
 
 
+#: Slots of this test's database only: the cluster is shared with other tests.
+_SLOTS_OF_THIS_DB = (
+    "SELECT count(*) FROM pg_replication_slots WHERE database = pg_catalog.current_database()"
+)
+
+
 @pytest.mark.parametrize("pair", ["15-18"], indirect=True)
 def test_bootstrap_without_java_says_so(pair: Pair, tmp_path: Path) -> None:
     pair.pub_exec("CREATE TABLE t (id int PRIMARY KEY); CREATE PUBLICATION pub FOR TABLE t;")
@@ -28,4 +34,4 @@ def test_bootstrap_without_java_says_so(pair: Pair, tmp_path: Path) -> None:
         assert proc.returncode == 2, proc.stderr
         assert "needs a Java runtime" in proc.stderr and str(no_java) in proc.stderr
         assert "Traceback" not in proc.stderr
-    assert pair.pub_exec("SELECT count(*) FROM pg_replication_slots") == [(0,)]
+    assert pair.pub_exec(_SLOTS_OF_THIS_DB) == [(0,)]
