@@ -52,6 +52,8 @@ class VTable:
     row_filter: str | None = None  # the publication's row filter (on both sides)
     only: bool = True  # ONLY: an inheritance child is a table of its own
     est_rows: int = 0
+    #: hashtextextended (both servers hash alike) or md5 (see applier.verify.hashing).
+    fast_hash: bool = False
 
     @property
     def name(self) -> str:
