@@ -63,7 +63,7 @@ from ..bootstrap.sessions import FORMAT_SETTINGS
 from ..config import redact_dsn
 from ..errors import PermanentError
 from ..lsn import Lsn
-from .ranges import Bound, KeyRange, VTable, key_text, range_where, relation
+from .ranges import Bound, KeyRange, VTable, bucket_of, key_text, range_where, relation
 
 Conn = psycopg.Connection[Any]
 
@@ -127,6 +127,18 @@ def hash_query(t: VTable, side: str, rng: KeyRange) -> tuple[sql.Composed, list[
         rh=row_hash(t), rel=relation(t, side), where=where
     )
     return q, params
+
+
+def pieces_query(
+    t: VTable, side: str, rng: KeyRange, cuts: list[Bound]
+) -> tuple[sql.Composed, list[Any]]:
+    """The hash of each piece of ``rng`` cut at ``cuts``, in one scan."""
+    bucket, b_params = bucket_of(t, cuts)
+    where, params = range_where(t, rng)
+    q = sql.SQL(
+        "SELECT {b}, count(*), coalesce(sum({rh}), 0)::text FROM {rel} WHERE {where} GROUP BY 1"
+    ).format(b=bucket, rh=row_hash(t), rel=relation(t, side), where=where)
+    return q, [*b_params, *params]
 
 
 def pairs_query(
@@ -239,6 +251,18 @@ class Sides:
         q_t, _ = hash_query(t, "target", rng)
         s, d = self.both(q_s, q_t, params)
         return RangeHash(int(s[0][0]), s[0][1]), RangeHash(int(d[0][0]), d[0][1])
+
+    def piece_hashes(
+        self, t: VTable, rng: KeyRange, cuts: list[Bound]
+    ) -> list[tuple[RangeHash, RangeHash]]:
+        """The hashes of the ``len(cuts) + 1`` pieces of ``rng`` on each side."""
+        q_s, params = pieces_query(t, "source", rng, cuts)
+        q_t, _ = pieces_query(t, "target", rng, cuts)
+        s_rows, t_rows = self.both(q_s, q_t, params)
+        empty = RangeHash(0, "0")
+        src = {int(r[0]): RangeHash(int(r[1]), r[2]) for r in s_rows}
+        dst = {int(r[0]): RangeHash(int(r[1]), r[2]) for r in t_rows}
+        return [(src.get(i, empty), dst.get(i, empty)) for i in range(len(cuts) + 1)]
 
     def rows(
         self, t: VTable, where: sql.Composable, params: list[Any]

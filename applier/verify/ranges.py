@@ -245,3 +245,21 @@ def split_range(
         return [rng]
     bounds: list[Bound | None] = [rng.lo, *cuts, rng.hi]
     return [KeyRange(bounds[i], bounds[i + 1]) for i in range(len(bounds) - 1)]
+
+
+def bucket_of(t: VTable, cuts: list[Bound]) -> tuple[sql.Composable, list[Any]]:
+    """``width_bucket(key, cuts)``: 0 below the first cut, i from cut i-1 to cut i.
+
+    The pieces a range is cut into, told apart in one scan of the range.
+    """
+    one = sql.SQL("ROW({})").format(
+        sql.SQL(", ").join(sql.SQL("%s::{}").format(sql.SQL(ty)) for ty in t.key_types)
+    )
+    arr = sql.SQL("ARRAY[{}]").format(sql.SQL(", ").join(one for _ in cuts))
+    key = _key_row(t)
+    if len(t.key) == 1:  # plain values: the key column's own comparison
+        one = sql.SQL("%s::{}").format(sql.SQL(t.key_types[0]))
+        arr = sql.SQL("ARRAY[{}]").format(sql.SQL(", ").join(one for _ in cuts))
+        key = sql.Identifier(t.key[0])
+    params = [v for cut in cuts for v in cut]
+    return sql.SQL("width_bucket({}, {})").format(key, arr), params
