@@ -377,7 +377,7 @@ class VerifyConfig(_Section):
     chunk_rows: int = Field(default=100_000, ge=100)
     #: A differing range is cut until it holds at most this many rows, then its
     #: (key, row hash) pairs are read from both sides and compared.
-    fetch_rows: int = Field(default=10_000, ge=10)
+    fetch_rows: int = Field(default=500, ge=10)
     #: statement_timeout (and lock_timeout) of every verify query, seconds; 0 = none.
     statement_timeout: float = Field(default=600.0, ge=0)
     #: Seconds a range waits for the target to apply up to its source snapshot.

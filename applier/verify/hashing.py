@@ -75,7 +75,11 @@ class VerifyError(PermanentError):
 def connect(conninfo: str, side: str, statement_timeout: float) -> Conn:
     """An autocommit session with the pinned formats and the verify's own timeouts."""
     try:
-        conn = psycopg.connect(conninfo, autocommit=True, application_name="applier-verify")
+        # No server-side prepared statements: a generic plan of a range query
+        # does not know how narrow the range is and may scan the whole table.
+        conn = psycopg.connect(
+            conninfo, autocommit=True, application_name="applier-verify", prepare_threshold=None
+        )
     except psycopg.OperationalError as e:
         first = str(e).strip().splitlines()[-1] if str(e).strip() else "connection failed"
         raise VerifyError(

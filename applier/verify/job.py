@@ -81,12 +81,20 @@ def run_work(work: Work) -> list[RangeResult]:
         named: dict[str, int] = defaultdict(int)
         for t, rng in work.items:
             started = time.monotonic()
-            s, d = sides.hashes(t, rng)
-            res = RangeResult(t.name, s.rows, d.rows, 0.0)
-            if s != d:
-                budget = MAX_DIFFS - named[t.name]
-                res.diffs, res.truncated = narrow(sides, t, rng, s.rows, d.rows, work, budget)
-                named[t.name] += len(res.diffs)
+            if rng.cuts:  # hashed piece by piece in one scan
+                pairs = sides.piece_hashes(t, rng, list(rng.cuts))
+            else:
+                pairs = [sides.hashes(t, rng)]
+            pieces = rng.pieces() if rng.cuts else [rng]
+            res = RangeResult(t.name, sum(s.rows for s, _ in pairs), 0, 0.0)
+            res.target_rows = sum(d.rows for _, d in pairs)
+            for piece, (s, d) in zip(pieces, pairs, strict=True):
+                if s != d:
+                    budget = MAX_DIFFS - named[t.name]
+                    found, more = narrow(sides, t, piece, s.rows, d.rows, work, budget)
+                    res.diffs += found
+                    res.truncated = res.truncated or more
+                    named[t.name] += len(found)
             res.seconds = time.monotonic() - started
             out.append(res)
         return out

@@ -27,6 +27,7 @@ dates or uuids are not affected.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -62,10 +63,20 @@ class VTable:
 
 @dataclass(frozen=True)
 class KeyRange:
-    """``lo <= key < hi``; None: unbounded on that side."""
+    """``lo <= key < hi``; None: unbounded on that side.
+
+    ``cuts``: keys inside the range at which its first hash is already split
+    (one scan, a hash per piece), so a difference is located to a piece
+    without reading the range again.
+    """
 
     lo: Bound | None = None
     hi: Bound | None = None
+    cuts: tuple[Bound, ...] = ()
+
+    def pieces(self) -> list[KeyRange]:
+        bounds: list[Bound | None] = [self.lo, *self.cuts, self.hi]
+        return [KeyRange(bounds[i], bounds[i + 1]) for i in range(len(bounds) - 1)]
 
 
 def key_columns(conn: Conn, schema: str, name: str) -> list[tuple[str, str]]:
@@ -226,7 +237,18 @@ def ranges_from_keys(
     if base.lo is not None and cuts and cuts[0] == base.lo:
         cuts = cuts[1:]  # an empty first range
     bounds: list[Bound | None] = [base.lo, *cuts, base.hi]
-    return [KeyRange(bounds[i], bounds[i + 1]) for i in range(len(bounds) - 1)]
+    return [KeyRange(lo, hi, _inner(keys, lo, hi)) for lo, hi in itertools.pairwise(bounds)]
+
+
+def _inner(keys: list[Bound], lo: Bound | None, hi: Bound | None) -> tuple[Bound, ...]:
+    """The distinct sampled keys strictly inside (lo, hi): the range's pieces.
+
+    ``keys`` are the source's sorted key texts; their order is the key's order,
+    so the ones between two cuts are a contiguous run of the list.
+    """
+    start = 0 if lo is None else keys.index(lo) + 1
+    stop = len(keys) if hi is None else keys.index(hi)
+    return tuple(dict.fromkeys(k for k in keys[start:stop] if k != lo and k != hi))
 
 
 def split_range(
