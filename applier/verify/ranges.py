@@ -15,8 +15,11 @@ the source and cast back to the key's types in each query.
 The first cut comes from a cheap sample: ``TABLESAMPLE SYSTEM`` reads a few
 pages, whose sorted keys give the quantiles (a range is then about
 ``chunk_rows`` rows; a skewed sample only makes ranges uneven, never misses
-a row). A range that differs is cut again by walking its own keys
-(``row_number() % step``, an index-only scan of that range alone).
+a row). The sampled keys inside a range (about 20) are its *cuts*: the
+range's first hash is taken per piece between them, in the same single scan
+(``width_bucket``), so a difference is already located to a piece of some
+``chunk_rows / 20`` rows. A piece that differs is cut again by walking its
+own keys (``row_number() % step``, an index-only scan of that piece alone).
 
 Keys compare under each server's collation: a text key whose collations
 sort differently on the two servers could put one row in different ranges
