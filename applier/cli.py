@@ -596,7 +596,7 @@ def verify(
     from .verify import run_verify
 
     return run_verify(
-        _load(config_path, "warning"),
+        _load(config_path),
         tables=list(patterns) or None,
         chunk_rows=chunk_rows,
         rounds=rounds,

@@ -375,9 +375,9 @@ class VerifyConfig(_Section):
     parallelism: int | None = Field(default=None, ge=1)
     #: Rows per key range of the first pass (the --chunk-rows default).
     chunk_rows: int = Field(default=100_000, ge=100)
-    #: A differing range is split until it holds at most this many rows, then
-    #: its rows (key, row hash) are fetched from both sides and compared.
-    fetch_rows: int = Field(default=2000, ge=10)
+    #: A differing range is cut until it holds at most this many rows, then its
+    #: (key, row hash) pairs are read from both sides and compared.
+    fetch_rows: int = Field(default=500, ge=10)
     #: statement_timeout (and lock_timeout) of every verify query, seconds; 0 = none.
     statement_timeout: float = Field(default=600.0, ge=0)
     #: Seconds a range waits for the target to apply up to its source snapshot.

@@ -51,6 +51,7 @@ still behind is hashed anyway and is then likely rechecked.
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,7 +63,7 @@ from ..bootstrap.sessions import FORMAT_SETTINGS
 from ..config import redact_dsn
 from ..errors import PermanentError
 from ..lsn import Lsn
-from .ranges import Bound, KeyRange, VTable, key_text, range_where, relation
+from .ranges import Bound, KeyRange, VTable, bucket_of, key_text, range_where, relation
 
 Conn = psycopg.Connection[Any]
 
@@ -74,7 +75,11 @@ class VerifyError(PermanentError):
 def connect(conninfo: str, side: str, statement_timeout: float) -> Conn:
     """An autocommit session with the pinned formats and the verify's own timeouts."""
     try:
-        conn = psycopg.connect(conninfo, autocommit=True, application_name="applier-verify")
+        # No server-side prepared statements: a generic plan of a range query
+        # does not know how narrow the range is and may scan the whole table.
+        conn = psycopg.connect(
+            conninfo, autocommit=True, application_name="applier-verify", prepare_threshold=None
+        )
     except psycopg.OperationalError as e:
         first = str(e).strip().splitlines()[-1] if str(e).strip() else "connection failed"
         raise VerifyError(
@@ -103,12 +108,56 @@ class RangeHash:
     digest: str  # the sum, as text
 
 
+def row_hash(t: VTable) -> sql.Composable:
+    """A row's 64-bit hash, as a bigint (see "Range hash")."""
+    if t.fast_hash:
+        return sql.SQL("hashtextextended({}, 0)").format(row_text(t))
+    return sql.SQL("('x' || substr(md5({}), 1, 16))::bit(64)::bigint").format(row_text(t))
+
+
+def same_fast_hash(src: Conn, tgt: Conn) -> bool:
+    """Whether both servers compute hashtextextended alike (same byte order, PG11+)."""
+    probe = "SELECT hashtextextended('applier verify: (1,\"a b\",)', 0)::text"
+    try:
+        a, b = src.execute(probe).fetchone(), tgt.execute(probe).fetchone()
+    except psycopg.Error:
+        return False
+    return a is not None and a == b
+
+
 def hash_query(t: VTable, side: str, rng: KeyRange) -> tuple[sql.Composed, list[Any]]:
     where, params = range_where(t, rng)
+    q = sql.SQL("SELECT count(*), coalesce(sum({rh}), 0)::text FROM {rel} WHERE {where}").format(
+        rh=row_hash(t), rel=relation(t, side), where=where
+    )
+    return q, params
+
+
+def pieces_query(
+    t: VTable, side: str, rng: KeyRange, cuts: list[Bound]
+) -> tuple[sql.Composed, list[Any]]:
+    """The hash of each piece of ``rng`` cut at ``cuts``, in one scan."""
+    bucket, b_params = bucket_of(t, cuts)
+    where, params = range_where(t, rng)
     q = sql.SQL(
-        "SELECT count(*), coalesce(sum(('x' || substr(md5({rt}), 1, 16))::bit(64)::bigint), 0)"
-        "::text FROM {rel} WHERE {where}"
-    ).format(rt=row_text(t), rel=relation(t, side), where=where)
+        "SELECT {b}, count(*), coalesce(sum({rh}), 0)::text FROM {rel} WHERE {where} GROUP BY 1"
+    ).format(b=bucket, rh=row_hash(t), rel=relation(t, side), where=where)
+    return q, [*b_params, *params]
+
+
+def pairs_query(
+    t: VTable, side: str, where: sql.Composable, params: list[Any]
+) -> tuple[sql.Composed, list[Any]]:
+    """(key texts, row hash) of each row (keyed); (row hash, count) (no key). No row data."""
+    rel = relation(t, side)
+    if t.key:
+        q = sql.SQL("SELECT ARRAY[{}], {} FROM {} WHERE {}").format(
+            key_text(t), row_hash(t), rel, where
+        )
+    else:
+        q = sql.SQL("SELECT {}::text, count(*) FROM {} WHERE {} GROUP BY 1").format(
+            row_hash(t), rel, where
+        )
     return q, params
 
 
@@ -119,21 +168,21 @@ def rows_query(
     cols = sql.SQL(", ").join(sql.Identifier(c) for c in t.columns)
     inner = sql.SQL("SELECT {} FROM {} WHERE {}").format(cols, relation(t, side), where)
     if t.key:
-        q = sql.SQL("SELECT ARRAY[{kt}], md5({rt}), to_jsonb(x) FROM ({inner}) x").format(
-            kt=key_text(t), rt=row_text(t), inner=inner
+        q = sql.SQL("SELECT ARRAY[{kt}], {rh}::text, to_jsonb(x) FROM ({inner}) x").format(
+            kt=key_text(t), rh=row_hash(t), inner=inner
         )
     else:
         q = sql.SQL(
-            "SELECT md5({rt}) AS h, count(*), min(to_jsonb(x)::text)::jsonb FROM ({inner}) x "
+            "SELECT {rh}::text AS h, count(*), min(to_jsonb(x)::text)::jsonb FROM ({inner}) x "
             "GROUP BY 1"
-        ).format(rt=row_text(t), inner=inner)
+        ).format(rh=row_hash(t), inner=inner)
     return q, params
 
 
 def keys_where(t: VTable, keys: list[Bound]) -> tuple[sql.Composable, list[Any]]:
     """The rows of these keys (or, without a key, of these row hashes)."""
     if not t.key:
-        cond = sql.SQL("md5({}) = ANY(%s::text[])").format(row_text(t))
+        cond = sql.SQL("{}::text = ANY(%s::text[])").format(row_hash(t))
         if t.row_filter:
             cond = sql.SQL("{} AND ({})").format(cond, sql.SQL(t.row_filter))
         return cond, [[k[0] for k in keys]]
@@ -160,31 +209,45 @@ class Catchup:
 
 
 class Sides:
-    """One source and one target session, and the snapshot discipline around them."""
+    """One source and one target session, and the snapshot discipline around them.
+
+    The source and the target query of a range run at the same time (the
+    source's in a thread): each server works on its own half. The catch-up
+    wait asks the source's slot on a third session, as the first one is busy.
+    """
 
     def __init__(self, src_dsn: str, tgt_dsn: str, catchup: Catchup, timeout: float) -> None:
         self.src = connect(src_dsn, "source", timeout)
         self.tgt = connect(tgt_dsn, "target", timeout)
+        self._probe_dsn, self._timeout = src_dsn, timeout
+        self._probe: Conn | None = None
         self.catchup = catchup
         self.lagging = 0  # waits that ran out
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="verify-source")
 
     def close(self) -> None:
-        self.src.close()
-        self.tgt.close()
+        self._pool.shutdown()
+        for conn in (self.src, self.tgt, self._probe):
+            if conn is not None:
+                conn.close()
 
     def both(
         self, q_src: sql.Composed, q_tgt: sql.Composed, params: list[Any]
     ) -> tuple[list[Any], list[Any]]:
-        """A query on the source under a fresh snapshot, then on the target once caught up."""
+        """A query on the source under a fresh snapshot, and on the target once caught up."""
         self.src.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
         try:
             row = self.src.execute("SELECT pg_current_wal_lsn()::text").fetchone()
             assert row is not None
-            src_rows = self.src.execute(q_src, params).fetchall()
+            running = self._pool.submit(lambda: self.src.execute(q_src, params).fetchall())
+            try:
+                self._wait_for(Lsn.parse(row[0]))
+                tgt_rows = self.tgt.execute(q_tgt, params).fetchall()
+            finally:
+                src_rows = running.result()
         finally:
             self.src.execute("COMMIT")
-        self._wait_for(Lsn.parse(row[0]))
-        return src_rows, self.tgt.execute(q_tgt, params).fetchall()
+        return src_rows, tgt_rows
 
     def hashes(self, t: VTable, rng: KeyRange) -> tuple[RangeHash, RangeHash]:
         """The range's hash on each side."""
@@ -193,12 +256,32 @@ class Sides:
         s, d = self.both(q_s, q_t, params)
         return RangeHash(int(s[0][0]), s[0][1]), RangeHash(int(d[0][0]), d[0][1])
 
+    def piece_hashes(
+        self, t: VTable, rng: KeyRange, cuts: list[Bound]
+    ) -> list[tuple[RangeHash, RangeHash]]:
+        """The hashes of the ``len(cuts) + 1`` pieces of ``rng`` on each side."""
+        q_s, params = pieces_query(t, "source", rng, cuts)
+        q_t, _ = pieces_query(t, "target", rng, cuts)
+        s_rows, t_rows = self.both(q_s, q_t, params)
+        empty = RangeHash(0, "0")
+        src = {int(r[0]): RangeHash(int(r[1]), r[2]) for r in s_rows}
+        dst = {int(r[0]): RangeHash(int(r[1]), r[2]) for r in t_rows}
+        return [(src.get(i, empty), dst.get(i, empty)) for i in range(len(cuts) + 1)]
+
     def rows(
         self, t: VTable, where: sql.Composable, params: list[Any]
     ) -> tuple[list[Any], list[Any]]:
         """The rows under ``where`` on each side (see :func:`rows_query`)."""
         q_s, _ = rows_query(t, "source", where, params)
         q_t, _ = rows_query(t, "target", where, params)
+        return self.both(q_s, q_t, params)
+
+    def pairs(
+        self, t: VTable, where: sql.Composable, params: list[Any]
+    ) -> tuple[list[Any], list[Any]]:
+        """(key, row hash) under ``where`` on each side (see :func:`pairs_query`)."""
+        q_s, _ = pairs_query(t, "source", where, params)
+        q_t, _ = pairs_query(t, "target", where, params)
         return self.both(q_s, q_t, params)
 
     def _wait_for(self, lsn: Lsn) -> None:
@@ -212,7 +295,9 @@ class Sides:
             ).fetchone()
             if row and row[0] and Lsn.parse(row[0]) >= lsn:
                 return
-            row = self.src.execute(
+            if self._probe is None:
+                self._probe = connect(self._probe_dsn, "source", self._timeout)
+            row = self._probe.execute(
                 "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
                 (c.slot,),
             ).fetchone()

@@ -15,8 +15,11 @@ the source and cast back to the key's types in each query.
 The first cut comes from a cheap sample: ``TABLESAMPLE SYSTEM`` reads a few
 pages, whose sorted keys give the quantiles (a range is then about
 ``chunk_rows`` rows; a skewed sample only makes ranges uneven, never misses
-a row). A range that differs is cut again by walking its own keys
-(``row_number() % step``, an index-only scan of that range alone).
+a row). The sampled keys inside a range (about 20) are its *cuts*: the
+range's first hash is taken per piece between them, in the same single scan
+(``width_bucket``), so a difference is already located to a piece of some
+``chunk_rows / 20`` rows. A piece that differs is cut again by walking its
+own keys (``row_number() % step``, an index-only scan of that piece alone).
 
 Keys compare under each server's collation: a text key whose collations
 sort differently on the two servers could put one row in different ranges
@@ -27,6 +30,7 @@ dates or uuids are not affected.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -52,6 +56,8 @@ class VTable:
     row_filter: str | None = None  # the publication's row filter (on both sides)
     only: bool = True  # ONLY: an inheritance child is a table of its own
     est_rows: int = 0
+    #: hashtextextended (both servers hash alike) or md5 (see applier.verify.hashing).
+    fast_hash: bool = False
 
     @property
     def name(self) -> str:
@@ -60,10 +66,20 @@ class VTable:
 
 @dataclass(frozen=True)
 class KeyRange:
-    """``lo <= key < hi``; None: unbounded on that side."""
+    """``lo <= key < hi``; None: unbounded on that side.
+
+    ``cuts``: keys inside the range at which its first hash is already split
+    (one scan, a hash per piece), so a difference is located to a piece
+    without reading the range again.
+    """
 
     lo: Bound | None = None
     hi: Bound | None = None
+    cuts: tuple[Bound, ...] = ()
+
+    def pieces(self) -> list[KeyRange]:
+        bounds: list[Bound | None] = [self.lo, *self.cuts, self.hi]
+        return [KeyRange(bounds[i], bounds[i + 1]) for i in range(len(bounds) - 1)]
 
 
 def key_columns(conn: Conn, schema: str, name: str) -> list[tuple[str, str]]:
@@ -224,7 +240,18 @@ def ranges_from_keys(
     if base.lo is not None and cuts and cuts[0] == base.lo:
         cuts = cuts[1:]  # an empty first range
     bounds: list[Bound | None] = [base.lo, *cuts, base.hi]
-    return [KeyRange(bounds[i], bounds[i + 1]) for i in range(len(bounds) - 1)]
+    return [KeyRange(lo, hi, _inner(keys, lo, hi)) for lo, hi in itertools.pairwise(bounds)]
+
+
+def _inner(keys: list[Bound], lo: Bound | None, hi: Bound | None) -> tuple[Bound, ...]:
+    """The distinct sampled keys strictly inside (lo, hi): the range's pieces.
+
+    ``keys`` are the source's sorted key texts; their order is the key's order,
+    so the ones between two cuts are a contiguous run of the list.
+    """
+    start = 0 if lo is None else keys.index(lo) + 1
+    stop = len(keys) if hi is None else keys.index(hi)
+    return tuple(dict.fromkeys(k for k in keys[start:stop] if k != lo and k != hi))
 
 
 def split_range(
@@ -243,3 +270,21 @@ def split_range(
         return [rng]
     bounds: list[Bound | None] = [rng.lo, *cuts, rng.hi]
     return [KeyRange(bounds[i], bounds[i + 1]) for i in range(len(bounds) - 1)]
+
+
+def bucket_of(t: VTable, cuts: list[Bound]) -> tuple[sql.Composable, list[Any]]:
+    """``width_bucket(key, cuts)``: 0 below the first cut, i from cut i-1 to cut i.
+
+    The pieces a range is cut into, told apart in one scan of the range.
+    """
+    one = sql.SQL("ROW({})").format(
+        sql.SQL(", ").join(sql.SQL("%s::{}").format(sql.SQL(ty)) for ty in t.key_types)
+    )
+    arr = sql.SQL("ARRAY[{}]").format(sql.SQL(", ").join(one for _ in cuts))
+    key = _key_row(t)
+    if len(t.key) == 1:  # plain values: the key column's own comparison
+        one = sql.SQL("%s::{}").format(sql.SQL(t.key_types[0]))
+        arr = sql.SQL("ARRAY[{}]").format(sql.SQL(", ").join(one for _ in cuts))
+        key = sql.Identifier(t.key[0])
+    params = [v for cut in cuts for v in cut]
+    return sql.SQL("width_bucket({}, {})").format(key, arr), params

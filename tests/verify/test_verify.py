@@ -58,6 +58,7 @@ def test_differences_named_by_key(
         "UPDATE types SET t = NULL WHERE id = 5;"  # NULL vs a value
         "UPDATE types SET t = '' WHERE id = 301;"  # '' vs NULL
         "INSERT INTO nopk VALUES (1, 'x1');"  # a duplicate of an existing row
+        "UPDATE parted SET v = 0 WHERE id = 1000 AND region = 'eu';"  # a two-column key
         "ALTER TABLE types ALTER COLUMN vc TYPE varchar(30);"
         "DROP INDEX big_n;"
         "SELECT setval('big_id_seq', 5);"
@@ -80,8 +81,10 @@ def test_differences_named_by_key(
     assert tables["public.nopk"]["keyed"] is False
     assert [(d["key"], d["source_count"], d["target_count"]) for d in nopk] == [(None, 1, 2)]
     assert nopk[0]["target"] == {"a": 1, "b": "x1"}
-    for name in ("public.parted_eu", "public.parted_us"):
-        assert tables[name]["differences"] == []
+    eu = tables["public.parted_eu"]["differences"]
+    assert [d["key"] for d in eu] == [{"id": 1000, "region": "eu"}]
+    assert (eu[0]["source"]["v"], eu[0]["target"]["v"]) == (142.86, 0)
+    assert tables["public.parted_us"]["differences"] == []
 
     schema = {(s["kind"], s["table"], s["problem"]): s for s in report["schema"]}
     assert len(report["schema"]) == 3, report["schema"]
@@ -95,5 +98,5 @@ def test_differences_named_by_key(
     assert (seq["source"], seq["target"]) == (20_001, 6)
 
     lines = [json.loads(x) for x in diff_out.read_text().splitlines()]
-    assert len(lines) == 3 + 2 + 1
+    assert len(lines) == 3 + 2 + 1 + 1
     assert {x["key"]["id"] for x in lines if x["table"] == "public.big"} == {777, 12345, 99999}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import signal
 import subprocess
 import sys
 import threading
@@ -71,12 +72,18 @@ def test_no_false_reports_while_writes_go_on(
     runner = Runner(pair, path).start().ready()
     writer = Writer(pair)
     writer.start()
+    # The worker is paused for a while during the verify: the target falls
+    # behind the source by seconds of writes, which ranges hashed meanwhile
+    # must wait out (or recheck), not report.
+    pause = threading.Timer(0.3, _pause, (runner, 2.0))
     try:
         time.sleep(0.5)
         before = writer.txns
+        pause.start()
         rc = run_verify(cfg, chunk_rows=1000, rounds=3, as_json=True)
         during = writer.txns - before
     finally:
+        pause.join(10)
         writer.stop.set()
         writer.join(10)
     assert writer.error is None, writer.error
@@ -85,6 +92,14 @@ def test_no_false_reports_while_writes_go_on(
     assert rc == 0 and report["equal"], (found, report["schema"], runner.log()[-3000:])
     assert during > 50  # the verify really ran while the source changed
     assert runner.alive()
+
+
+def _pause(runner: Runner, seconds: float) -> None:
+    runner.signal(signal.SIGSTOP)
+    try:
+        time.sleep(seconds)
+    finally:
+        runner.signal(signal.SIGCONT)
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
