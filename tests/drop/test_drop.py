@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import Pair
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "apply"))
@@ -42,6 +43,7 @@ def _set_up(pair: Pair) -> Path:
     return cfg
 
 
+@pytest.mark.parametrize("pair", ["15-18"], indirect=True)  # not version-specific
 def test_drop_removes_exactly_what_applier_created(pair: Pair) -> None:
     cfg = _set_up(pair)
     other = f"{pair.slot}_other"  # a second source's slot on the same server
@@ -66,6 +68,7 @@ def test_drop_removes_exactly_what_applier_created(pair: Pair) -> None:
     assert again.stdout.count("absent") == 3, again.stdout
 
 
+@pytest.mark.parametrize("pair", ["15-18"], indirect=True)  # not version-specific
 def test_drop_refuses_while_a_worker_runs(pair: Pair) -> None:
     cfg = _set_up(pair)
     runner = Runner(pair, cfg, "applier2.log").start().ready()
@@ -80,6 +83,7 @@ def test_drop_refuses_while_a_worker_runs(pair: Pair) -> None:
     assert _present(pair) == (True, True, True)
 
 
+@pytest.mark.parametrize("pair", ["15-18"], indirect=True)  # not version-specific
 def test_drop_slot_alone(pair: Pair) -> None:
     cfg = _set_up(pair)
     proc = _drop(cfg, "--slot", "--yes")
@@ -88,6 +92,7 @@ def test_drop_slot_alone(pair: Pair) -> None:
     assert "origin" not in proc.stdout
 
 
+@pytest.mark.parametrize("pair", ["15-18"], indirect=True)  # not version-specific
 def test_drop_schema_shared_with_another_origin_keeps_the_other(pair: Pair) -> None:
     cfg = _set_up(pair)
     pair.sub_exec(
@@ -102,6 +107,7 @@ def test_drop_schema_shared_with_another_origin_keeps_the_other(pair: Pair) -> N
     assert pair.sub_exec("SELECT count(*) FROM applier.source_identity") == [(0,)]
 
 
+@pytest.mark.parametrize("pair", ["15-18"], indirect=True)  # not version-specific
 def test_drop_bad_usage_is_2(pair: Pair) -> None:
     cfg = pair.write_config()
     assert _drop(cfg, "--bogus").returncode == 2

@@ -40,6 +40,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@pytest.mark.parametrize("pair", ["15-18"], indirect=True)  # not version-specific
 def test_ready_after_streaming_then_watchdog_stops_while_a_lock_blocks_the_apply(
     pair: Pair, notify: NotifySocket
 ) -> None:
@@ -91,6 +92,7 @@ def test_ready_after_streaming_then_watchdog_stops_while_a_lock_blocks_the_apply
     assert runner.wait(60) == 0
 
 
+@pytest.mark.parametrize("pair", ["15-18"], indirect=True)  # not version-specific
 def test_no_ready_while_the_source_is_unreachable_but_alive_and_saying_so(
     pair: Pair, notify: NotifySocket
 ) -> None:
@@ -109,6 +111,7 @@ def test_no_ready_while_the_source_is_unreachable_but_alive_and_saying_so(
     assert notify.all("STOPPING")
 
 
+@pytest.mark.parametrize("pair", ["15-18"], indirect=True)  # not version-specific
 def test_sighup_reloads_log_level_keeps_running_and_survives_a_broken_config(
     pair: Pair, notify: NotifySocket
 ) -> None:

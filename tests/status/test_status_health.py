@@ -53,6 +53,7 @@ def _table(pair: Pair) -> None:
     pair.pub_exec("CREATE PUBLICATION pub FOR TABLE t")
 
 
+@pytest.mark.parametrize("pair", ["15-18"], indirect=True)  # not version-specific
 def test_running_is_0_stopped_is_4(pair: Pair) -> None:
     _table(pair)
     cfg = pair.write_config()
@@ -68,6 +69,7 @@ def test_running_is_0_stopped_is_4(pair: Pair) -> None:
     assert "stopped" in st["reason"]
 
 
+@pytest.mark.parametrize("pair", ["15-18"], indirect=True)  # not version-specific
 def test_never_started_is_4(pair: Pair) -> None:
     _table(pair)
     pair.pub_exec(f"SELECT pg_create_logical_replication_slot('{pair.slot}', 'pgoutput')")
@@ -80,6 +82,7 @@ def test_never_started_is_4(pair: Pair) -> None:
     assert "no worker" in st["reason"]
 
 
+@pytest.mark.parametrize("pair", ["15-18"], indirect=True)  # not version-specific
 def test_apply_error_is_3_with_the_error_and_what_to_do(pair: Pair) -> None:
     _table(pair)
     pair.sub_exec("INSERT INTO t VALUES (2, 'target only')")
@@ -97,6 +100,7 @@ def test_apply_error_is_3_with_the_error_and_what_to_do(pair: Pair) -> None:
     assert "duplicate key" in text and st["skip_command"] in text
 
 
+@pytest.mark.parametrize("pair", ["15-18"], indirect=True)  # not version-specific
 def test_killed_worker_is_4_once_its_heartbeat_is_stale(pair: Pair) -> None:
     _table(pair)
     cfg = pair.write_config()  # status_interval = 1 s: stale after 3 s
@@ -111,6 +115,7 @@ def test_killed_worker_is_4_once_its_heartbeat_is_stale(pair: Pair) -> None:
     assert "heartbeat" in st["reason"]
 
 
+@pytest.mark.parametrize("pair", ["15-18"], indirect=True)  # not version-specific
 def test_dropped_slot_is_5(pair: Pair) -> None:
     _table(pair)
     cfg = pair.write_config()
@@ -123,6 +128,7 @@ def test_dropped_slot_is_5(pair: Pair) -> None:
     assert "does not exist" in st["reason"]
 
 
+@pytest.mark.parametrize("pair", ["15-18"], indirect=True)  # not version-specific
 def test_retained_wal_over_the_threshold_is_5(pair: Pair) -> None:
     _table(pair)
     cfg = pair.write_config()

@@ -62,6 +62,7 @@ class Writer(threading.Thread):
             self.error = e
 
 
+@pytest.mark.parametrize("pair", ["15-18"], indirect=True)  # not version-specific
 def test_no_false_reports_while_writes_go_on(
     pair: Pair, spark: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -109,6 +110,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
+@pytest.mark.parametrize("pair", ["15-18"], indirect=True)  # not version-specific
 def test_exit_codes_usage_and_incomplete(pair: Pair, tmp_path: Path) -> None:
     path = pair.write_config()
     bad = _cli("--config", str(path), "--tables", "nodot")
