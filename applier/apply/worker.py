@@ -509,12 +509,7 @@ class Worker:
                 self._dispatch(batch, dispatch)
             if self.stopping:
                 break
-            applier.commit_group()
-            if batch:
-                applier.session.poll()
-            else:
-                applier.session.settle()  # idle: let the commits in flight be confirmed
-            self._confirm(stream, applier, catalog_conn)
+            self._after_batch(stream, applier, catalog_conn, bool(batch))
             if self.until is not None and self.until.finished(stream, applier):
                 break
             if stream.last_received and stream.confirmed >= stream.last_received:
@@ -532,6 +527,17 @@ class Worker:
                 healthy = True
                 self._healthy()
             beat.tick(now)
+
+    def _after_batch(
+        self, stream: Any, applier: Applier, catalog_conn: psycopg.Connection[Any], busy: bool
+    ) -> None:
+        """Between batches: commit the open group, take the results, confirm."""
+        applier.commit_group()
+        if busy:
+            applier.session.poll()
+        else:
+            applier.session.settle()  # idle: let the commits in flight be confirmed
+        self._confirm(stream, applier, catalog_conn)
 
     def _dispatch(self, batch: list[tuple[Lsn, Any]], dispatch: Callable[[Lsn, Any], None]) -> None:
         until = self.until

@@ -60,12 +60,7 @@ class CatchUp(Worker):
             self._dispatch(batch, applier.dispatch)
             if self.stopping:
                 break
-            applier.commit_group()
-            if batch:
-                applier.session.poll()
-            else:
-                applier.session.settle()
-            self._confirm(stream, applier, catalog_conn)
+            self._after_batch(stream, applier, catalog_conn, bool(batch))
             now = time.monotonic()
             if applier.state is not IDLE or applier.txn is not None or now - last < STEP_INTERVAL:
                 continue
