@@ -65,6 +65,7 @@ def _wait_applied_after(pair: Pair, runner: Runner, timeout: float) -> float:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("pair", ["15-18"], indirect=True)  # the client's network handling
 def test_connections_cut(pair: Pair) -> None:
     src, dst, runner = _proxied(pair)
     bench = _pgbench(pair, 14)
@@ -79,6 +80,7 @@ def test_connections_cut(pair: Pair) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("pair", ["15-18"], indirect=True)  # the client's network handling
 @pytest.mark.parametrize("side", ["target", "source"])
 def test_stalled_connection_is_detected(pair: Pair, side: str) -> None:
     """Half-open connections: nothing comes, nothing fails. The worker must notice
