@@ -152,4 +152,8 @@ def cutover(config_path: Path | None, timeout: float, verify: bool, as_json: boo
     """
     from .cutover import run_cutover
 
+    if verify:
+        from .extras import require_spark
+
+        require_spark("cutover --verify")  # before catching up, as `verify` itself does
     return run_cutover(load_cfg(config_path), timeout=timeout, verify=verify, as_json=as_json)

@@ -295,12 +295,8 @@ def _sync_sequences(cfg: Config) -> int:
 
 
 def _verify(cfg: Config) -> tuple[int, str]:
-    import importlib
+    from .verify import run_verify  # its heavy parts (Spark) are imported when it runs
 
-    try:  # lazily: it starts Spark
-        run_verify = importlib.import_module("applier.verify").run_verify
-    except ImportError as e:
-        return EXIT_INCOMPLETE, f"could not run: {e}"
     try:
         rc = int(run_verify(cfg, rounds=1, quiet=True))
     except ApplierError as e:
