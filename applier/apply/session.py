@@ -547,8 +547,10 @@ class TargetSession(Pipeline):
         finally:
             self.in_txn = False
         self._reset_after_error()
-        # Our ROLLBACK undid the guard id of the transaction in hand.
-        self._guard_expect = self._guard_committed
+        # Our ROLLBACK undid the guard id of the transaction in hand; read what the
+        # server holds now (a setting first made in a rolled-back transaction
+        # stays behind as '', not NULL).
+        self._resync_guard()
 
     def settle(self) -> None:
         """Wait for the commits in flight (their callbacks run); raise if one failed."""
