@@ -61,6 +61,14 @@ log = logging.getLogger("applier.apply")
 MAX_MAPPINGS = 1000
 
 
+def same_relation(known: Relation | None, m: Relation) -> bool:
+    """Whether ``m`` describes the relation as ``known`` does (a Relation message
+    inside a stream block carries its transaction's xid; that does not count)."""
+    if known is None:
+        return False
+    return known == m or (known.xid != m.xid and dataclasses.replace(m, xid=known.xid) == known)
+
+
 class RelationCache:
     """Relation and Type messages by OID, and the mappings built from them."""
 
@@ -84,7 +92,7 @@ class RelationCache:
 
     def on_relation(self, m: Relation) -> bool:
         """Record a Relation message; False when it equals the one in hand (mapping kept)."""
-        if self.relations.get(m.oid) == m:
+        if same_relation(self.relations.get(m.oid), m):
             return False
         self.relations[m.oid] = m
         old = self.relmaps.pop(m.oid, None)
