@@ -240,7 +240,7 @@ class ConflictsConfig(RootModel[dict[str, dict[str, str]]]):
 
 
 class ApplyConfig(_Section):
-    streaming: Literal["on", "off", "parallel"] = "on"
+    streaming: Literal["on", "off", "parallel"] = "parallel"
     two_phase: bool = False
     binary: bool = False
     memory_limit: int = Field(

@@ -177,6 +177,9 @@ _CHANGE_STATES = frozenset({TXN, PREPARE})
 #: In a stream block, changes and the schema they see arrive as StreamedChange.
 _NOT_STREAM = frozenset({IDLE, TXN, PREPARE})
 _ANY = frozenset(State)
+#: Messages that need the session before a live streamed transaction commits
+#: (applier.apply.streamed, "Live apply"): it is dropped first.
+_DROPS_LIVE = frozenset({Begin, BeginPrepare, CommitPrepared, RollbackPrepared, StreamPrepare})
 
 
 class Applier(Changes, Resolution, Streamed, TwoPhase):
@@ -194,6 +197,7 @@ class Applier(Changes, Resolution, Streamed, TwoPhase):
         rules: SkipRules | None = None,
         careful_until: Lsn = FLUSHED,
         our_origin_id: int | None = None,
+        no_live: set[int] | None = None,
     ) -> None:
         self.cfg = cfg
         self.session = session
@@ -209,6 +213,8 @@ class Applier(Changes, Resolution, Streamed, TwoPhase):
         self.state = IDLE
         self.txn: Txn | None = None
         self.spool: Spool | None = None
+        self.live_apply = cfg.apply.streaming == "parallel"
+        self.no_live = no_live if no_live is not None else set()
         self.rels = RelationCache(cfg, catalog, self._forget)
         self.relations = self.rels.relations
         self.relmaps = self.rels.relmaps
@@ -278,6 +284,8 @@ class Applier(Changes, Resolution, Streamed, TwoPhase):
                 lsn=str(lsn),
                 hint="the stream is out of order; applier run restarts from the origin",
             )
+        if self.live is not None and type(msg) in _DROPS_LIVE:
+            self.drop_live(f"a {msg.kind} message needs the session")
         entry[1](lsn, msg)
 
     # -- transactions ------------------------------------------------------------------
@@ -440,6 +448,9 @@ class Applier(Changes, Resolution, Streamed, TwoPhase):
 
     def abandon(self) -> None:
         """Roll back what is in hand (stop or error); the stream resends it next time."""
+        if self.live is not None:
+            self.live.spool.live = False
+            self.live = None
         self.txn = None
         self.state = IDLE
         self.group_txns = 0

@@ -95,6 +95,11 @@ class Spool:
         #: Not applied (its first block's Origin message, ``[source] origin = "none"``):
         #: its changes are not kept, its Stream Commit/Prepare discards it.
         self.filtered = False
+        #: Applied as it arrives (applier.apply.streamed, "Live apply"): kept in memory
+        #: only, as insurance, and never spilled: past the memory limit it is forgotten.
+        self.live = False
+        #: A live spool that was forgotten: it cannot be replayed.
+        self.incomplete = False
 
     @property
     def on_disk(self) -> bool:
@@ -112,6 +117,15 @@ class Spool:
         size = message_size(msg)
         self.mem_bytes += size
         return size
+
+    def forget(self) -> int:
+        """Drop what a live spool holds (it no longer fits); return the bytes freed."""
+        freed = self.mem_bytes
+        self.mem = []
+        self.mem_bytes = 0
+        self.subxacts.clear()
+        self.incomplete = True
+        return freed
 
     def _write(self, msg: bytes) -> None:
         assert self.file is not None
@@ -222,12 +236,17 @@ class SpoolSet:
         return sp
 
     def add(self, spool: Spool, msg: bytes, subxid: int | None) -> None:
+        if spool.incomplete:
+            return
         self.mem_bytes += spool.add(msg, subxid)
         if self.disk_limit and spool.disk_bytes > self.disk_limit:
             self._over_limit(spool)
+        if spool.live and self.mem_bytes > self.memory_limit:
+            # Insurance that no longer fits: a live transaction is never written to disk.
+            self.mem_bytes -= spool.forget()
         while self.mem_bytes > self.memory_limit:
             victim = max(
-                (s for s in self.spools.values() if not s.on_disk),
+                (s for s in self.spools.values() if not s.on_disk and not s.live),
                 key=lambda s: s.mem_bytes,
                 default=None,
             )

@@ -200,6 +200,12 @@ class TableSyncs:
             self.cut[oid] = cut
         return cut
 
+    def commit_dependent(self) -> bool:
+        """Whether a change's fate may depend on its transaction's commit LSN (a cut
+        between handover and ready): then no transaction is applied live."""
+        states = self.states.values()
+        return self.enabled and any(st in ("handover", "syncdone") for st, _ in states)
+
     def qualname(self, oid: int) -> str:
         s, n = self.names.get(oid, ("?", str(oid)))
         return f"{s}.{n}"
@@ -350,7 +356,12 @@ def _at_boundary(applier: Any) -> bool:
     """Between transactions, with nothing of one in hand (its changes all dispatched)."""
     from .states import State
 
-    return applier.state is State.IDLE and applier.txn is None and not applier.group_txns
+    return (
+        applier.state is State.IDLE
+        and applier.txn is None
+        and not applier.group_txns
+        and getattr(applier, "live", None) is None  # a live streamed txn is open
+    )
 
 
 #: For an Applier without a worker (tests, the catch-up of sync-tables itself).

@@ -126,6 +126,7 @@ from .session import TargetSession, connect, is_transient_sqlstate
 from .skiprules import REFRESH_INTERVAL, SkipRules
 from .spool import SpoolSet, check_spool_dir, default_spool_dir
 from .state import WorkerState
+from .streamed import LiveRestream
 from .tablesync import TableSyncs
 from .tally import Tally, count_fault
 from .targetconn import client_keepalives, close_quietly
@@ -189,6 +190,8 @@ class Worker:
         self.no_group_until = Lsn(0)
         #: After a failure a rule or policy may take: replay carefully up to here.
         self.careful_until = Lsn(0)
+        #: Streamed transactions never applied live again (see applier.apply.streamed).
+        self.no_live: set[int] = set()
         self.rules = SkipRules(cfg.origin)
         self._rules_read = 0.0
         #: Tables sync-tables copies (applier.apply.tablesync).
@@ -400,6 +403,7 @@ class Worker:
                 self.rules,
                 self.careful_until,
                 our_origin_id,
+                self.no_live,
             )
             applier.applied_txns, applier.skipped_changes = self._applied, self._skipped
             applier.tally = self.tally
@@ -407,9 +411,18 @@ class Worker:
             self.applier = applier
             try:
                 self._loop(stream, applier, catalog_conn)
+            except LiveRestream as e:
+                self.no_live.add(e.xid)
+                log.info("restreaming a streamed transaction to spool it: %s", e.why,
+                         extra={"ctx": {"xid": e.xid}})  # fmt: skip
+                raise _Regroup() from e
             except (ApplyError, SchemaMismatch) as e:
                 self.apply_errors += 1
                 merged = "merged_changes" in e.context
+                live = applier.live.xid if applier.live is not None else applier.live_failed
+                if live is not None:
+                    # Failed while applied as it arrived: the spooled replay names the change.
+                    self.no_live.add(live)
                 careful = isinstance(e, ApplyError) and not applier.careful and applier.catchable(e)
                 if careful:
                     # A rule or policy may take it: replay carefully (applier.apply.resolve).
@@ -422,7 +435,12 @@ class Worker:
                         extra={"ctx": {"until": self.careful_until}},
                     )
                     raise _Regroup() from e
-                if not applier.group_txns and not session.failed_inflight and not merged:
+                if (
+                    not applier.group_txns
+                    and not session.failed_inflight
+                    and not merged
+                    and live is None
+                ):
                     if isinstance(e, ApplyError):
                         applier.explain_failure(e)
                     raise

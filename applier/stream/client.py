@@ -190,8 +190,10 @@ def _negotiate_streaming(requested: str, proto: int) -> str:
         )
         return "off"
     if requested == "parallel" and proto < 4:
-        log.info(
-            "streaming=parallel needs proto_version 4 (PostgreSQL 16+); using streaming=on",
+        # Protocol 4 only adds the abort LSN to Stream Abort; applier applies streamed
+        # transactions as they arrive either way (applier.apply.streamed, "Live apply").
+        log.debug(
+            "the source streams as with streaming=on (protocol 4 needs PostgreSQL 16+)",
             extra={"ctx": {"proto_version": proto}},
         )
         return "on"

@@ -31,7 +31,9 @@ def _streaming_pair(pair: Pair, spool: Path, **apply: object) -> Runner:
     pair.pub.execute(f"ALTER DATABASE \"{pair.pub_db}\" SET logical_decoding_work_mem = '64kB'")
     pair.both("CREATE TABLE t (id int PRIMARY KEY, v text)")
     pair.pub_exec("CREATE PUBLICATION pub FOR ALL TABLES")
-    cfg = pair.write_config(apply={"memory_limit": "64kB", "spool_dir": str(spool), **apply})
+    # Spooled then applied at commit ("on"): live apply keeps no spool file.
+    settings = {"streaming": "on", "memory_limit": "64kB", "spool_dir": str(spool), **apply}
+    cfg = pair.write_config(apply=settings)
     return Runner(pair, cfg).start()
 
 
