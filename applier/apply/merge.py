@@ -186,19 +186,25 @@ class UpdateMerger:
     def add_delete(self, rm: RelMap, change: Delete, ctx: Any) -> int:
         """Hold a DELETE by key; as :meth:`add` (:data:`AGAIN` also when the key is
         held already: the first DELETE goes out before the second looks for the row)."""
+        # This runs per deleted row: no generator, no helper call on the way.
         old = change.old
         kinds, values, idx = old.kinds, old.values, rm.key
-        if any(kinds[i] == _U for i in idx):
+        if _U in kinds and any(kinds[i] == _U for i in idx):
             return 0
         key = values[idx[0]] if len(idx) == 1 else tuple([values[i] for i in idx])
-        entry = self._entry(rm, _Deletes)
-        if not isinstance(entry, _Deletes):
-            return 0 if self.tables[rm.relation.oid].rm is not rm else AGAIN
-        if key in entry.keys:
+        oid = rm.relation.oid
+        entry = self.tables.get(oid)
+        if entry is None:
+            entry = self.tables[oid] = _Deletes(rm)
+        elif type(entry) is not _Deletes or entry.rm is not rm:
+            return 0 if entry.rm is not rm else AGAIN
+        keys = entry.keys
+        if key in keys:
             return AGAIN
-        entry.keys.add(key)
-        entry.rows.append(_Held(values, kinds, ctx))
-        return len(entry.rows)
+        keys.add(key)
+        rows = entry.rows
+        rows.append(_Held(values, kinds, ctx))
+        return len(rows)
 
     def add_full(self, rm: RelMap, change: Update | Delete, ctx: Any) -> int:
         """Hold a change of a REPLICA IDENTITY FULL table (:mod:`applier.apply.fullident`);
