@@ -32,7 +32,10 @@ shape mid-stream yields new statements and the old ones are never reused.
 Comparisons: REPLICA IDENTITY FULL locates rows by every column of the old
 row. Types without a default btree or hash operator class (json, point, xml,
 arrays or composites of them) cannot use ``=``, so :class:`TargetColumn`
-records ``has_eq`` and the planner compares those as ``::text``.
+records ``has_eq`` and the planner compares those as ``::text``. Whether an
+index could locate a row (:attr:`TargetTable.locatable`) decides whether a
+FULL table's changes go one statement each or held together
+(:func:`full_batchable`, :mod:`applier.apply.fullident`).
 """
 
 from __future__ import annotations
