@@ -5,10 +5,10 @@ work for the session: it finds the change's table mapping (an excluded table
 or a skip rule ends it here, counted and kept as the rule says), checks the
 tuple's width against the Relation message (a :class:`ProtocolError` before
 anything of the transaction commits), and sends the plain statement, a
-policy-checked one (:mod:`applier.apply.conflicts`), a merged UPDATE
-(:mod:`applier.apply.merge`) or, in a careful replay, a statement under its
-own savepoint (:mod:`applier.apply.resolve`). TRUNCATE never cascades on the
-target. Transaction boundaries, dispatch and group commit stay in
+policy-checked one (:mod:`applier.apply.conflicts`), a held UPDATE or DELETE
+(:mod:`applier.apply.merge`, :mod:`applier.apply.fullident`) or, in a careful
+replay, a statement under its own savepoint (:mod:`applier.apply.resolve`).
+TRUNCATE never cascades on the target. Transaction boundaries, dispatch and group commit stay in
 :mod:`applier.apply.handlers`.
 """
 
@@ -25,7 +25,7 @@ from applier.protocol import Delete, Insert, Truncate, Update
 
 from .conflicts import CheckedRows, ConflictPlanner
 from .mapping import Catalog, RelMap
-from .merge import MAX_HELD, UpdateMerger
+from .merge import AGAIN, MAX_HELD, UpdateMerger
 from .planner import Planner
 from .session import TargetSession
 from .skiprules import SkipRules
@@ -158,11 +158,9 @@ class Changes:
             raise self._width_error(lsn, rm, len(bad.kinds) if bad is not None else 0)
         if rm.policy is not None and self._policy_change(ctx):
             return
-        if rm.merge and self.merging:
-            held = self.merger.add(rm, m, ctx)
-            if held:
-                if held >= MAX_HELD:
-                    self._send_held(rm.relation.oid)
+        if self.merging and (rm.merge or rm.full_batch):
+            merger = self.merger
+            if self._hold(ctx, merger.add if rm.merge else merger.add_full):
                 return
         self._keyed_change(ctx, self.planner.update)
 
@@ -172,8 +170,13 @@ class Changes:
             return
         if len(m.old.kinds) != len(ctx.rm.columns):
             raise self._width_error(lsn, ctx.rm, len(m.old.kinds))
-        if ctx.rm.policy is not None and self._policy_change(ctx):
+        rm = ctx.rm
+        if rm.policy is not None and self._policy_change(ctx):
             return
+        if self.merging and (rm.merge or rm.full_batch):
+            merger = self.merger
+            if self._hold(ctx, merger.add_delete if rm.merge else merger.add_full):
+                return
         self._keyed_change(ctx, self.planner.delete)
 
     def _checked_rows(self, stmt: Any, n: int, ctxs: list[Any]) -> Any:
@@ -301,7 +304,20 @@ class Changes:
                 f"{referenced}, or publish it), then restart applier run",
             )
 
-    # -- merged UPDATEs (see applier.apply.merge) ---------------------------------------
+    # -- held UPDATEs and DELETEs (see applier.apply.merge) ------------------------------
+
+    def _hold(self, ctx: ChangeCtx, add: Callable[[RelMap, Any, Any], int]) -> bool:
+        """Hold an UPDATE/DELETE in the merger; False when it goes out as usual."""
+        oid = ctx.rm.relation.oid
+        held = add(ctx.rm, ctx.change, ctx)
+        if held == AGAIN:  # the table holds what must go first
+            self._send_held(oid)
+            held = add(ctx.rm, ctx.change, ctx)
+        if held <= 0:
+            return False
+        if held >= MAX_HELD:
+            self._send_held(oid)
+        return True
 
     def _before_change(self, rm: RelMap) -> None:
         """Keep source order where it can be seen: before a change that is not merged."""

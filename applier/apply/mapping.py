@@ -32,7 +32,10 @@ shape mid-stream yields new statements and the old ones are never reused.
 Comparisons: REPLICA IDENTITY FULL locates rows by every column of the old
 row. Types without a default btree or hash operator class (json, point, xml,
 arrays or composites of them) cannot use ``=``, so :class:`TargetColumn`
-records ``has_eq`` and the planner compares those as ``::text``.
+records ``has_eq`` and the planner compares those as ``::text``. Whether an
+index could locate a row (:attr:`TargetTable.locatable`) decides whether a
+FULL table's changes go one statement each or held together
+(:func:`full_batchable`, :mod:`applier.apply.fullident`).
 """
 
 from __future__ import annotations
@@ -76,6 +79,9 @@ class TargetTable:
     #: Column names of each unique index and exclusion constraint (None: an
     #: expression or partial index).
     unique_sets: tuple[frozenset[str] | None, ...] = ()
+    #: An index could locate a row by column values (btree or hash, not partial,
+    #: its first column a plain column): REPLICA IDENTITY FULL goes row by row.
+    locatable: bool = False
 
     @property
     def partitioned(self) -> bool:
@@ -96,6 +102,9 @@ class RelMap:
     key: tuple[int, ...]
     #: UPDATEs that keep the key may be merged per key (see :mod:`applier.apply.merge`).
     merge: bool = False
+    #: REPLICA IDENTITY FULL changes may be held and sent in one statement
+    #: (see :mod:`applier.apply.fullident`).
+    full_batch: bool = False
     #: The table's conflict policies, None when they are the built-in ones
     #: (:mod:`applier.apply.policies`).
     policy: Any = None
@@ -167,6 +176,7 @@ def build(
         tuple(cols),
         key,
         _mergeable(relation, target, cols, key),
+        full_batchable(relation, target, cols),
     )
 
 
@@ -189,6 +199,22 @@ def _mergeable(
     # found by how many it returned, which duplicates of a key would blur.
     names = frozenset(cols[i].name for i in key)
     return bool(target.unique_sets) and all(u == names for u in target.unique_sets)
+
+
+def full_batchable(relation: Relation, target: TargetTable, cols: list[TargetColumn]) -> bool:
+    """Whether a table's REPLICA IDENTITY FULL changes may go in one statement
+    (:mod:`applier.apply.fullident`): a plain table no index can search (with one,
+    a statement per change is cheap), nothing on it that could tell the order of
+    the changes (trigger, rule, unique index or exclusion constraint), and ``=``
+    for every column."""
+    return (
+        relation.replident == "f"
+        and target.relkind == "r"
+        and not target.observed
+        and not target.unique_sets
+        and not target.locatable
+        and all(c.has_eq for c in cols)
+    )
 
 
 class Catalog:
@@ -226,13 +252,15 @@ class Catalog:
             if r[2] is not None
         }
         oid = int(rows[0][0])
-        observed, unique_sets = self._watchers(oid)
+        observed, unique_sets, locatable = self._watchers(oid)
         return TargetTable(
-            oid, schema, name, str(rows[0][1]), cols, bool(rows[0][6]), observed, unique_sets
-        )
+            oid, schema, name, str(rows[0][1]), cols, bool(rows[0][6]), observed, unique_sets,
+            locatable,
+        )  # fmt: skip
 
-    def _watchers(self, oid: int) -> tuple[bool, tuple[frozenset[str] | None, ...]]:
-        """Triggers/rules that fire for replication, and the unique indexes' columns."""
+    def _watchers(self, oid: int) -> tuple[bool, tuple[frozenset[str] | None, ...], bool]:
+        """Triggers/rules that fire for replication, the unique indexes' columns, and
+        whether an index could locate a row (see :attr:`TargetTable.locatable`)."""
         row = self.conn.execute(
             """
             SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger
@@ -256,7 +284,17 @@ class Catalog:
             {"oid": oid},
         ).fetchall()
         sets = tuple(frozenset(str(c) for c in r[1]) if r[0] else None for r in indexes)
-        return bool(row and row[0]), sets
+        searchable = self.conn.execute(
+            """
+            SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_index i
+                             JOIN pg_catalog.pg_class c ON c.oid = i.indexrelid
+                             JOIN pg_catalog.pg_am m ON m.oid = c.relam
+                            WHERE i.indrelid = %(oid)s AND i.indpred IS NULL
+                              AND i.indkey[0] <> 0 AND m.amname IN ('btree', 'hash'))
+            """,
+            {"oid": oid},
+        ).fetchone()
+        return bool(row and row[0]), sets, bool(searchable and searchable[0])
 
     def referencing(self, oids: list[int]) -> list[tuple[str, str]]:
         """(referencing, referenced) tables of foreign keys into the tables ``oids``

@@ -1,4 +1,6 @@
-"""UPDATEs merged per key within one target transaction: planning only, no I/O.
+"""UPDATEs merged per key, DELETEs by key in bulk, within one target transaction.
+
+Planning only, no I/O.
 
 A group of source transactions commits as one target transaction (worker,
 "Group commit"), so no one on the target sees the rows between its changes:
@@ -13,11 +15,21 @@ An unchanged TOAST value (kind ``u``) keeps what an earlier UPDATE of the same
 key set, if any; columns that no held UPDATE set stay out of SET, as for a
 single UPDATE. Rows held with different SET columns go in different statements.
 
+DELETEs by key are held the same way (:meth:`UpdateMerger.add_delete`) and go
+out as ``DELETE ... USING (VALUES ...) RETURNING ordinal`` in the same chunks
+(:meth:`Planner.delete_many`); a key deleted twice before they go out (the
+second finds no row) sends the first ones before it. Changes of a REPLICA
+IDENTITY FULL table that no index can search are held too, by
+:mod:`applier.apply.fullident`.
+
 Order
 =====
 
-Within a table, changes reach the target in source order: any other change
-to a table (INSERT, DELETE, an UPDATE that changes the key or cannot be
+A table holds one kind of change at a time (merged UPDATEs, DELETEs or FULL
+identity changes): a change of another kind first sends what the table holds,
+so within a table changes reach the target in source order (a DELETE after
+UPDATEs of the same key goes after them). Likewise any other change
+to a table (INSERT, an UPDATE that changes the key or cannot be
 merged) first sends the rows held for it. Across tables the order may
 change. Only tables where that cannot be told apart are merged
 (:attr:`RelMap.merge`): no trigger or rule fires for replication on them,
@@ -31,10 +43,12 @@ message, COMMIT and PREPARE.
 Rows not found, errors, memory
 ==============================
 
-Each statement returns the ordinals of the rows it updated; a held row not
-returned is a missing row, reported with the context of the last change
-merged into it (so N UPDATEs of one missing row count once). A failing merged
-statement names its table and the span of changes; the worker then applies
+Each statement returns the ordinals of the rows it updated or deleted; a held
+row not returned is a missing row, reported like a single statement's (the
+pipeline calls ``on_missing`` with the change's context); for merged UPDATEs
+with the context of the last change merged into it (so N UPDATEs of one
+missing row count once). A failing merged statement names its table and the
+span of changes; the worker then applies
 those transactions again one by one without merging, so the error names the
 exact change. At most :data:`MAX_HELD` keys are held per table: a larger
 transaction sends them and goes on.
@@ -46,13 +60,17 @@ from collections.abc import Hashable, Sequence
 from typing import Any
 
 from applier.lsn import Lsn
-from applier.protocol import Update
+from applier.protocol import Delete, Update
 
+from .fullident import FullHold
 from .mapping import RelMap
 from .planner import Formats, Params, Planner, Stmt, max_rows, param_formats
 
 #: Keys held per table before they are sent (also the largest chunk).
 MAX_HELD = 256
+#: What ``add``/``add_delete`` return when the table holds another kind of change
+#: (or the change cannot join what it holds): send the table's held rows, then add again.
+AGAIN = -1
 _U = ord("u")
 
 
@@ -85,20 +103,54 @@ class _Held:
         self.ctx = ctx
 
 
+class _Updates:
+    """A table's merged UPDATEs: the newest values by key."""
+
+    __slots__ = ("rm", "rows")
+
+    def __init__(self, rm: RelMap) -> None:
+        self.rm = rm
+        self.rows: dict[Hashable, _Held] = {}
+
+
+class _Deletes:
+    """A table's held DELETEs, in order; a key at most once."""
+
+    __slots__ = ("keys", "rm", "rows")
+
+    def __init__(self, rm: RelMap) -> None:
+        self.rm = rm
+        self.rows: list[_Held] = []
+        self.keys: set[Hashable] = set()
+
+
 #: A statement ready to send: (statement, parameters, formats, context).
 Batch = tuple[Stmt, Params, Formats, MergedCtx]
+Hold = _Updates | _Deletes | FullHold
 
 
 class UpdateMerger:
     def __init__(self, planner: Planner) -> None:
         self.planner = planner
-        #: Relation OID -> (mapping, held rows by key value).
-        self.tables: dict[int, tuple[RelMap, dict[Hashable, _Held]]] = {}
+        #: Relation OID -> what the table holds (one kind at a time).
+        self.tables: dict[int, Hold] = {}
         #: Mapping version -> column kinds -> SET shape (rows of one table share few).
         self._shapes: dict[int, dict[bytes, bytes]] = {}
 
+    def _entry(self, rm: RelMap, kind: type[Hold]) -> Hold | None:
+        """The table's holder of ``kind`` (made if it holds nothing); None if it
+        holds another kind or another mapping version of the table."""
+        oid = rm.relation.oid
+        entry = self.tables.get(oid)
+        if entry is None:
+            entry = self.tables[oid] = kind(rm)
+        elif entry.rm is not rm or type(entry) is not kind:
+            return None
+        return entry
+
     def add(self, rm: RelMap, change: Update, ctx: Any) -> int:
-        """Hold ``change``; returns how many keys the table now holds, 0 if not held.
+        """Hold ``change``; returns how many keys the table now holds, 0 if not held,
+        :data:`AGAIN` if the table holds another kind of change.
 
         Not held (the caller sends it as usual, after :meth:`take` of its table):
         an UPDATE that changes the key, a key value that was not sent, or a table
@@ -113,13 +165,10 @@ class UpdateMerger:
         key = values[idx[0]] if len(idx) == 1 else tuple([values[i] for i in idx])
         if _U in kinds and any(kinds[i] == _U for i in idx):
             return 0
-        oid = rm.relation.oid
-        entry = self.tables.get(oid)
-        if entry is None:
-            entry = self.tables[oid] = (rm, {})
-        elif entry[0] is not rm:
-            return 0
-        rows = entry[1]
+        entry = self._entry(rm, _Updates)
+        if not isinstance(entry, _Updates):
+            return 0 if self.tables[rm.relation.oid].rm is not rm else AGAIN
+        rows = entry.rows
         held = rows.get(key)
         if held is None or _U not in kinds:
             rows[key] = _Held(values, kinds, ctx)
@@ -134,13 +183,53 @@ class UpdateMerger:
             rows[key] = _Held(merged_values, bytes(merged_kinds), ctx)
         return len(rows)
 
+    def add_delete(self, rm: RelMap, change: Delete, ctx: Any) -> int:
+        """Hold a DELETE by key; as :meth:`add` (:data:`AGAIN` also when the key is
+        held already: the first DELETE goes out before the second looks for the row)."""
+        # This runs per deleted row: no generator, no helper call on the way.
+        old = change.old
+        kinds, values, idx = old.kinds, old.values, rm.key
+        if _U in kinds and any(kinds[i] == _U for i in idx):
+            return 0
+        key = values[idx[0]] if len(idx) == 1 else tuple([values[i] for i in idx])
+        oid = rm.relation.oid
+        entry = self.tables.get(oid)
+        if entry is None:
+            entry = self.tables[oid] = _Deletes(rm)
+        elif type(entry) is not _Deletes or entry.rm is not rm:
+            return 0 if entry.rm is not rm else AGAIN
+        keys = entry.keys
+        if key in keys:
+            return AGAIN
+        keys.add(key)
+        rows = entry.rows
+        rows.append(_Held(values, kinds, ctx))
+        return len(rows)
+
+    def add_full(self, rm: RelMap, change: Update | Delete, ctx: Any) -> int:
+        """Hold a change of a REPLICA IDENTITY FULL table (:mod:`applier.apply.fullident`);
+        returns as :meth:`add`."""
+        entry = self._entry(rm, FullHold)
+        if not isinstance(entry, FullHold):
+            return 0 if self.tables[rm.relation.oid].rm is not rm else AGAIN
+        return entry.add(change, ctx)
+
     def holds(self, oid: int) -> bool:
         return oid in self.tables
 
     def take(self, oid: int) -> list[Batch]:
         """The statements for the rows held for one table (none left held)."""
         entry = self.tables.pop(oid, None)
-        return [] if entry is None else self._plan(*entry)
+        if entry is None:
+            return []
+        if isinstance(entry, _Updates):
+            return self._plan(entry.rm, entry.rows)
+        if isinstance(entry, _Deletes):
+            return self._plan_deletes(entry.rm, entry.rows)
+        return [
+            (stmt, params, fmts, MergedCtx(ctxs))
+            for stmt, params, fmts, ctxs in entry.plan(self.planner)
+        ]
 
     def take_all(self) -> list[Batch]:
         out: list[Batch] = []
@@ -182,17 +271,32 @@ class UpdateMerger:
 
     def _statement(self, rm: RelMap, shape: bytes, rows: list[_Held]) -> Batch:
         stmt = self.planner.update_many(rm, shape, len(rows))
-        cols = stmt.new_idx + stmt.where_idx
-        params: Params = []
-        binary = False
-        for held in rows:
-            values = held.values
-            params += [values[i] for i in cols]
-            binary = binary or b"b" in held.kinds
-        fmts: Formats = None
-        if binary:
-            fmts = b"".join([param_formats(held.kinds, cols) for held in rows])
-        return stmt, params, fmts, MergedCtx([held.ctx for held in rows])
+        return (stmt, *_params(stmt.new_idx + stmt.where_idx, rows))
+
+    def _plan_deletes(self, rm: RelMap, rows: list[_Held]) -> list[Batch]:
+        out: list[Batch] = []
+        start = 0
+        for size in chunks(len(rows), max_rows(len(rm.key), MAX_HELD)):
+            part = rows[start : start + size]
+            start += size
+            stmt = self.planner.delete_many(rm, size)
+            out.append((stmt, *_params(rm.key, part)))
+        return out
+
+
+def _params(cols: tuple[int, ...], rows: list[_Held]) -> tuple[Params, Formats, MergedCtx]:
+    """The values at ``cols`` of each row in one parameter list, their formats
+    (None when all are text), and the rows' contexts."""
+    params: Params = []
+    binary = False
+    for held in rows:
+        values = held.values
+        params += [values[i] for i in cols]
+        binary = binary or b"b" in held.kinds
+    fmts: Formats = None
+    if binary:
+        fmts = b"".join([param_formats(held.kinds, cols) for held in rows])
+    return params, fmts, MergedCtx([held.ctx for held in rows])
 
 
 def chunks(n: int, limit: int) -> list[int]:

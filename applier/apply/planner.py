@@ -20,8 +20,10 @@ source's output text: no round trip through Python types), in text format
 * UPDATE/DELETE locate the row by the replica identity. DEFAULT and INDEX
   use the key columns the Relation flags, with the old key when the change
   carries one (the key changed) and the new row's key otherwise. FULL uses
-  every sent column of the old row with ``IS NOT DISTINCT FROM`` (NULLs
-  match), comparing ``::text`` for types without ``=``, and changes exactly
+  every sent column of the old row: ``=`` for a value, ``IS NULL`` for a NULL
+  (one statement per pattern of NULLs; ``IS NOT DISTINCT FROM`` would be the
+  same but can never use an index, so every change would scan the table),
+  comparing ``::text`` for types without ``=``, and changes exactly
   one row even when the target holds duplicates:
   ``WHERE ctid = (SELECT ctid ... LIMIT 1)``, joined on ``tableoid`` too
   for partitioned targets where a ctid is only unique per partition.
@@ -40,7 +42,10 @@ source's output text: no round trip through Python types), in text format
 * Merged UPDATEs (:mod:`applier.apply.merge`): ``n`` rows of new values in
   one ``UPDATE ... FROM (VALUES ...) WHERE key = v.key RETURNING ordinal``,
   one statement per (mapping, SET shape, n); the ordinals returned say which
-  rows were found.
+  rows were found. Held DELETEs by key likewise: ``DELETE ... USING (VALUES
+  ...) WHERE key = v.key RETURNING ordinal`` (:meth:`Planner.delete_many`).
+  Held FULL identity changes of a table no index can search:
+  :mod:`applier.apply.fullident`.
 * TRUNCATE lists every included relation of the message in one statement,
   ``ONLY`` for plain tables (a partitioned target is truncated with its
   partitions), with RESTART IDENTITY when the source used it, and always
@@ -68,6 +73,9 @@ from .mapping import RelMap, TargetColumn
 
 #: ``kinds.translate(_PRESENT)``: 1 where a value is present (t/b/n), 0 for unchanged TOAST.
 _PRESENT = bytes(0 if i == ord("u") else 1 for i in range(256))
+#: ``kinds.translate(_FULL)``: how FULL identity compares each old value: 0 not at
+#: all (unchanged TOAST), 1 with ``=``, 2 ``IS NULL`` (both can use an index).
+_FULL = bytes(0 if i == ord("u") else 2 if i == ord("n") else 1 for i in range(256))
 #: ``kinds.translate(_FORMAT)``: the libpq parameter format of each value.
 _FORMAT = bytes(1 if i == ord("b") else 0 for i in range(256))
 
@@ -215,6 +223,13 @@ class Planner:
             stmt = self._build_update_many(rm, shape, n)
         return stmt
 
+    def delete_many(self, rm: RelMap, n: int) -> Stmt:
+        """DELETE of ``n`` rows located by their key; parameters per row are the key."""
+        stmt = self._cache.get((rm.version, DELETE, b"", b"n%d" % n))
+        if stmt is None:
+            stmt = self._build_delete_many(rm, n)
+        return stmt
+
     def forget(self, version: int) -> list[bytes]:
         """Drop what was planned for mapping ``version``; the names of its statements."""
         names = [stmt.name for key, stmt in self._cache.items() if key[0] == version]
@@ -264,7 +279,7 @@ class Planner:
     @staticmethod
     def _where_shape(rm: RelMap, old: TupleData, has_old: bool) -> bytes:
         if rm.replident == "f" and has_old:
-            return b"f" + _present(old.kinds)
+            return b"f" + old.kinds.translate(_FULL)
         return b"k"
 
     def _where_cols(self, rm: RelMap, old_shape: bytes) -> tuple[int, ...]:
@@ -317,12 +332,19 @@ class Planner:
         return stmt
 
     def _conditions(
-        self, rm: RelMap, where: tuple[int, ...], first: int, full: bool
+        self, rm: RelMap, where: tuple[int, ...], first: int, old_shape: bytes
     ) -> sql.Composable:
-        conds = [
-            compare(rm.columns[i], sql.Identifier(rm.columns[i].name), _ph(n), full)
-            for n, i in enumerate(where, start=first)
-        ]
+        """The key's columns ``=`` their parameters; for FULL, a NULL old value is
+        ``IS NULL`` (its parameter, NULL, stays unused) so that every condition can
+        use an index (``IS NOT DISTINCT FROM`` never does: a scan per change)."""
+        full = old_shape.startswith(b"f")
+        conds: list[sql.Composable] = []
+        for n, i in enumerate(where, start=first):
+            ident = sql.Identifier(rm.columns[i].name)
+            if full and old_shape[1 + i] == 2:
+                conds.append(sql.Composed([ident, sql.SQL(" IS NULL")]))
+            else:
+                conds.append(compare(rm.columns[i], ident, _ph(n)))
         if not conds:
             return sql.SQL("true")
         return sql.SQL(" AND ").join(conds)
@@ -333,11 +355,12 @@ class Planner:
         head: sql.Composable,
         where: tuple[int, ...],
         first: int,
-        full: bool,
+        old_shape: bytes,
         join: str = "USING",
     ) -> sql.Composable:
         """``head`` + a WHERE clause that hits the identity's row (exactly one for FULL)."""
-        cond = self._conditions(rm, where, first, full)
+        full = old_shape.startswith(b"f")
+        cond = self._conditions(rm, where, first, old_shape)
         if not full:
             return sql.Composed([head, sql.SQL(" WHERE "), cond])
         q = _changed(rm)
@@ -362,11 +385,11 @@ class Planner:
         )
         if partitioned:
             head = sql.SQL("UPDATE {} AS applier_t SET {}").format(_changed(rm), sets)
-            body = self._locate(rm, head, where, len(new_idx) + 1, full, join="FROM")
+            body = self._locate(rm, head, where, len(new_idx) + 1, old_shape, join="FROM")
             query = body.as_bytes(None)
         else:
             head = sql.SQL("UPDATE {} SET {}").format(_changed(rm), sets)
-            query = self._locate(rm, head, where, len(new_idx) + 1, full).as_bytes(None)
+            query = self._locate(rm, head, where, len(new_idx) + 1, old_shape).as_bytes(None)
         types = tuple(rm.columns[i].type_oid for i in new_idx + where)
         stmt = Stmt(self._name(rm, UPDATE), query, types, new_idx, where, True, False)
         self._cache[(rm.version, UPDATE, new_shape, old_shape)] = stmt
@@ -377,13 +400,7 @@ class Planner:
         cols = new_idx + rm.key
         width = len(cols)
         names = [sql.Identifier(f"c{j}") for j in range(width)]
-        rows = sql.SQL(", ").join(
-            sql.SQL("({}, {})").format(
-                sql.Literal(r + 1),
-                sql.SQL(", ").join(_ph(r * width + j + 1) for j in range(width)),
-            )
-            for r in range(n)
-        )
+        rows = values_rows(n, width)
         v = sql.Identifier("applier_v")
         sets = sql.SQL(", ").join(
             sql.SQL("{} = {}.{}").format(sql.Identifier(rm.columns[i].name), v, names[j])
@@ -410,6 +427,26 @@ class Planner:
         self._cache[(rm.version, UPDATE, shape, b"n%d" % n)] = stmt
         return stmt
 
+    def _build_delete_many(self, rm: RelMap, n: int) -> Stmt:
+        width = len(rm.key)
+        names = [sql.Identifier(f"c{j}") for j in range(width)]
+        v, t = sql.Identifier("applier_v"), sql.Identifier("applier_t")
+        match = sql.SQL(" AND ").join(
+            sql.SQL("{}.{} = {}.{}").format(t, sql.Identifier(rm.columns[i].name), v, names[j])
+            for j, i in enumerate(rm.key)
+        )
+        query = sql.SQL(
+            "DELETE FROM {q} AS {t} USING (VALUES {rows}) AS {v} (applier_o, {names}) "
+            "WHERE {match} RETURNING {v}.applier_o"
+        ).format(
+            q=_changed(rm), t=t, rows=values_rows(n, width), v=v,
+            names=sql.SQL(", ").join(names), match=match,
+        )  # fmt: skip
+        types = tuple(rm.columns[i].type_oid for i in rm.key) * n
+        stmt = Stmt(self._name(rm, DELETE), query.as_bytes(None), types, (), rm.key, True, False)
+        self._cache[(rm.version, DELETE, b"", b"n%d" % n)] = stmt
+        return stmt
+
     def _build_delete(self, rm: RelMap, old_shape: bytes) -> Stmt:
         where = self._where_cols(rm, old_shape)
         full = old_shape.startswith(b"f")
@@ -417,7 +454,7 @@ class Planner:
             head = sql.SQL("DELETE FROM {} AS applier_t").format(_changed(rm))
         else:
             head = sql.SQL("DELETE FROM {}").format(_changed(rm))
-        query = self._locate(rm, head, where, 1, full).as_bytes(None)
+        query = self._locate(rm, head, where, 1, old_shape).as_bytes(None)
         types = tuple(rm.columns[i].type_oid for i in where)
         stmt = Stmt(self._name(rm, DELETE), query, types, (), where, True, False)
         self._cache[(rm.version, DELETE, b"", old_shape)] = stmt
@@ -434,6 +471,16 @@ def max_rows(width: int, limit: int) -> int:
     while rows > 1 and rows * width > MAX_PARAMS:
         rows //= 2
     return rows
+
+
+def values_rows(n: int, width: int) -> sql.Composable:
+    """``(1, $1, .. $width), (2, ..)``: ``n`` rows of parameters, each after its ordinal."""
+    return sql.SQL(", ").join(
+        sql.SQL("({}, {})").format(
+            sql.Literal(r + 1), sql.SQL(", ").join(_ph(r * width + j + 1) for j in range(width))
+        )
+        for r in range(n)
+    )
 
 
 def insert_rows(stmt: Stmt, n: int) -> Stmt:
