@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import signal
 import subprocess
@@ -132,12 +133,13 @@ class RecvLogical(Consumer):
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         )  # fmt: skip
         out: Figures = {}
-        usage = None
-        while usage is None:  # read the walsender while it still runs
-            wal = slot_pid(pub, self.slot)
-            if wal:
-                out.update(server_figures("walsender", wal))
-            usage = wait4_timeout(proc, 0.2)
+        usage, wal = None, None
+        while usage is None:  # read the walsender (from /proc) while it still runs
+            wal = wal or slot_pid(pub, self.slot)
+            figs = server_figures("walsender", wal)
+            if wal and not math.isnan(figs["cpu walsender"]):
+                out.update(figs)
+            usage = wait4_timeout(proc, 0.01)
             if usage is None and time.monotonic() - t0 > timeout:
                 stop_child(proc)
                 raise ConsumerTimeout(f"pg_recvlogical did not reach {end_lsn} in {timeout:.0f} s")
