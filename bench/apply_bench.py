@@ -43,17 +43,29 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from applier.localpg import LocalCluster, local_cluster  # noqa: E402
-from applybench import report  # noqa: E402
-from applybench.common import (  # noqa: E402
-    DB, ConsumerTimeout, Ctx, Unsupported, log, one, sh,
+from applybench import report
+from applybench.common import (
+    DB,
+    ConsumerTimeout,
+    Ctx,
+    Unsupported,
+    log,
+    one,
+    sh,
 )  # fmt: skip
-from applybench.consumers import Consumer, consumers  # noqa: E402
-from applybench.pglogical import setup_nodes  # noqa: E402
-from applybench.steady import STEADY, run_steady  # noqa: E402
-from applybench.workloads import (  # noqa: E402
-    WORKLOADS, Workload, check_target, fingerprint, prepare, reset_target,
+from applybench.consumers import Consumer, consumers
+from applybench.pglogical import setup_nodes
+from applybench.steady import STEADY, run_steady
+from applybench.workloads import (
+    WORKLOADS,
+    Workload,
+    check_target,
+    fingerprint,
+    prepare,
+    reset_target,
 )  # fmt: skip
+
+from applier.localpg import LocalCluster, local_cluster
 
 ALL = (*WORKLOADS, "steady")
 
@@ -109,8 +121,11 @@ def server_pair(version: int, base: Path) -> Iterator[tuple[LocalCluster, LocalC
         # pglogical's own background workers; it changes no other setting.
         settings["shared_preload_libraries"] = "'pglogical'"
     log(f"starting a PostgreSQL {version} pair")
-    with local_cluster(version, base / f"pg{version}", name="pub", settings=settings) as pub, \
-            local_cluster(version, base / f"pg{version}", name="sub", settings=settings) as sub:  # fmt: skip
+    base = base / f"pg{version}"
+    with (
+        local_cluster(version, base, name="pub", settings=settings) as pub,
+        local_cluster(version, base, name="sub", settings=settings) as sub,
+    ):
         pub.create_database(DB)
         sub.create_database(DB)
         yield pub, sub
@@ -182,8 +197,10 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--full-timeout", type=float, default=600,
                     help="seconds per consumer on `full` (default 600)")  # fmt: skip
     ap.add_argument("--rate", type=int, default=1500, help="steady: pgbench -R (default 1500)")
-    ap.add_argument("--steady-seconds", type=float, default=60,
-                    help="steady: window per consumer (x scale, at least 5; default 60)")  # fmt: skip
+    ap.add_argument(
+        "--steady-seconds", type=float, default=60,
+        help="steady: window per consumer (x scale, at least 5; default 60)",
+    )  # fmt: skip
     ap.add_argument("--big-mb", type=int, default=1024, help="big: MB of row data (x scale)")
     ap.add_argument("--json-out", type=Path, help="write every raw figure here")
     args = ap.parse_args()

@@ -13,17 +13,27 @@ import contextlib
 import json
 import math
 import os
+import resource
 import signal
 import subprocess
 import sys
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 from .common import (
-    DB, ROOT, ConsumerTimeout, Ctx, log, one, proc_cpu, server_figures, sh, slot_pid, vm_hwm_mb,
-    wait_marker, wait_until,
+    DB,
+    ROOT,
+    ConsumerTimeout,
+    Ctx,
+    one,
+    proc_cpu,
+    server_figures,
+    sh,
+    slot_pid,
+    vm_hwm_mb,
+    wait_marker,
+    wait_until,
 )  # fmt: skip
 from .workloads import Workload
 
@@ -57,10 +67,12 @@ def applier_defaults(server_version_num: int) -> dict[str, str]:
         two_phase=apply.two_phase,
         origin=SourceConfig.model_fields["origin"].default,
     )
-    return {k: v for k, v in negotiate(server_version_num, opts).options if k != "publication_names"}
+    return {
+        k: v for k, v in negotiate(server_version_num, opts).options if k != "publication_names"
+    }
 
 
-def wait4_timeout(proc: subprocess.Popen[bytes], timeout: float) -> os.struct_rusage | None:
+def wait4_timeout(proc: subprocess.Popen[bytes], timeout: float) -> resource.struct_rusage | None:
     """The child's own rusage once it exits; None (still running) after ``timeout``."""
     deadline = time.monotonic() + timeout
     while True:
@@ -73,7 +85,7 @@ def wait4_timeout(proc: subprocess.Popen[bytes], timeout: float) -> os.struct_ru
         time.sleep(0.02)
 
 
-def stop_child(proc: subprocess.Popen[bytes]) -> os.struct_rusage:
+def stop_child(proc: subprocess.Popen[bytes]) -> resource.struct_rusage:
     """SIGTERM, then SIGKILL after 15 s; the child's rusage."""
     if proc.returncode is not None:
         return os.wait4(proc.pid, os.WNOHANG)[2]
@@ -151,16 +163,20 @@ class RecvLogical(Consumer):
 class Builtin(Consumer):
     key, label = "b", "built-in"
 
+    def subscribe(self, ctx: Ctx) -> None:
+        """The built-in on its defaults: only what attaching to our slot needs."""
+        opts = f"copy_data = false, create_slot = false, slot_name = '{self.slot}'"
+        sh(ctx.sub, f"CREATE SUBSCRIPTION bsub CONNECTION '{ctx.pub.dsn(DB)}' "
+                    f"PUBLICATION pub WITH ({opts})")  # fmt: skip
+
     def drain(self, ctx: Ctx, marker: int, end_lsn: str, timeout: float) -> Figures:
-        self.created = True
         t0 = time.monotonic()
-        sh(ctx.sub, f"CREATE SUBSCRIPTION bsub CONNECTION '{ctx.pub.dsn(DB)}' PUBLICATION pub "
-                    f"WITH (copy_data = false, create_slot = false, slot_name = '{self.slot}')")  # fmt: skip
+        self.subscribe(ctx)
         wait_marker(ctx.sub, marker, timeout)
         out: Figures = {"time": time.monotonic() - t0}
         # The leader and any parallel apply workers (16+), read before they stop.
-        pids = [p for (p,) in sh(ctx.sub, "SELECT pid FROM pg_stat_subscription "
-                                          "WHERE subname = 'bsub' AND pid IS NOT NULL")]  # fmt: skip
+        sql = "SELECT pid FROM pg_stat_subscription WHERE subname = 'bsub' AND pid IS NOT NULL"
+        pids = [p for (p,) in sh(ctx.sub, sql)]
         out["cpu apply workers"] = sum(proc_cpu(p) for p in pids)
         out["rss apply workers"] = max((vm_hwm_mb(p) for p in pids), default=float("nan"))
         out.update(server_figures("walsender", slot_pid(ctx.pub, self.slot)))
@@ -274,6 +290,3 @@ def consumers(ctx: Ctx, server_version_num: int) -> list[Consumer]:
 def describe(c: Consumer) -> str:
     opts = getattr(c, "options", None)
     return f"{c.label}: {opts}" if opts is not None else c.label
-
-
-__all__ = ["Any", "Consumer", "Figures", "consumers", "describe", "log"]

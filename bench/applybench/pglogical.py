@@ -15,8 +15,19 @@ import contextlib
 import time
 
 from .common import (
-    DB, ConsumerTimeout, Ctx, Unsupported, log, one, proc_cpu, server_figures, sh, slot_pid,
-    vm_hwm_mb, wait_marker, wait_until,
+    DB,
+    ConsumerTimeout,
+    Ctx,
+    Unsupported,
+    log,
+    one,
+    proc_cpu,
+    server_figures,
+    sh,
+    slot_pid,
+    vm_hwm_mb,
+    wait_marker,
+    wait_until,
 )  # fmt: skip
 from .consumers import Consumer, Figures
 from .workloads import Workload
@@ -30,7 +41,7 @@ def setup_nodes(ctx: Ctx) -> None:
         for c, node in ((ctx.pub, "provider"), (ctx.sub, "subscriber")):
             sh(c, "CREATE EXTENSION IF NOT EXISTS pglogical")
             sh(c, f"SELECT pglogical.create_node(node_name := '{node}', dsn := '{c.dsn(DB)}')")
-    except Exception as e:  # noqa: BLE001 - any failure: report and go on without it
+    except Exception as e:
         ctx.pglogical_error = f"pglogical could not be set up: {e}".strip()
         log(ctx.pglogical_error)
 
@@ -50,18 +61,25 @@ class Pglogical(Consumer):
             except Exception as e:  # e.g. no primary key for UPDATE/DELETE
                 raise Unsupported(f"pglogical cannot replicate {t}: {e}".strip()) from None
             self.tables.append((rs, t))
-        sh(ctx.sub, f"""SELECT pglogical.create_subscription(
+        sh(
+            ctx.sub,
+            f"""SELECT pglogical.create_subscription(
             subscription_name := '{SUB}', provider_dsn := '{ctx.pub.dsn(DB)}',
             replication_sets := ARRAY['default', 'default_insert_only'],
             synchronize_structure := false, synchronize_data := false,
-            forward_origins := '{{}}')""")
+            forward_origins := '{{}}')""",
+        )
         wait_until(
-            lambda: one(ctx.sub, f"SELECT status FROM pglogical.show_subscription_status('{SUB}')")
-            == "replicating",
+            lambda: (
+                one(ctx.sub, f"SELECT status FROM pglogical.show_subscription_status('{SUB}')")
+                == "replicating"
+            ),
             60,
             "the pglogical subscription to replicate",
         )
-        self.slot = one(ctx.sub, f"SELECT slot_name FROM pglogical.show_subscription_status('{SUB}')")
+        self.slot = one(
+            ctx.sub, f"SELECT slot_name FROM pglogical.show_subscription_status('{SUB}')"
+        )
         sh(ctx.sub, f"SELECT pglogical.alter_subscription_disable('{SUB}', true)")
         wait_until(lambda: slot_pid(ctx.pub, self.slot) is None, 30, "pglogical's slot released")
 

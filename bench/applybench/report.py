@@ -124,5 +124,7 @@ def steady_table(describe: str, rounds: list[Round]) -> list[str]:
             f"| {m['end']:.3f} s | {m['catch-up']:.2f} s | {'yes' if m['catch-up'] < 1 else 'no'} |"
         )
     lines.append("")
-    lines.append("(pg_recvlogical is left out of the steady state: it writes no table to read a lag from.)")
+    lines.append(
+        "(pg_recvlogical is left out of the steady state: it writes no table to read a lag from.)"
+    )
     return lines

@@ -16,8 +16,9 @@ import statistics
 import subprocess
 import time
 
-from .common import DB, ConsumerTimeout, Ctx, log, one, sh, slot_pid, wait_until
+from .common import DB, ConsumerTimeout, Ctx, Unsupported, log, one, sh, slot_pid, wait_until
 from .consumers import Applier, Builtin, Consumer, Figures
+from .report import Round
 from .workloads import PGBENCH_TABLES, Workload, _create_pgbench, check_target, fingerprint, prepare
 
 STEADY = Workload(
@@ -29,8 +30,7 @@ STEADY = Workload(
 
 def go_live(ctx: Ctx, c: Consumer) -> None:
     if isinstance(c, Builtin):
-        sh(ctx.sub, f"CREATE SUBSCRIPTION bsub CONNECTION '{ctx.pub.dsn(DB)}' PUBLICATION pub "
-                    f"WITH (copy_data = false, create_slot = false, slot_name = '{c.slot}')")  # fmt: skip
+        c.subscribe(ctx)
     elif isinstance(c, Applier):
         c.start(ctx)
     else:  # pglogical: its disabled subscription
@@ -57,7 +57,9 @@ def lag_window(ctx: Ctx) -> tuple[list[float], float]:
                 samples.append(float(row[0]))
             time.sleep(0.1)
     if proc.returncode != 0:
-        raise SystemExit(f"pgbench -R failed: {proc.stderr.read().decode()[-2000:] if proc.stderr else ''}")
+        raise SystemExit(
+            f"pgbench -R failed: {proc.stderr.read().decode()[-2000:] if proc.stderr else ''}"
+        )
     t_end = time.monotonic()
     want = one(pub, "SELECT count(*) FROM pgbench_history")
     wait_until(
@@ -86,26 +88,22 @@ def one_window(ctx: Ctx, c: Consumer, rnd: int) -> Figures:
             "end": samples[-1], "catch-up": catch_up, "samples": float(len(samples))}  # fmt: skip
 
 
-def run_steady(ctx: Ctx, live: list[Consumer], repeat: int) -> list[dict[str, Figures | dict[str, str]]]:
-    rounds: list[dict[str, Figures | dict[str, str]]] = []
+def run_steady(ctx: Ctx, live: list[Consumer], repeat: int) -> list[Round]:
+    """``repeat`` rounds; in each every live consumer gets one window, order rotated."""
+    rounds: list[Round] = []
     for rnd in range(repeat):
         k = rnd % len(live)
-        out: dict[str, Figures | dict[str, str]] = {}
+        out: Round = {}
         for c in live[k:] + live[:k]:
             log(f"pg{ctx.version} steady round {rnd + 1}/{repeat}: {c.label} live")
             try:
-                out[c.key] = one_window(ctx, c, rnd)
-                f = out[c.key]
-                log(f"    {c.label}: lag p50 {f['p50']:.3f} s p99 {f['p99']:.3f} s, "  # type: ignore[str-format]
+                f = out[c.key] = one_window(ctx, c, rnd)
+                log(f"    {c.label}: lag p50 {f['p50']:.3f} s p99 {f['p99']:.3f} s, "
                     f"catch-up {f['catch-up']:.2f} s")  # fmt: skip
             except ConsumerTimeout as e:
-                out[c.key] = {"timeout": str(e)}
+                out[c.key] = {"timeout": ctx.timeout, "why": str(e)}
                 log(f"    {c.label}: {e}")
-            except Exception as e:
-                from .common import Unsupported
-
-                if not isinstance(e, Unsupported):
-                    raise
+            except Unsupported as e:
                 out[c.key] = {"skipped": str(e)}
                 log(f"    {c.label}: skipped: {e}")
         rounds.append(out)

@@ -84,8 +84,10 @@ def _run_pgbench(ctx: Ctx) -> None:
 
 def _create_update(ctx: Ctx) -> None:
     both(ctx, "CREATE TABLE upd (id int PRIMARY KEY, v text, n int)")
-    both(ctx, f"INSERT INTO upd SELECT g, md5(g::text), 0 FROM generate_series(1, "
-              f"{ctx.n(1_000_000)}) g")
+    both(
+        ctx,
+        f"INSERT INTO upd SELECT g, md5(g::text), 0 FROM generate_series(1, {ctx.n(1_000_000)}) g",
+    )
     both(ctx, "VACUUM ANALYZE upd")  # fmt: skip
 
 
@@ -95,8 +97,10 @@ def _run_update(ctx: Ctx) -> None:
 
 def _create_delete(ctx: Ctx) -> None:
     both(ctx, "CREATE TABLE del (id int PRIMARY KEY, v text, n int)")
-    both(ctx, f"INSERT INTO del SELECT g, md5(g::text), g FROM generate_series(1, "
-              f"{ctx.n(1_000_000)}) g")
+    both(
+        ctx,
+        f"INSERT INTO del SELECT g, md5(g::text), g FROM generate_series(1, {ctx.n(1_000_000)}) g",
+    )
     both(ctx, "VACUUM ANALYZE del")  # fmt: skip
 
 
@@ -116,7 +120,9 @@ def _create_full(ctx: Ctx) -> None:
     # Without an index the source would scan sequentially too (50,000 x 100,000
     # rows): the procedure updates by ctid instead, each chosen row once (so the
     # ctid it read up front stays valid), in a scattered order, one commit each.
-    sh(ctx.pub, """
+    sh(
+        ctx.pub,
+        """
         CREATE PROCEDURE bump_full(cnt int) LANGUAGE plpgsql AS $$
         DECLARE
             tids tid[];
@@ -127,7 +133,8 @@ def _create_full(ctx: Ctx) -> None:
                 UPDATE fullt SET n = n + 1 WHERE ctid = tids[i];
                 COMMIT;
             END LOOP;
-        END $$""")
+        END $$""",
+    )
 
 
 def _run_full(ctx: Ctx) -> None:
@@ -140,7 +147,9 @@ def _run_full(ctx: Ctx) -> None:
 def _create_indexed(ctx: Ctx) -> None:
     both(ctx, "CREATE TABLE idx (id int PRIMARY KEY, a int, b text, c timestamptz, d int)")
     both(ctx, "CREATE INDEX ON idx (a); CREATE INDEX ON idx (b); CREATE INDEX ON idx (c)")
-    sh(ctx.pub, """
+    sh(
+        ctx.pub,
+        """
         CREATE PROCEDURE fill_idx(txns int, per int) LANGUAGE plpgsql AS $$
         BEGIN
             FOR i IN 0 .. txns - 1 LOOP
@@ -149,7 +158,8 @@ def _create_indexed(ctx: Ctx) -> None:
                   FROM generate_series(i * per + 1, (i + 1) * per) g;
                 COMMIT;
             END LOOP;
-        END $$""")
+        END $$""",
+    )
 
 
 def _run_indexed(ctx: Ctx) -> None:
@@ -243,4 +253,5 @@ def check_target(ctx: Ctx, w: Workload, want: dict[str, tuple[int, int]], who: s
             f"{who} on {w.name}: the target differs from the source "
             f"(table: ((rows, hash) source, (rows, hash) target)): {bad}"
         )
-    log(f"    {who}: target matches the source ({', '.join(f'{t} {n:,} rows' for t, (n, _) in got.items())})")
+    rows = ", ".join(f"{t} {n:,} rows" for t, (n, _) in got.items())
+    log(f"    {who}: target matches the source ({rows})")
