@@ -83,7 +83,11 @@ def one_window(ctx: Ctx, c: Consumer, rnd: int) -> Figures:
         if isinstance(c, Applier) and c.proc is not None:
             c.stop(time.time())
         c.cleanup(ctx)
-    q = statistics.quantiles(samples, n=100) if len(samples) > 1 else samples * 99
+    q = (
+        statistics.quantiles(samples, n=100, method="inclusive")
+        if len(samples) > 1
+        else samples * 99
+    )
     return {"p50": statistics.median(samples), "p99": q[98], "max": max(samples),
             "end": samples[-1], "catch-up": catch_up, "samples": float(len(samples))}  # fmt: skip
 
