@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import signal
 import sys
 import tempfile
 import time
@@ -216,6 +217,8 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
+    # SIGTERM unwinds like Ctrl-C: every cluster and child is stopped on the way out.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     all_results: dict[int, dict[str, Any]] = {}
     try:
         with tempfile.TemporaryDirectory(prefix="apply-bench-") as tmp:

@@ -270,6 +270,12 @@ class Applier(Consumer):
             assert self.proc is not None
             stop_child(self.proc)
             self.proc = None
+        # Every origin with progress holds a replication state slot on the target
+        # (18: max_active_replication_origins, default 10): drop ours, as DROP
+        # SUBSCRIPTION drops the built-in's.
+        with contextlib.suppress(Exception):
+            sh(ctx.sub, f"SELECT pg_replication_origin_drop(roname) FROM pg_replication_origin "
+                        f"WHERE roname = 'o_{self.slot}'")  # fmt: skip
         super().cleanup(ctx)
 
 
