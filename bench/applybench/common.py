@@ -7,7 +7,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +40,6 @@ class Ctx:
     steady_seconds: float
     big_mb: int
     pglogical_error: str | None = None  # why pglogical cannot run here (None: it can)
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def n(self, full_size: int) -> int:
         return max(1, int(full_size * self.scale))

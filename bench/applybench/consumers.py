@@ -291,8 +291,3 @@ def consumers(ctx: Ctx, server_version_num: int) -> list[Consumer]:
         out.append(Pglogical())
     out.append(Applier())
     return out
-
-
-def describe(c: Consumer) -> str:
-    opts = getattr(c, "options", None)
-    return f"{c.label}: {opts}" if opts is not None else c.label
