@@ -32,6 +32,8 @@ def status(rounds: list[Round], key: str) -> str | None:
 
 
 def cell(rounds: list[Round], key: str) -> str:
+    if key == "p" and not any("p" in r for r in rounds):
+        return "n/a"  # pglogical: PostgreSQL 15 only
     s = status(rounds, key)
     if s:
         return s
