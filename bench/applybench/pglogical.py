@@ -50,10 +50,20 @@ class Pglogical(Consumer):
     key, label = "p", "pglogical"
 
     def prepare(self, ctx: Ctx, w: Workload, rnd: int) -> None:
+        """Whatever goes wrong here is reported and pglogical skipped, not the bench."""
         self.slot = ""
         self.tables: list[tuple[str, str]] = []
         if ctx.pglogical_error:
             raise Unsupported(ctx.pglogical_error)
+        try:
+            self._prepare(ctx, w)
+        except Exception as e:
+            self.cleanup(ctx)
+            if isinstance(e, Unsupported):
+                raise
+            raise Unsupported(f"pglogical could not be set up: {e}".strip()) from e
+
+    def _prepare(self, ctx: Ctx, w: Workload) -> None:
         for t in (*w.tables, "marker"):
             rs = "default_insert_only" if t in w.keyless and not w.full_identity else "default"
             try:
