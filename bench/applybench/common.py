@@ -89,17 +89,22 @@ def proc_cpu(pid: int | None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def vm_hwm_mb(pid: int | None) -> float:
-    """Peak resident set (VmHWM) of a live process in MB; nan if gone."""
+def vm_hwm_mb(pid: int | None, private: bool = False) -> float:
+    """Peak resident set (VmHWM) of a live process in MB; nan if gone.
+
+    A server process's VmHWM counts the shared_buffers pages it touched;
+    ``private`` subtracts the shared memory it has mapped now (RssShmem, which
+    only grows), leaving about its own peak, the figure comparable to applier's."""
     if not pid:
         return float("nan")
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return float("nan")
+        status = dict(
+            line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+        )
+        hwm = int(status["VmHWM"].split()[0]) / 1024
+        return hwm - int(status["RssShmem"].split()[0]) / 1024 if private else hwm
+    except (OSError, KeyError, ValueError):
+        return float("nan")
 
 
 def slot_pid(pub: LocalCluster, slot: str) -> int | None:
@@ -107,9 +112,15 @@ def slot_pid(pub: LocalCluster, slot: str) -> int | None:
     return int(pid) if pid else None
 
 
-def server_figures(prefix: str, pid: int | None) -> dict[str, float]:
-    """CPU seconds and peak RSS of one server process, read while it still runs."""
-    return {f"cpu {prefix}": proc_cpu(pid), f"rss {prefix}": vm_hwm_mb(pid)}
+def server_figures(prefix: str, *pids: int | None) -> dict[str, float]:
+    """CPU seconds (summed) and peak RSS (the largest, with and without shared
+    memory) of server processes, read while they still run."""
+    nan = float("nan")
+    return {
+        f"cpu {prefix}": sum(proc_cpu(p) for p in pids) if pids else nan,
+        f"rss {prefix}": max((vm_hwm_mb(p) for p in pids), default=nan),
+        f"rss-private {prefix}": max((vm_hwm_mb(p, private=True) for p in pids), default=nan),
+    }
 
 
 class Unsupported(Exception):

@@ -31,7 +31,6 @@ from .common import (
     server_figures,
     sh,
     slot_pid,
-    vm_hwm_mb,
     wait_marker,
     wait_until,
 )  # fmt: skip
@@ -177,8 +176,7 @@ class Builtin(Consumer):
         # The leader and any parallel apply workers (16+), read before they stop.
         sql = "SELECT pid FROM pg_stat_subscription WHERE subname = 'bsub' AND pid IS NOT NULL"
         pids = [p for (p,) in sh(ctx.sub, sql)]
-        out["cpu apply workers"] = sum(proc_cpu(p) for p in pids)
-        out["rss apply workers"] = max((vm_hwm_mb(p) for p in pids), default=float("nan"))
+        out.update(server_figures("apply workers", *pids))
         out.update(server_figures("walsender", slot_pid(ctx.pub, self.slot)))
         return out
 

@@ -21,11 +21,9 @@ from .common import (
     Unsupported,
     log,
     one,
-    proc_cpu,
     server_figures,
     sh,
     slot_pid,
-    vm_hwm_mb,
     wait_marker,
     wait_until,
 )  # fmt: skip
@@ -100,8 +98,7 @@ class Pglogical(Consumer):
         out: Figures = {"time": time.monotonic() - t0}
         pids = [p for (p,) in sh(ctx.sub, "SELECT pid FROM pg_stat_activity WHERE backend_type "
                                           "LIKE 'pglogical apply%'")]  # fmt: skip
-        out["cpu apply workers"] = sum(proc_cpu(p) for p in pids)
-        out["rss apply workers"] = max((vm_hwm_mb(p) for p in pids), default=float("nan"))
+        out.update(server_figures("apply workers", *pids))
         out.update(server_figures("walsender", slot_pid(ctx.pub, self.slot)))
         return out
 

@@ -96,17 +96,29 @@ def per_consumer(res: dict[str, Any]) -> list[str]:
 
 def big_table(res: dict[str, Any]) -> list[str]:
     rounds: list[Round] = res["rounds"]
-    lines = [f"{res['describe']}: peak RSS (MB, median)", "",
+    lines = [f"{res['describe']}: peak RSS in MB (median); for server processes "
+             "VmHWM, and in brackets without the shared memory they mapped (RssShmem)", "",
              "| consumer | time | consumer process | walsender |", "|---|---|---|---|"]  # fmt: skip
-    own = {"b": "rss apply workers", "p": "rss apply workers", "a": "rss applier process"}
+    own = {"b": "apply workers", "p": "apply workers"}
     for key, label in LABELS.items():
         if status(rounds, key) == "-":
             continue
-        mine = median_of(rounds, key, own[key]) if key in own else None
-        wal = median_of(rounds, key, "rss walsender")
-        lines.append(f"| {label} | {cell(rounds, key)} | {'-' if mine is None else f'{mine:.0f}'} "
-                     f"| {'-' if wal is None else f'{wal:.0f}'} |")  # fmt: skip
+        if key == "a":
+            mine = mb(median_of(rounds, key, "rss applier process"))
+        else:
+            mine = server_rss(rounds, key, own[key]) if key in own else "-"
+        lines.append(f"| {label} | {cell(rounds, key)} | {mine} "
+                     f"| {server_rss(rounds, key, 'walsender')} |")  # fmt: skip
     return lines
+
+
+def mb(v: float | None) -> str:
+    return "-" if v is None else f"{v:.0f}"
+
+
+def server_rss(rounds: list[Round], key: str, proc: str) -> str:
+    return (f"{mb(median_of(rounds, key, f'rss {proc}'))} "
+            f"({mb(median_of(rounds, key, f'rss-private {proc}'))})")  # fmt: skip
 
 
 def steady_table(describe: str, rounds: list[Round]) -> list[str]:
