@@ -25,7 +25,7 @@ def status(rounds: list[Round], key: str) -> str | None:
         if f is None:
             return "-"
         if "timeout" in f:
-            return f"> {f['timeout']:.0f} s" if isinstance(f["timeout"], float) else "timeout"
+            return f"> {f['timeout']:g} s" if isinstance(f["timeout"], float) else "timeout"
         if "skipped" in f:
             return "n/a"
     return None
