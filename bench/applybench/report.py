@@ -1,0 +1,144 @@
+"""Medians over the rounds, the markdown tables, the JSON dump."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any
+
+Round = dict[str, dict[str, Any]]  # consumer key -> figures, or {"timeout"/"skipped": why}
+
+LABELS = {"rb": "floor (built-in's options)", "ra": "floor (applier's options)",
+          "b": "built-in", "p": "pglogical", "a": "applier"}  # fmt: skip
+
+
+def median_of(rounds: list[Round], key: str, fig: str) -> float | None:
+    vals = [r[key][fig] for r in rounds if key in r and isinstance(r[key].get(fig), float)]
+    vals = [v for v in vals if not math.isnan(v)]
+    return statistics.median(vals) if vals else None
+
+
+def status(rounds: list[Round], key: str) -> str | None:
+    """'> 600 s' when a round timed out, 'n/a' when skipped, else None."""
+    for r in rounds:
+        f = r.get(key)
+        if f is None:
+            return "-"
+        if "timeout" in f:
+            return f"> {f['timeout']:g} s" if isinstance(f["timeout"], float) else "timeout"
+        if "skipped" in f:
+            return "n/a"
+    return None
+
+
+def cell(rounds: list[Round], key: str) -> str:
+    if key == "p" and not any("p" in r for r in rounds):
+        return "n/a"  # pglogical: PostgreSQL 15 only
+    s = status(rounds, key)
+    if s:
+        return s
+    t = median_of(rounds, key, "time")
+    return "-" if t is None else f"{t:.2f} s"
+
+
+def ratio(rounds: list[Round], a: str, b: str) -> str:
+    if status(rounds, a) or status(rounds, b):
+        return "-"
+    ta, tb = median_of(rounds, a, "time"), median_of(rounds, b, "time")
+    return "-" if not ta or not tb else f"{ta / tb:.2f}"
+
+
+def builtin_header(version: int) -> str:
+    return "built-in (default: streaming=parallel)" if version >= 18 else \
+        "built-in (default: streaming=off)"  # fmt: skip
+
+
+def drain_table(version: int, results: dict[str, dict[str, Any]]) -> list[str]:
+    lines = [
+        f"| workload | drain floor (built-in's / applier's options) | {builtin_header(version)} "
+        "| pglogical | applier | applier/built-in | applier/pglogical | applier peak RSS |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for res in results.values():
+        rounds: list[Round] = res["rounds"]
+        rss = median_of(rounds, "a", "rss applier process")
+        lines.append(
+            f"| {res['describe']} | {cell(rounds, 'rb')} / {cell(rounds, 'ra')} "
+            f"| {cell(rounds, 'b')} | {cell(rounds, 'p')} | {cell(rounds, 'a')} "
+            f"| {ratio(rounds, 'a', 'b')} | {ratio(rounds, 'a', 'p')} "
+            f"| {'-' if rss is None else f'{rss:.0f} MB'} |"
+        )
+    return lines
+
+
+def per_consumer(res: dict[str, Any]) -> list[str]:
+    """Every figure's median per consumer (CPU seconds, peak RSS MB, start-up)."""
+    rounds: list[Round] = res["rounds"]
+    lines = [f"{res['describe']} (median of {len(rounds)}):"]
+    for key, label in LABELS.items():
+        s = status(rounds, key)
+        if s == "-":
+            continue
+        if s:
+            why = next((r[key].get("skipped") or "" for r in rounds if key in r), "")
+            lines.append(f"  {label:28s} {s} {why}")
+            continue
+        figs = sorted({f for r in rounds for f in r.get(key, {}) if f != "time"})
+        parts = []
+        for f in figs:
+            v = median_of(rounds, key, f)
+            if v is not None:
+                unit = " MB" if f.startswith("rss") else " s"
+                parts.append(f"{f} {v:.2f}{unit}" if unit == " s" else f"{f} {v:.0f}{unit}")
+        lines.append(f"  {label:28s} {cell(rounds, key):>9s}  " + ", ".join(parts))
+    return lines
+
+
+def big_table(res: dict[str, Any]) -> list[str]:
+    rounds: list[Round] = res["rounds"]
+    lines = [f"{res['describe']}: peak RSS in MB (median); for server processes "
+             "VmHWM, and in brackets without the shared memory they mapped (RssShmem)", "",
+             "| consumer | time | consumer process | walsender |", "|---|---|---|---|"]  # fmt: skip
+    own = {"b": "apply workers", "p": "apply workers"}
+    for key, label in LABELS.items():
+        if status(rounds, key) == "-":
+            continue
+        if key == "a":
+            mine = mb(median_of(rounds, key, "rss applier process"))
+        else:
+            mine = server_rss(rounds, key, own[key]) if key in own else "-"
+        lines.append(f"| {label} | {cell(rounds, key)} | {mine} "
+                     f"| {server_rss(rounds, key, 'walsender')} |")  # fmt: skip
+    return lines
+
+
+def mb(v: float | None) -> str:
+    return "-" if v is None else f"{v:.0f}"
+
+
+def server_rss(rounds: list[Round], key: str, proc: str) -> str:
+    return (f"{mb(median_of(rounds, key, f'rss {proc}'))} "
+            f"({mb(median_of(rounds, key, f'rss-private {proc}'))})")  # fmt: skip
+
+
+def steady_table(describe: str, rounds: list[Round]) -> list[str]:
+    lines = [f"{describe} (median of {len(rounds)} windows per consumer)", "",
+             "| consumer | p50 lag | p99 lag | max lag | lag at end | catch-up after end "
+             "| kept up |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for key, label in LABELS.items():
+        s = status(rounds, key)
+        if s == "-":
+            continue
+        if s:
+            lines.append(f"| {label} | {s} | | | | | |")
+            continue
+        m = {f: median_of(rounds, key, f) or 0.0 for f in ("p50", "p99", "max", "end", "catch-up")}
+        lines.append(
+            f"| {label} | {m['p50']:.3f} s | {m['p99']:.3f} s | {m['max']:.3f} s "
+            f"| {m['end']:.3f} s | {m['catch-up']:.2f} s | {'yes' if m['catch-up'] < 1 else 'no'} |"
+        )
+    lines.append("")
+    lines.append(
+        "(pg_recvlogical is left out of the steady state: it writes no table to read a lag from.)"
+    )
+    return lines
