@@ -31,7 +31,9 @@ import struct
 from array import array
 from collections.abc import Sequence
 
+from applier.errors import DecodeError
 from applier.lsn import Lsn
+from applier.protocol.decoder import _tuple
 
 from .planner import Formats, Params, Stmt
 
@@ -83,6 +85,20 @@ def text_row(params: Sequence[bytes | None]) -> bytes:
         ):
             return line + b"\n"
     return b"\t".join([_NULL_TEXT if v is None else _escape(v) for v in params]) + b"\n"
+
+
+def tuple_text_line(data: bytes, pos: int) -> tuple[bytes | None, int]:
+    """The COPY text line of the TupleData at ``pos`` (ending ``data``) and its width;
+    ``(None, -1)`` when a value is binary or an unchanged TOAST value, or the bytes
+    are malformed (the decoder then says what is wrong)."""
+    try:
+        tup, end = _tuple(data, pos, "I")
+    except DecodeError:
+        return None, -1
+    kinds = tup.kinds
+    if end != len(data) or b"b" in kinds or b"u" in kinds:
+        return None, -1
+    return text_row(tup.values), len(kinds)
 
 
 def binary_row(params: Sequence[bytes | None]) -> bytes:

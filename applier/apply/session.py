@@ -256,6 +256,19 @@ class TargetSession(Pipeline):
             if len(run.pending) >= self.copy_threshold:
                 self._copy_begin(run)
 
+    def copy_in_hand(self) -> Run | None:
+        """The run whose rows are being copied now, if any (applier.apply.copylane)."""
+        run = self._run
+        return run if type(run) is Run and run.copying else None
+
+    def copy_line(self, run: Run, line: bytes, lsn: int, xid: int) -> None:
+        """Append one encoded row to the COPY of ``run`` (the run in hand)."""
+        run.buf += line
+        run.lsns.append(lsn)
+        run.xids.append(xid)
+        if len(run.buf) >= CHUNK:
+            self._copy_put(run, run.take())
+
     def insert_checked(
         self, stmt: Stmt, params: Params, formats: Formats, ctx: Any, run_of: Any
     ) -> None:

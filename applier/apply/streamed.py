@@ -63,6 +63,7 @@ from typing import Any
 from applier.errors import ApplyError, ProtocolError, SchemaMismatch
 from applier.lsn import Lsn
 from applier.protocol import (
+    Insert,
     Relation,
     StreamAbort,
     StreamCommit,
@@ -72,6 +73,7 @@ from applier.protocol import (
     decode_streamed,
 )
 
+from .copylane import CopyLane, offer, open_lane
 from .merge import UpdateMerger
 from .origin import FLUSHED, FlushTracker
 from .relations import same_relation
@@ -130,6 +132,10 @@ class Streamed:
     #: Xids never applied live (an error or a forgotten spool while live).
     no_live: set[int]
     live: Live | None = None
+    #: Where the next streamed INSERT may skip the handlers (applier.apply.copylane).
+    lane: CopyLane | None = None
+    #: Rows that went through the lane (logged with each streamed commit).
+    lane_rows = 0
     #: An error came while a transaction was live (the worker restreams it spooled).
     live_failed: int | None = None
     live_txns = 0
@@ -159,7 +165,12 @@ class Streamed:
                 self._apply_live(lsn, live, m)
 
     def _apply_live(self, lsn: Lsn, live: Live, m: StreamedChange) -> None:
-        msg = decode_streamed(m.data)
+        data = m.data
+        lane = self.lane
+        if lane is not None and lane.txn is live.txn and offer(self, lane, lsn, data):
+            return
+        self.lane = None
+        msg = decode_streamed(data)
         if type(msg) is Relation:
             known = self.relations.get(msg.oid)
             if known is not None and not same_relation(known, msg):
@@ -168,6 +179,8 @@ class Streamed:
         self.txn, self.state = live.txn, TXN
         try:
             self.dispatch(lsn, msg)
+            if type(msg) is Insert:
+                self.lane = open_lane(self, msg.relation_oid, live.txn)
         except (ApplyError, SchemaMismatch):
             self.live_failed = live.xid
             raise
@@ -247,9 +260,17 @@ class Streamed:
         spool = self.spools.get(xid)
         self.state = TXN
         self._start_txn(xid, commit_lsn, False, gid, ts)
-        if spool is not None:
-            for data in spool:
-                self.dispatch(commit_lsn, decode_streamed(data))
+        if spool is None:
+            return
+        txn = self.txn
+        assert txn is not None
+        lane = None
+        for data in spool:
+            if lane is not None and offer(self, lane, commit_lsn, data):
+                continue
+            msg = decode_streamed(data)
+            self.dispatch(commit_lsn, msg)
+            lane = open_lane(self, msg.relation_oid, txn) if type(msg) is Insert else None
 
     def on_stream_commit(self, lsn: Lsn, m: StreamCommit) -> None:
         live = self.live
@@ -280,6 +301,7 @@ class Streamed:
             self._replay(m.xid, m.commit_lsn, None, m.commit_ts)
             self.state = IDLE
             self._end_txn(m.end_lsn, m.commit_ts)
+            log.debug("streamed transaction replayed", extra={"ctx": {"lane_rows": self.lane_rows}})
         finally:
             self.state = IDLE
             self.spools.discard(m.xid)
@@ -289,7 +311,13 @@ class Streamed:
         live.spool.live = False
         log.debug(
             "streamed transaction commits",
-            extra={"ctx": {"xid": m.xid, "live": True, "end_lsn": m.end_lsn}},
+            extra={
+                "ctx": {
+                    "xid": m.xid,
+                    "live": True,
+                    "end_lsn": m.end_lsn,
+                }
+            },
         )
         try:
             if m.end_lsn <= self.progress or live.spool.filtered:
@@ -313,6 +341,7 @@ class Streamed:
             except (ApplyError, SchemaMismatch):
                 self.live_failed = live.xid
                 raise
+            log.debug("streamed transaction applied", extra={"ctx": {"lane_rows": self.lane_rows}})
         finally:
             self.state = IDLE
             self.spools.discard(m.xid)

@@ -129,3 +129,39 @@ def test_error_while_live_names_the_commit(pair: Pair) -> None:
     assert m, log[-3000:]
     assert before <= Lsn.parse(m.group(1)) < after
     assert pair.sub_exec("SELECT count(*) FROM t") == [(1,)]  # nothing of it committed
+
+
+@ONE_PAIR
+@pytest.mark.parametrize("streaming", ["parallel", "on"])
+def test_copy_lane_rows_equal(pair: Pair, streaming: str) -> None:
+    """Rows that skip the handlers (applier.apply.copylane), live or replayed from the
+    spool: values COPY must escape, NULLs, a second table between runs, a binary-free
+    mix of types, and an UPDATE and a wide row that end the lane."""
+    pair.pub.execute(f"ALTER DATABASE \"{pair.pub_db}\" SET logical_decoding_work_mem = '64kB'")
+    pair.both(
+        "CREATE TABLE t (id int PRIMARY KEY, v text, n numeric, a int[], j jsonb); "
+        "CREATE TABLE s (id int PRIMARY KEY, w text)"
+    )
+    pair.pub_exec("CREATE PUBLICATION pub FOR ALL TABLES")
+    cfg = pair.write_config(apply={"streaming": streaming, "copy_threshold": 10})
+    runner = Runner(pair, cfg).start().ready()
+    pair.pub_exec(
+        r"""
+        BEGIN;
+        INSERT INTO t SELECT g, CASE g % 5 WHEN 0 THEN NULL WHEN 1 THEN E'tab\there'
+            WHEN 2 THEN E'back\\slash\nnew line\r' WHEN 3 THEN '' ELSE repeat('x', g % 300) END,
+            CASE WHEN g % 7 = 0 THEN NULL ELSE g / 3.0 END, ARRAY[g, NULL, -g],
+            jsonb_build_object('k', E'q"\\\t', 'g', g)
+          FROM generate_series(1, 6000) g;
+        INSERT INTO s SELECT g, E'\\N' FROM generate_series(1, 3000) g;
+        INSERT INTO t SELECT g, 'again', 1, '{}', 'null' FROM generate_series(6001, 9000) g;
+        UPDATE t SET v = 'u' WHERE id % 1000 = 0;
+        INSERT INTO t SELECT g, repeat('w', 5000), NULL, NULL, NULL
+          FROM generate_series(9001, 9100) g;
+        COMMIT;
+        """
+    )
+    wait_equal(pair, ["t", "s"], runner=runner, timeout=90)
+    assert runner.stop() == 0
+    lane_rows = [int(m) for m in re.findall(r"lane_rows=(\d+)", runner.log())]
+    assert lane_rows and max(lane_rows) > 10000, runner.log()[-2000:]

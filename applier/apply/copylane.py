@@ -1,0 +1,96 @@
+"""The copy lane: a streamed INSERT straight from its bytes into the COPY in hand.
+
+A big streamed transaction is mostly long runs of INSERTs into one table, and
+each row's way through the handlers (decode into an Insert, the checks of
+:meth:`~applier.apply.changes.Changes._target`, the planner, the session's run)
+costs several microseconds of Python. Once the ordinary path has put a row of
+a table into a COPY in text format (:mod:`applier.apply.copyrun`), every
+following INSERT of that table can go the same way from its pgoutput bytes:
+the tuple's text values, escaped for COPY, are the row's line
+(:func:`~applier.apply.copyrun.tuple_text_line`).
+
+The lane is opened only after a row took the ordinary path to the same place,
+so it never decides anything the handlers did not: the same table and
+mapping, a plain INSERT (no conflict policy that checks it, no skip rule or
+kept changes, no table being synced, no careful replay, no held merged rows),
+all values text, and one value per column. It is closed by anything else: any
+message that takes the ordinary path, a row that does not fit (a binary or
+missing value, another table), and the checks it repeats per row (skip rules
+and sync cuts may change between batches). What the row counts (the
+transaction's change number, the tally) and what an error in the COPY names
+(the row's LSN and xid) are the same as on the ordinary path.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from applier.lsn import Lsn
+
+from .copyrun import TEXT, Run, tuple_text_line
+
+if TYPE_CHECKING:
+    from .states import Txn
+
+_I, _N = ord("I"), ord("N")
+
+
+class CopyLane:
+    """The table whose INSERTs may skip the handlers, and the COPY they join."""
+
+    __slots__ = ("key", "oid", "oid_bytes", "run", "txn", "width")
+
+    def __init__(self, oid: int, run: Run, txn: Txn, width: int) -> None:
+        self.oid = oid
+        self.oid_bytes = oid.to_bytes(4, "big")
+        self.run = run
+        self.txn = txn
+        self.width = width
+        self.key = (oid, "insert")
+
+
+def open_lane(applier: Any, oid: int, txn: Txn) -> CopyLane | None:
+    """After the ordinary path applied an INSERT of ``oid``: the lane, if it fits."""
+    session = applier.session
+    run = session.copy_in_hand()
+    if run is None or not run.stmt.all_new or run.fmt != TEXT:
+        return None
+    rm = applier.relmaps.get(oid)
+    if (
+        rm is None
+        or not rm.included
+        or (rm.policy is not None and rm.policy.checked_insert)
+        or applier.careful
+        or txn.skip
+        or txn.rule is not None
+        or txn.seen is not None
+    ):
+        return None
+    return CopyLane(oid, run, txn, len(rm.columns))
+
+
+def offer(applier: Any, lane: CopyLane, lsn: Lsn, data: bytes) -> bool:
+    """Apply the streamed change ``data`` through the lane; False: take the ordinary path.
+
+    ``data`` is a StreamedChange's bytes: ``'I' xid relid 'N' TupleData``.
+    """
+    if data[0] != _I or data[9] != _N or data[5:9] != lane.oid_bytes:
+        return False
+    session = applier.session
+    if (
+        session.copy_in_hand() is not lane.run
+        or applier.merger.tables
+        or applier.rules.has_object
+        or lane.oid in applier.syncs.cut
+    ):
+        return False
+    line, width = tuple_text_line(data, 10)
+    if line is None or width != lane.width:
+        return False  # the ordinary path decodes it (and names what is wrong)
+    txn = lane.txn
+    txn.n += 1
+    counts = applier.tally.changes
+    counts[lane.key] = counts.get(lane.key, 0) + 1
+    session.copy_line(lane.run, line, lsn, txn.xid)
+    applier.lane_rows += 1
+    return True
