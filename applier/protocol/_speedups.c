@@ -352,6 +352,10 @@ static struct PyModuleDef module_def = {
     "C versions of the decoder's and COPY framing's per-row functions.",
     -1,
     methods,
+    NULL,
+    NULL,
+    NULL,
+    NULL,
 };
 
 PyMODINIT_FUNC
