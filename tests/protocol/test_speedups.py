@@ -236,3 +236,11 @@ def test_protocol_tests_pass_in_pure_python() -> None:
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+
+
+def test_the_switch_is_not_a_config_key() -> None:
+    """APPLIER_PURE_PYTHON starts like a key override but must not be read as one (exit 2)."""
+    from applier.config import Config
+    from applier.configenv import overrides
+
+    assert overrides({"APPLIER_PURE_PYTHON": "1"}, Config) == []
