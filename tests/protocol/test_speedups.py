@@ -39,7 +39,9 @@ needs_native = pytest.mark.skipif(native is None, reason="the C speedups are not
 
 def test_the_c_speedups_are_built_and_chosen() -> None:
     """scripts/setup builds them: a test run must not silently cover pure Python only."""
-    assert native is not None, "applier/protocol/_speedups.c is not built (run scripts/setup)"
+    assert native is not None, (
+        "applier/protocol/_speedups.c is not built (scripts/setup or python hatch_build.py)"
+    )
     if not os.environ.get("APPLIER_PURE_PYTHON"):
         assert speedups.describe() == "C speedups"
         assert decoder._tuple is not decoder._tuple_py
