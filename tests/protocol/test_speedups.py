@@ -22,6 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from applier import __version__
 from applier.apply import copyrun
 from applier.errors import DecodeError
 from applier.protocol import TupleData, decoder, encode_tuple, speedups
@@ -246,3 +247,19 @@ def test_the_switch_is_not_a_config_key() -> None:
     from applier.configenv import overrides
 
     assert overrides({"APPLIER_PURE_PYTHON": "1"}, Config) == []
+
+
+def test_version_says_which_implementation_runs() -> None:
+    def version(pure: bool) -> str:
+        env = {k: v for k, v in os.environ.items() if k != "APPLIER_PURE_PYTHON"}
+        if pure:
+            env["APPLIER_PURE_PYTHON"] = "1"
+        proc = subprocess.run(
+            [sys.executable, "-m", "applier.cli", "--version"],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    assert version(pure=False) == f"applier, version {__version__} (C speedups)\n"
+    assert "(pure Python (APPLIER_PURE_PYTHON is set))" in version(pure=True)
