@@ -25,8 +25,25 @@ from .log import setup_logging
 from .lsn import Lsn
 
 
+def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if not value or ctx.resilient_parsing:
+        return
+    # Imported here: only --version needs to know (commands import lazily).
+    from .protocol.speedups import describe
+
+    click.echo(f"applier, version {__version__} ({describe()})")
+    ctx.exit()
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="applier")
+@click.option(
+    "--version",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_print_version,
+    help="Show the version (and whether the C speedups run) and exit.",
+)
 def cli() -> None:
     """applier: keep one PostgreSQL database replicated into another.
 

@@ -4,6 +4,7 @@ What a variable means (documented in the README, "Configuration from the
 environment"):
 
 * ``APPLIER_CONFIG``: the config file, as ``--config`` (the CLI reads it).
+* ``APPLIER_PURE_PYTHON``: run without the C speedups (:mod:`applier.protocol.speedups`).
 * ``APPLIER_SOURCE_DSN`` / ``APPLIER_TARGET_DSN``: ``source.dsn`` / ``target.dsn``.
 * ``APPLIER_<SECTION>__<KEY>``: any key, upper case, ``__`` between the levels
   (``APPLIER_APPLY__GROUP_COMMIT``); a third level reaches into a table-valued
@@ -40,7 +41,7 @@ from .errors import ConfigError
 
 PREFIX = "APPLIER_"
 #: Variables applier reads that are not key overrides.
-RESERVED = frozenset({"APPLIER_CONFIG"})
+RESERVED = frozenset({"APPLIER_CONFIG", "APPLIER_PURE_PYTHON"})
 #: Short names for the keys most often set from the environment.
 ALIASES: dict[str, tuple[str, ...]] = {
     "APPLIER_SOURCE_DSN": ("source", "dsn"),

@@ -18,7 +18,8 @@ Values are the protocol's bytes: text values are escaped for COPY's text format
 (``\\``, tab, newline, carriage return; NULL is ``\\N``), binary values
 (``[apply] binary``) go into COPY's binary format as they are, since both are
 what the type's input or receive function reads. A row mixing text and binary
-values cannot be copied and is applied with INSERT.
+values cannot be copied and is applied with INSERT. The framing of a row runs
+in C when the speedups are built (:mod:`applier.protocol.speedups`).
 
 An error in a COPY names its line; :class:`Run` keeps each row's source LSN and
 xid (not the row) so the error still names the change that failed.
@@ -33,6 +34,7 @@ from collections.abc import Sequence
 
 from applier.errors import DecodeError
 from applier.lsn import Lsn
+from applier.protocol import speedups
 from applier.protocol.decoder import _tuple
 
 from .planner import Formats, Params, Stmt
@@ -72,7 +74,7 @@ def _escape(v: bytes) -> bytes:
     return v
 
 
-def text_row(params: Sequence[bytes | None]) -> bytes:
+def _text_row_py(params: Sequence[bytes | None]) -> bytes:
     """One line of COPY text format."""
     if None not in params:
         line = b"\t".join(params)  # type: ignore[arg-type]
@@ -87,7 +89,7 @@ def text_row(params: Sequence[bytes | None]) -> bytes:
     return b"\t".join([_NULL_TEXT if v is None else _escape(v) for v in params]) + b"\n"
 
 
-def tuple_text_line(data: bytes, pos: int) -> tuple[bytes | None, int]:
+def _tuple_text_line_py(data: bytes, pos: int) -> tuple[bytes | None, int]:
     """The COPY text line of the TupleData at ``pos`` (ending ``data``) and its width;
     ``(None, -1)`` when a value is binary or an unchanged TOAST value, or the bytes
     are malformed (the decoder then says what is wrong)."""
@@ -101,7 +103,7 @@ def tuple_text_line(data: bytes, pos: int) -> tuple[bytes | None, int]:
     return text_row(tup.values), len(kinds)
 
 
-def binary_row(params: Sequence[bytes | None]) -> bytes:
+def _binary_row_py(params: Sequence[bytes | None]) -> bytes:
     """One tuple of COPY binary format."""
     parts = [_INT16.pack(len(params))]
     for v in params:
@@ -111,6 +113,13 @@ def binary_row(params: Sequence[bytes | None]) -> bytes:
             parts.append(_INT32.pack(len(v)))
             parts.append(v)
     return b"".join(parts)
+
+
+# The same bytes from C when applier.protocol._speedups is built (checked equal
+# in tests/protocol/test_speedups.py); the pure-Python twins above otherwise.
+text_row = speedups.copy_text_row or _text_row_py
+binary_row = speedups.copy_binary_row or _binary_row_py
+tuple_text_line = speedups.tuple_text_line or _tuple_text_line_py
 
 
 def copy_query(stmt: Stmt, fmt: int) -> bytes:

@@ -1,0 +1,461 @@
+/*
+ * applier.protocol._speedups: the per-row hot functions of the decoder and of
+ * COPY framing, in C.
+ *
+ * Each function computes exactly what its pure-Python twin computes (the
+ * twins stay the reference and the fallback; applier/protocol/speedups.py
+ * chooses, tests/protocol/test_speedups.py checks them equal):
+ *
+ *   tuple_data(data, pos)   decoder._tuple_py without the error reporting:
+ *                           (kinds, values, end), or None when the TupleData
+ *                           is malformed (the caller then walks it again with
+ *                           decoder._tuple_error for the precise DecodeError).
+ *   copy_text_row(values)   copyrun._text_row_py: one line of COPY text.
+ *   copy_binary_row(values) copyrun._binary_row_py: one tuple of COPY binary.
+ *   tuple_text_line(data, pos)
+ *                           copyrun._tuple_text_line_py: an INSERT's TupleData
+ *                           straight to its COPY text line (the copy lane).
+ *
+ * Only the stable C API is used and nothing is kept between calls but the
+ * shared all-text kinds objects, so there is no state to reason about.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+/* b"t" * n for n < ALL_TEXT_MAX: rows that are all text share one kinds object,
+ * as the Python decoder's _ALL_TEXT does (millions of rows, one object). */
+#define ALL_TEXT_MAX 128
+static PyObject *all_text_kinds[ALL_TEXT_MAX];
+
+static inline uint32_t
+read_u32(const unsigned char *p)
+{
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | (uint32_t)p[3];
+}
+
+static PyObject *
+tuple_data(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "tuple_data(data, pos) takes 2 arguments");
+        return NULL;
+    }
+    PyObject *data = args[0];
+    if (!PyBytes_Check(data)) {
+        PyErr_SetString(PyExc_TypeError, "tuple_data: data must be bytes");
+        return NULL;
+    }
+    Py_ssize_t pos = PyLong_AsSsize_t(args[1]);
+    if (pos == -1 && PyErr_Occurred())
+        return NULL;
+    const unsigned char *buf = (const unsigned char *)PyBytes_AS_STRING(data);
+    Py_ssize_t size = PyBytes_GET_SIZE(data);
+    if (pos < 0 || size - pos < 2)
+        Py_RETURN_NONE;
+
+    Py_ssize_t n = (Py_ssize_t)buf[pos] << 8 | buf[pos + 1];
+    Py_ssize_t p = pos + 2;
+    /* Validate the whole tuple before allocating anything: a malformed one
+     * costs no objects, and the build loop below needs no checks. */
+    int all_text = 1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (p >= size)
+            Py_RETURN_NONE;
+        unsigned char k = buf[p];
+        if (k == 't' || k == 'b') {
+            if (size - p < 5)
+                Py_RETURN_NONE;
+            uint32_t len = read_u32(buf + p + 1);
+            if ((uint64_t)len > (uint64_t)(size - p - 5))
+                Py_RETURN_NONE;
+            p += 5 + (Py_ssize_t)len;
+            if (k == 'b')
+                all_text = 0;
+        }
+        else if (k == 'n' || k == 'u') {
+            p += 1;
+            all_text = 0;
+        }
+        else {
+            Py_RETURN_NONE;
+        }
+    }
+    Py_ssize_t end = p;
+
+    PyObject *kinds;
+    if (all_text && n < ALL_TEXT_MAX) {
+        kinds = Py_NewRef(all_text_kinds[n]);
+    }
+    else {
+        kinds = PyBytes_FromStringAndSize(NULL, n);
+        if (kinds == NULL)
+            return NULL;
+    }
+    PyObject *values = PyTuple_New(n);
+    if (values == NULL) {
+        Py_DECREF(kinds);
+        return NULL;
+    }
+    char *kbuf = all_text && n < ALL_TEXT_MAX ? NULL : PyBytes_AS_STRING(kinds);
+    p = pos + 2;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned char k = buf[p];
+        PyObject *v;
+        if (k == 't' || k == 'b') {
+            Py_ssize_t len = (Py_ssize_t)read_u32(buf + p + 1);
+            v = PyBytes_FromStringAndSize((const char *)buf + p + 5, len);
+            if (v == NULL) {
+                Py_DECREF(kinds);
+                Py_DECREF(values);
+                return NULL;
+            }
+            p += 5 + len;
+        }
+        else {
+            v = Py_NewRef(Py_None);
+            p += 1;
+        }
+        if (kbuf != NULL)
+            kbuf[i] = (char)k;
+        PyTuple_SET_ITEM(values, i, v);
+    }
+    PyObject *endobj = PyLong_FromSsize_t(end);
+    if (endobj == NULL) {
+        Py_DECREF(kinds);
+        Py_DECREF(values);
+        return NULL;
+    }
+    PyObject *result = PyTuple_New(3);
+    if (result == NULL) {
+        Py_DECREF(kinds);
+        Py_DECREF(values);
+        Py_DECREF(endobj);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(result, 0, kinds);
+    PyTuple_SET_ITEM(result, 1, values);
+    PyTuple_SET_ITEM(result, 2, endobj);
+    return result;
+}
+
+/* ------------------------------------------------------------------ COPY rows */
+
+/* A value of a row: its bytes, borrowed from a bytes object or held through a
+ * buffer view for other bytes-like objects (bytearray, memoryview). */
+typedef struct {
+    const unsigned char *buf;
+    Py_ssize_t len;
+    int is_null;
+    int has_view;
+    Py_buffer view;
+} Value;
+
+#define SMALL_ROW 64
+
+typedef struct {
+    PyObject *seq; /* PySequence_Fast result */
+    Py_ssize_t n;
+    Value *vals;
+    Value small[SMALL_ROW];
+} Row;
+
+static void
+row_release(Row *row)
+{
+    if (row->vals != NULL) {
+        for (Py_ssize_t i = 0; i < row->n; i++)
+            if (row->vals[i].has_view)
+                PyBuffer_Release(&row->vals[i].view);
+        if (row->vals != row->small)
+            PyMem_Free(row->vals);
+    }
+    Py_XDECREF(row->seq);
+}
+
+static int
+row_open(Row *row, PyObject *values)
+{
+    row->vals = NULL;
+    row->n = 0;
+    row->seq = PySequence_Fast(values, "a COPY row must be a sequence");
+    if (row->seq == NULL)
+        return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(row->seq);
+    if (n <= SMALL_ROW) {
+        row->vals = row->small;
+    }
+    else {
+        row->vals = PyMem_Calloc((size_t)n, sizeof(Value));
+        if (row->vals == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+    }
+    PyObject **items = PySequence_Fast_ITEMS(row->seq);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Value *v = &row->vals[i];
+        PyObject *o = items[i];
+        v->has_view = 0;
+        v->is_null = 0;
+        row->n = i + 1;
+        if (o == Py_None) {
+            v->is_null = 1;
+            v->buf = NULL;
+            v->len = 0;
+        }
+        else if (PyBytes_Check(o)) {
+            v->buf = (const unsigned char *)PyBytes_AS_STRING(o);
+            v->len = PyBytes_GET_SIZE(o);
+        }
+        else {
+            if (PyObject_GetBuffer(o, &v->view, PyBUF_SIMPLE) < 0)
+                return -1;
+            v->has_view = 1;
+            v->buf = v->view.buf;
+            v->len = v->view.len;
+        }
+    }
+    return 0;
+}
+
+/* Bytes COPY text format escapes: backslash, tab, newline, carriage return. */
+static inline int
+escaped(unsigned char c)
+{
+    return c == '\\' || c == '\t' || c == '\n' || c == '\r';
+}
+
+static PyObject *
+copy_text_row(PyObject *module, PyObject *values)
+{
+    Row row;
+    if (row_open(&row, values) < 0) {
+        row_release(&row);
+        return NULL;
+    }
+    Py_ssize_t n = row.n;
+    /* Separators and the final newline: n - 1 tabs + 1 newline (a line of
+     * zero columns is just "\n", as b"\t".join([]) + b"\n" is). */
+    Py_ssize_t total = n > 0 ? n : 1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Value *v = &row.vals[i];
+        if (v->is_null) {
+            total += 2;
+            continue;
+        }
+        total += v->len;
+        for (Py_ssize_t j = 0; j < v->len; j++)
+            total += escaped(v->buf[j]);
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, total);
+    if (out == NULL) {
+        row_release(&row);
+        return NULL;
+    }
+    unsigned char *o = (unsigned char *)PyBytes_AS_STRING(out);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Value *v = &row.vals[i];
+        if (i > 0)
+            *o++ = '\t';
+        if (v->is_null) {
+            *o++ = '\\';
+            *o++ = 'N';
+            continue;
+        }
+        for (Py_ssize_t j = 0; j < v->len; j++) {
+            unsigned char c = v->buf[j];
+            if (escaped(c)) {
+                *o++ = '\\';
+                *o++ = c == '\\' ? '\\' : c == '\t' ? 't' : c == '\n' ? 'n' : 'r';
+            }
+            else {
+                *o++ = c;
+            }
+        }
+    }
+    *o++ = '\n';
+    row_release(&row);
+    return out;
+}
+
+static inline unsigned char *
+put_i32(unsigned char *o, int32_t x)
+{
+    uint32_t u = (uint32_t)x;
+    o[0] = (unsigned char)(u >> 24);
+    o[1] = (unsigned char)(u >> 16);
+    o[2] = (unsigned char)(u >> 8);
+    o[3] = (unsigned char)u;
+    return o + 4;
+}
+
+static PyObject *
+copy_binary_row(PyObject *module, PyObject *values)
+{
+    Row row;
+    if (row_open(&row, values) < 0) {
+        row_release(&row);
+        return NULL;
+    }
+    Py_ssize_t n = row.n;
+    /* The same limits as struct.pack(">h") and (">i") in the Python twin. */
+    if (n > INT16_MAX) {
+        row_release(&row);
+        PyErr_SetString(PyExc_OverflowError, "a COPY binary row holds at most 32767 values");
+        return NULL;
+    }
+    Py_ssize_t total = 2;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Value *v = &row.vals[i];
+        if (!v->is_null && v->len > INT32_MAX) {
+            row_release(&row);
+            PyErr_SetString(PyExc_OverflowError, "a COPY binary value is at most 2**31-1 bytes");
+            return NULL;
+        }
+        total += 4 + (v->is_null ? 0 : v->len);
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, total);
+    if (out == NULL) {
+        row_release(&row);
+        return NULL;
+    }
+    unsigned char *o = (unsigned char *)PyBytes_AS_STRING(out);
+    o[0] = (unsigned char)((uint16_t)n >> 8);
+    o[1] = (unsigned char)n;
+    o += 2;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Value *v = &row.vals[i];
+        if (v->is_null) {
+            o = put_i32(o, -1);
+            continue;
+        }
+        o = put_i32(o, (int32_t)v->len);
+        if (v->len > 0)
+            memcpy(o, v->buf, (size_t)v->len);
+        o += v->len;
+    }
+    row_release(&row);
+    return out;
+}
+
+/* tuple_text_line(data, pos) -> (line, width) | (None, -1): the COPY text line of
+ * the TupleData at pos, which must end data (copyrun.tuple_text_line's twin). Only
+ * text values and NULLs make a line; a binary or unchanged-TOAST value, or
+ * malformed bytes, give (None, -1) and the caller decodes the message the
+ * ordinary way. No Python object per value: one pass checks and sizes, one
+ * pass writes. */
+static PyObject *
+tuple_text_line(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "tuple_text_line(data, pos) takes 2 arguments");
+        return NULL;
+    }
+    PyObject *data = args[0];
+    if (!PyBytes_Check(data)) {
+        PyErr_SetString(PyExc_TypeError, "tuple_text_line: data must be bytes");
+        return NULL;
+    }
+    Py_ssize_t pos = PyLong_AsSsize_t(args[1]);
+    if (pos == -1 && PyErr_Occurred())
+        return NULL;
+    const unsigned char *buf = (const unsigned char *)PyBytes_AS_STRING(data);
+    Py_ssize_t size = PyBytes_GET_SIZE(data);
+    if (pos < 0 || size - pos < 2)
+        return Py_BuildValue("(On)", Py_None, (Py_ssize_t)-1);
+    Py_ssize_t n = (Py_ssize_t)buf[pos] << 8 | buf[pos + 1];
+    Py_ssize_t p = pos + 2;
+    Py_ssize_t total = n > 0 ? n : 1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (p >= size)
+            return Py_BuildValue("(On)", Py_None, (Py_ssize_t)-1);
+        unsigned char k = buf[p];
+        if (k == 'n') {
+            total += 2;
+            p += 1;
+            continue;
+        }
+        if (k != 't' || size - p < 5)
+            return Py_BuildValue("(On)", Py_None, (Py_ssize_t)-1);
+        uint32_t len = read_u32(buf + p + 1);
+        if ((uint64_t)len > (uint64_t)(size - p - 5))
+            return Py_BuildValue("(On)", Py_None, (Py_ssize_t)-1);
+        const unsigned char *v = buf + p + 5;
+        total += (Py_ssize_t)len;
+        for (uint32_t j = 0; j < len; j++)
+            total += escaped(v[j]);
+        p += 5 + (Py_ssize_t)len;
+    }
+    if (p != size)
+        return Py_BuildValue("(On)", Py_None, (Py_ssize_t)-1);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, total);
+    if (out == NULL)
+        return NULL;
+    unsigned char *o = (unsigned char *)PyBytes_AS_STRING(out);
+    p = pos + 2;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (i > 0)
+            *o++ = '\t';
+        if (buf[p] == 'n') {
+            *o++ = '\\';
+            *o++ = 'N';
+            p += 1;
+            continue;
+        }
+        Py_ssize_t len = (Py_ssize_t)read_u32(buf + p + 1);
+        const unsigned char *v = buf + p + 5;
+        for (Py_ssize_t j = 0; j < len; j++) {
+            unsigned char c = v[j];
+            if (escaped(c)) {
+                *o++ = '\\';
+                *o++ = c == '\\' ? '\\' : c == '\t' ? 't' : c == '\n' ? 'n' : 'r';
+            }
+            else {
+                *o++ = c;
+            }
+        }
+        p += 5 + len;
+    }
+    *o++ = '\n';
+    PyObject *result = Py_BuildValue("(Nn)", out, n);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"tuple_data", (PyCFunction)(void (*)(void))tuple_data, METH_FASTCALL,
+     "tuple_data(data, pos) -> (kinds, values, end) or None if malformed"},
+    {"copy_text_row", copy_text_row, METH_O, "copy_text_row(values) -> one COPY text line"},
+    {"tuple_text_line", (PyCFunction)(void (*)(void))tuple_text_line, METH_FASTCALL,
+     "tuple_text_line(data, pos) -> (COPY text line, width) or (None, -1)"},
+    {"copy_binary_row", copy_binary_row, METH_O,
+     "copy_binary_row(values) -> one COPY binary tuple"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT,
+    "applier.protocol._speedups",
+    "C versions of the decoder's and COPY framing's per-row functions.",
+    -1,
+    methods,
+    NULL,
+    NULL,
+    NULL,
+    NULL,
+};
+
+PyMODINIT_FUNC
+PyInit__speedups(void)
+{
+    for (Py_ssize_t n = 0; n < ALL_TEXT_MAX; n++) {
+        if (all_text_kinds[n] != NULL)
+            continue;
+        all_text_kinds[n] = PyBytes_FromStringAndSize(NULL, n);
+        if (all_text_kinds[n] == NULL)
+            return NULL;
+        memset(PyBytes_AS_STRING(all_text_kinds[n]), 't', (size_t)n);
+    }
+    return PyModule_Create(&module_def);
+}

@@ -1,0 +1,59 @@
+"""Where the per-row hot functions come from: the C module, or their pure-Python twins.
+
+``applier.protocol._speedups`` (``_speedups.c``, built with the wheel or the
+editable install by ``hatch_build.py``) holds C versions of the decoder's
+TupleData reader and of COPY's row framing. Each has a pure-Python twin that
+stays the reference: the tests check both give the same bytes. The names
+below are the C functions when the module was built and ``APPLIER_PURE_PYTHON``
+is not set (to a non-empty value), else None; the modules that use them
+(:mod:`applier.protocol.decoder`, :mod:`applier.apply.copyrun`) bind the
+chosen function once at import, so the choice costs nothing per row.
+
+Nothing is logged at import; :func:`describe` says which was chosen and why,
+for ``applier --version`` and debugging.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from types import ModuleType
+
+__all__ = ["copy_binary_row", "copy_text_row", "describe", "tuple_data", "tuple_text_line"]
+
+Row = Sequence[bytes | None]
+#: What :data:`tuple_data` reads: ``(kinds, values, end)``, or None if malformed.
+ReadTuple = Callable[[bytes, int], tuple[bytes, tuple[bytes | None, ...], int] | None]
+
+
+def _load() -> tuple[ModuleType | None, str]:
+    if os.environ.get("APPLIER_PURE_PYTHON"):
+        return None, "pure Python (APPLIER_PURE_PYTHON is set)"
+    try:
+        from applier.protocol import _speedups
+    except ImportError as exc:
+        return None, f"pure Python (the C speedups are not built: {exc})"
+    return _speedups, "C speedups"
+
+
+_native, _why = _load()
+
+#: ``(kinds, values, end)`` of the TupleData at ``pos``, or None if it is malformed.
+tuple_data: ReadTuple | None
+#: One line of COPY text format / one tuple of COPY binary format.
+copy_text_row: Callable[[Row], bytes] | None
+copy_binary_row: Callable[[Row], bytes] | None
+#: An INSERT's TupleData straight to ``(COPY text line, width)``, or ``(None, -1)``.
+tuple_text_line: Callable[[bytes, int], tuple[bytes | None, int]] | None
+if _native is None:
+    tuple_data = copy_text_row = copy_binary_row = tuple_text_line = None
+else:
+    tuple_data = _native.tuple_data
+    copy_text_row = _native.copy_text_row
+    copy_binary_row = _native.copy_binary_row
+    tuple_text_line = _native.tuple_text_line
+
+
+def describe() -> str:
+    """Which implementation of the per-row functions runs, and why."""
+    return _why

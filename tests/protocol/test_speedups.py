@@ -1,0 +1,293 @@
+"""The C speedups (applier/protocol/_speedups.c) give exactly what their Python twins give.
+
+Property tests over generated TupleData (every column kind, empty values, no
+columns, long values, many columns) and over generated damage to it
+(truncation, bad kinds, lengths past the end, random bytes): the C reader
+accepts exactly what the Python one accepts, with equal kinds, values and end,
+and where both refuse, the decoder raises the same DecodeError. COPY rows:
+equal bytes for values full of the bytes COPY text escapes, NULLs, and
+bytes-likes. The rest of the protocol tests run once more in a subprocess with
+``APPLIER_PURE_PYTHON=1``, so both implementations pass all of them.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from applier import __version__
+from applier.apply import copyrun
+from applier.errors import DecodeError
+from applier.protocol import TupleData, decoder, encode_tuple, speedups
+
+ROOT = Path(__file__).resolve().parents[2]
+SETTINGS = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+try:
+    from applier.protocol import _speedups as native
+except ImportError:  # the test below fails for it; the others skip
+    native = None  # type: ignore[assignment]
+
+needs_native = pytest.mark.skipif(native is None, reason="the C speedups are not built")
+
+
+def test_the_c_speedups_are_built_and_chosen() -> None:
+    """scripts/setup builds them: a test run must not silently cover pure Python only."""
+    assert native is not None, (
+        "applier/protocol/_speedups.c is not built (scripts/setup or python hatch_build.py)"
+    )
+    if not os.environ.get("APPLIER_PURE_PYTHON"):
+        assert speedups.describe() == "C speedups"
+        assert decoder._tuple is not decoder._tuple_py
+        assert copyrun.text_row is native.copy_text_row
+        assert copyrun.binary_row is native.copy_binary_row
+
+
+# ------------------------------------------------------------------ TupleData
+
+_KIND = st.sampled_from(b"tbnu")
+_VALUE = st.one_of(
+    st.binary(max_size=40),
+    st.just(b""),
+    # Long values, cheaply: lengths past one and two bytes' worth.
+    st.builds(lambda n, b: b * n, st.integers(257, 70_000), st.sampled_from([b"x", b"\\\t"])),
+)
+
+
+@st.composite
+def tuples(draw: st.DrawFn) -> TupleData:
+    n = draw(st.one_of(st.integers(0, 12), st.sampled_from([127, 128, 129, 300])))
+    if n > 12:  # wide rows: mostly text, so the shared all-text kinds are exercised
+        kinds = bytes(draw(st.sampled_from([b"t" * n, b"t" * (n - 1) + b"n", b"b" * n])))
+        values = tuple(None if k in b"nu" else draw(st.binary(max_size=4)) for k in kinds)
+        return TupleData(kinds, values)
+    kinds = bytes(draw(st.lists(_KIND, min_size=n, max_size=n)))
+    values = tuple(None if k in b"nu" else draw(_VALUE) for k in kinds)
+    return TupleData(kinds, values)
+
+
+def _both(data: bytes, pos: int) -> None:
+    """The C and Python readers agree on ``data`` at ``pos``: same tuple, or same error."""
+    assert native is not None
+    got_c = native.tuple_data(data, pos)
+    try:
+        want, end = decoder._tuple_py(data, pos, "I")
+    except DecodeError as exc:
+        assert got_c is None, (data, pos)
+        with pytest.raises(DecodeError) as from_c:
+            decoder._native_tuple(native.tuple_data)(data, pos, "I")
+        assert (str(from_c.value), from_c.value.offset) == (str(exc), exc.offset)
+        return
+    assert got_c is not None, (data, pos)
+    kinds, values, end_c = got_c
+    assert (kinds, values, end_c) == (want.kinds, want.values, end)
+    assert type(kinds) is bytes and all(type(v) is bytes or v is None for v in values)
+
+
+@needs_native
+@SETTINGS
+@given(tup=tuples(), prefix=st.binary(max_size=6), suffix=st.binary(max_size=6))
+def test_valid_tuples_read_the_same(tup: TupleData, prefix: bytes, suffix: bytes) -> None:
+    data = prefix + encode_tuple(tup) + suffix
+    _both(data, len(prefix))
+    assert native is not None
+    got = native.tuple_data(data, len(prefix))
+    assert got is not None and got[:2] == (tup.kinds, tup.values)
+
+
+@st.composite
+def damaged(draw: st.DrawFn) -> tuple[bytes, int]:
+    data = bytearray(encode_tuple(draw(tuples())))
+    how = draw(st.sampled_from(["cut", "flip", "kind", "length", "count"]))
+    if how == "cut" and data:
+        del data[draw(st.integers(0, len(data) - 1)) :]
+    elif how == "flip" and data:
+        data[draw(st.integers(0, len(data) - 1))] = draw(st.integers(0, 255))
+    elif how == "kind":
+        data += draw(st.sampled_from([b"x", b"\x00", b"T", b"t\x00", b"b\xff\xff\xff\xff"]))
+        data[0:2] = struct.pack(">H", (data[0] << 8 | data[1]) + 1)
+    elif how == "length":
+        data += b"t" + struct.pack(">I", draw(st.sampled_from([1, 2**31, 2**32 - 1])))
+        data[0:2] = struct.pack(">H", (data[0] << 8 | data[1]) + 1)
+    else:
+        data[0:2] = struct.pack(">H", draw(st.integers(0, 0xFFFF)))
+    return bytes(data), 0
+
+
+@needs_native
+@SETTINGS
+@given(case=damaged())
+def test_damaged_tuples_are_refused_alike(case: tuple[bytes, int]) -> None:
+    _both(*case)
+
+
+@needs_native
+@SETTINGS
+@given(data=st.binary(max_size=30), pos=st.integers(0, 32))
+def test_random_bytes_are_refused_alike(data: bytes, pos: int) -> None:
+    _both(data, pos)
+
+
+def _lines_alike(data: bytes, pos: int) -> None:
+    """The C and Python copy-lane framers agree: same (line, width) or both refuse."""
+    assert native is not None
+    assert native.tuple_text_line(data, pos) == copyrun._tuple_text_line_py(data, pos), (data, pos)
+
+
+@needs_native
+@SETTINGS
+@given(tup=tuples(), prefix=st.binary(max_size=6), suffix=st.binary(max_size=2))
+def test_copy_lane_lines_frame_the_same(tup: TupleData, prefix: bytes, suffix: bytes) -> None:
+    data = prefix + encode_tuple(tup) + suffix
+    _lines_alike(data, len(prefix))
+    if not suffix and not set(tup.kinds) - set(b"tn"):
+        # Text and NULLs only, ending the message: exactly the row COPY gets.
+        assert native is not None
+        assert native.tuple_text_line(data, len(prefix)) == (
+            copyrun._text_row_py(tup.values),
+            len(tup.kinds),
+        )
+
+
+@needs_native
+@SETTINGS
+@given(case=damaged())
+def test_copy_lane_refuses_damaged_tuples_alike(case: tuple[bytes, int]) -> None:
+    _lines_alike(*case)
+
+
+@needs_native
+def test_edge_tuples() -> None:
+    for data, pos in [
+        (b"", 0), (b"\x00", 0), (b"\x00\x00", 0), (b"\x00\x00", 2), (b"\x00\x00", 5),
+        (b"\x00\x01t\x00\x00\x00\x00", 0), (b"\x00\x01t\x00\x00\x00", 0),
+        (b"\x00\x01u", 0), (b"\x00\x02nu", 0), (b"\x00\x01b\xff\xff\xff\xff", 0),
+    ]:  # fmt: skip
+        _both(data, pos)
+    assert native is not None
+    with pytest.raises(OverflowError):
+        native.tuple_data(b"\x00\x00", -(2**70))
+    # All-text rows share one kinds object, as in the Python reader.
+    a, b = (
+        native.tuple_data(b"\x00\x01t\x00\x00\x00\x01a", 0),
+        native.tuple_data(b"\x00\x01t\x00\x00\x00\x00", 0),
+    )
+    assert a is not None and b is not None and a[0] is b[0]
+
+
+@needs_native
+@SETTINGS
+@given(tup=tuples(), old=st.none() | tuples(), in_stream=st.booleans(), cut=st.integers(0, 3))
+def test_row_messages_decode_the_same(
+    tup: TupleData, old: TupleData | None, in_stream: bool, cut: int
+) -> None:
+    """Through the decoder's Insert/Update/Delete paths: equal messages, or the same error."""
+    xid = struct.pack(">I", 7) if in_stream else b""
+    rel = struct.pack(">I", 42)
+    msgs = [b"I" + xid + rel + b"N" + encode_tuple(tup)]
+    msgs.append(msgs[0][:1] + b"D" + msgs[0][1:])  # a bad tag byte becomes the marker
+    msgs.append(b"D" + xid + rel + b"K" + encode_tuple(tup))
+    pre = b"" if old is None else b"O" + encode_tuple(old)
+    msgs.append(b"U" + xid + rel + pre + b"N" + encode_tuple(tup))
+    for data in msgs:
+        data = data[: len(data) - cut]
+        body = {73: decoder._insert, 85: decoder._update, 68: decoder._delete}[data[0]]
+        outcomes = []
+        for impl in (decoder._tuple_py, decoder._tuple):
+            saved, decoder._tuple = decoder._tuple, impl
+            try:
+                outcomes.append(repr(body(data, 1 + len(xid), None)))
+            except DecodeError as exc:
+                outcomes.append(f"DecodeError({exc}, {exc.offset})")
+            finally:
+                decoder._tuple = saved
+        assert outcomes[0] == outcomes[1]
+
+
+# ------------------------------------------------------------------- COPY rows
+
+_ESCAPY = st.binary(max_size=30) | st.lists(
+    st.sampled_from(b"\\\t\n\rNa\x00\xff"), max_size=30
+).map(bytes)
+_ROW = st.lists(st.none() | _ESCAPY, max_size=12)
+
+
+@needs_native
+@SETTINGS
+@given(row=_ROW)
+def test_copy_rows_frame_the_same(row: list[bytes | None]) -> None:
+    assert native is not None
+    assert native.copy_text_row(row) == copyrun._text_row_py(row)
+    assert native.copy_binary_row(row) == copyrun._binary_row_py(row)
+    as_tuple = tuple(row)
+    assert native.copy_text_row(as_tuple) == copyrun._text_row_py(as_tuple)
+
+
+@needs_native
+@SETTINGS
+@given(row=_ROW, wrap=st.sampled_from([bytearray, memoryview]))
+def test_copy_rows_take_bytes_likes(row: list[bytes | None], wrap: type) -> None:
+    assert native is not None
+    wrapped = [None if v is None else wrap(v) for v in row]
+    assert native.copy_text_row(wrapped) == copyrun._text_row_py(row)
+    assert native.copy_binary_row(wrapped) == copyrun._binary_row_py(row)
+
+
+@needs_native
+def test_copy_row_edges() -> None:
+    assert native is not None
+    wide = [b"x"] * 100 + [None] * 50 + [b"\\\t"]  # past the C code's small-row buffer
+    for row in ([], [None], [b""], [b"", b""], [b"\\N"], wide):
+        assert native.copy_text_row(row) == copyrun._text_row_py(row)
+        assert native.copy_binary_row(row) == copyrun._binary_row_py(row)
+    for bad in ([1], ["text"], 5):
+        with pytest.raises(TypeError):
+            native.copy_text_row(bad)  # type: ignore[arg-type]
+        with pytest.raises(TypeError):
+            native.copy_binary_row(bad)  # type: ignore[arg-type]
+
+
+# ------------------------------------------------- the protocol tests, pure Python
+
+
+@pytest.mark.slow
+def test_protocol_tests_pass_in_pure_python() -> None:
+    """Every protocol test once more with the C speedups switched off."""
+    tests = sorted(str(p) for p in Path(__file__).parent.glob("test_protocol_*.py"))
+    env = {**os.environ, "APPLIER_PURE_PYTHON": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-x", *tests],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+
+
+def test_the_switch_is_not_a_config_key() -> None:
+    """APPLIER_PURE_PYTHON starts like a key override but must not be read as one (exit 2)."""
+    from applier.config import Config
+    from applier.configenv import overrides
+
+    assert overrides({"APPLIER_PURE_PYTHON": "1"}, Config) == []
+
+
+def test_version_says_which_implementation_runs() -> None:
+    def version(pure: bool) -> str:
+        env = {k: v for k, v in os.environ.items() if k != "APPLIER_PURE_PYTHON"}
+        if pure:
+            env["APPLIER_PURE_PYTHON"] = "1"
+        proc = subprocess.run(
+            [sys.executable, "-m", "applier.cli", "--version"],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    assert version(pure=False) == f"applier, version {__version__} (C speedups)\n"
+    assert "(pure Python (APPLIER_PURE_PYTHON is set))" in version(pure=True)
