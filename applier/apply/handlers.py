@@ -67,7 +67,8 @@ Group commit
 Several consecutive source transactions may share one target transaction
 (``[apply] group_commit``: at most that many, 100 by default; 1 turns it off).
 At a Commit the target transaction stays open
-while (a) the group is below its count, (b) more messages are already in hand:
+while (a) the group is below its count and younger than :data:`GROUP_MAX_AGE`
+(2 ms), (b) more messages are already in hand:
 the worker commits the open group once the stream has no more received
 messages to give (a read that does not wait), so a group never waits for the
 network and latency stays that of what was in hand (a batch
@@ -121,6 +122,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from time import monotonic
 from typing import Any
 
 from applier.config import Config
@@ -177,6 +179,11 @@ _CHANGE_STATES = frozenset({TXN, PREPARE})
 #: In a stream block, changes and the schema they see arrive as StreamedChange.
 _NOT_STREAM = frozenset({IDLE, TXN, PREPARE})
 _ANY = frozenset(State)
+#: Seconds a group stays open at most (see "Group commit"): under a steady load
+#: the stream always has more in hand, and a group of 100 would hold the first
+#: transaction's rows back for 100 source transactions (pgbench at 1500 tps: a
+#: median lag of 25 ms against the built-in's 7 ms).
+GROUP_MAX_AGE = 0.002
 #: Messages that need the session before a live streamed transaction commits
 #: (applier.apply.streamed, "Live apply"): it is dropped first.
 _DROPS_LIVE = frozenset({Begin, BeginPrepare, CommitPrepared, RollbackPrepared, StreamPrepare})
@@ -238,6 +245,7 @@ class Applier(Changes, Resolution, Streamed, TwoPhase):
         #: transaction, which commits with the last one's (end_lsn, commit_ts).
         self.group_txns = 0
         self.group_end: tuple[Lsn, int] = (Lsn(0), 0)
+        self.group_opened = 0.0
         session.on_missing = self._missing_row
         self.catalog_conn = catalog.conn
         self.rules = rules if rules is not None else SkipRules(cfg.origin)
@@ -353,9 +361,13 @@ class Applier(Changes, Resolution, Streamed, TwoPhase):
                 and self.group_txns + 1 < self.group_limit
                 and end_lsn > self.no_group_until
             ):
-                self.group_txns += 1
-                self.group_end = (end_lsn, commit_ts)
-                return
+                now = monotonic()
+                if not self.group_txns:
+                    self.group_opened = now
+                if now - self.group_opened < GROUP_MAX_AGE:
+                    self.group_txns += 1
+                    self.group_end = (end_lsn, commit_ts)
+                    return
             self._commit(end_lsn, commit_ts, self.group_txns + 1)
         else:
             self.flush.store(end_lsn, FLUSHED)  # empty for us: nothing to wait for
