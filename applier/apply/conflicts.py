@@ -47,6 +47,14 @@ before its commit (:meth:`TargetSession.read_checks`): a rolled-back group
 leaves none and its replay writes them once. The unique key (origin, commit
 LSN, change number, type) and ``ON CONFLICT DO NOTHING`` keep a conflict that
 stops the worker (written on its own, see the worker) from being written twice.
+
+One exception keeps pipelined commits pipelined: on a table without a
+``[conflicts]`` policy, a row an UPDATE or DELETE did not find is only
+recorded (and logged), so the commit does not wait for those results (the wait
+was a third of the pgbench loop). Such a record is written once the commit
+succeeded, on the catalog connection (or inside the next target transaction
+when its result was read before that one's commit); a crash in between loses
+the record, never a row, and the warning is logged either way.
 """
 
 from __future__ import annotations

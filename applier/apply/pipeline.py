@@ -49,8 +49,13 @@ from .targetconn import Watchdog
 # Queue item kinds. _CHECK: a statement that reports a conflict in its result rows
 # (applier.apply.conflicts); its context's ``check(ctx, result)`` reads them.
 _CTL, _ROW, _MOD, _LSN, _SYNC, _MANY, _CHECK = range(7)
-#: Kinds whose results may report a conflict (counted in Pipeline._checks).
+#: Kinds whose results may report a conflict the commit must wait for (counted in
+#: Pipeline._checks): a policy may fail the transaction on them.
 _CHECKS = frozenset({_MOD, _MANY, _CHECK})
+#: _MOD and _MANY of a table without a [conflicts] policy: a row not found is only
+#: recorded, so the commit does not wait for them (see applier.apply.conflicts,
+#: "Records").
+_MOD_LAZY, _MANY_LAZY = 7, 8
 
 #: Send this many statements between non-blocking result reads.
 PUMP_EVERY = 256
@@ -225,10 +230,10 @@ class Pipeline:
                 # Skipped after an error: no row count to judge, and a Parse skipped
                 # leaves no statement behind.
                 self._parse_failed(kind, ctx)
-            elif kind == _MOD:
+            elif kind in (_MOD, _MOD_LAZY):
                 if res.command_tuples == 0:
                     self.on_missing(ctx)
-            elif kind == _MANY:
+            elif kind in (_MANY, _MANY_LAZY):
                 rows = ctx.ctxs
                 if res.ntuples < len(rows):
                     # RETURNING gave the (1-based) ordinals of the rows found.

@@ -79,10 +79,13 @@ from .copyrun import CHUNK, NO_COPY, Run, copy_query, error_line, row_format
 from .merge import MAX_HELD, MergedCtx, chunks
 from .pipeline import (
     _CHECK,
+    _CHECKS,
     _CTL,
     _LSN,
     _MANY,
+    _MANY_LAZY,
     _MOD,
+    _MOD_LAZY,
     _ROW,
     _SYNC,
     PUMP_EVERY,
@@ -213,8 +216,13 @@ class TargetSession(Pipeline):
         except psycopg.OperationalError as e:
             raise lost(e) from None
         kind = _CHECK if checked else _MANY if merged else _MOD if stmt.modifies else _ROW
+        if kind in (_MOD, _MANY):
+            # Without a policy a row not found is only recorded: no reason to wait.
+            rm = ctx.rm if kind == _MOD else ctx.ctxs[0].rm
+            if rm.policy is None:
+                kind = _MOD_LAZY if kind == _MOD else _MANY_LAZY
         self._q.append((kind, ctx))
-        if kind != _ROW:
+        if kind in _CHECKS:
             self._checks += 1
         # _after_send(), inlined: this runs for every change.
         self._sent += 1
