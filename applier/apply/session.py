@@ -23,8 +23,9 @@ the results and attributes errors to their change. Nothing waits for the
 server until the commit's Sync.
 
 Runs of INSERTs into one table leave the pipeline for ``COPY ... FROM STDIN``
-(:mod:`applier.apply.copyrun`); every other call ends the run in hand first,
-so statements reach the target in source order.
+(:mod:`applier.apply.insertruns`, rows encoded by :mod:`applier.apply.copyrun`);
+every other call ends the run in hand first, so statements reach the target in
+source order.
 
 Pipelined commits
 =================
@@ -66,17 +67,16 @@ a bound on how long the socket may stay silent while results are owed.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
 from psycopg import pq
 
-from applier.errors import ConnectionLost
 from applier.lsn import Lsn, pg_timestamp
 
-from .copyrun import CHUNK, NO_COPY, Run, copy_query, error_line, row_format
-from .merge import MAX_HELD, MergedCtx, chunks
+from .copyrun import Run
+from .insertruns import InsertRuns
 from .pipeline import (
     _CHECK,
     _CHECKS,
@@ -89,12 +89,10 @@ from .pipeline import (
     _ROW,
     _SYNC,
     PUMP_EVERY,
-    ExecStatus,
-    Pipeline,
     is_transient_sqlstate,
     lost,
 )
-from .planner import Formats, Params, Stmt, insert_rows, max_rows
+from .planner import Formats, Params, Stmt
 from .stamp import PREPARE_STAMP, STAMP, check_stamp, literal, stamp_params
 from .targetconn import DEFAULT_TIMEOUT, close_quietly, connect
 
@@ -127,7 +125,7 @@ def session_settings(synchronous_commit: str) -> list[tuple[str, str]]:
     ]
 
 
-class TargetSession(Pipeline):
+class TargetSession(InsertRuns):
     """The apply connection; one open target transaction at most."""
 
     def __init__(
@@ -241,187 +239,6 @@ class TargetSession(Pipeline):
             raise lost(e) from None
         self._q.append((_ROW, ctx))
         self._after_send()
-
-    # -- runs of INSERTs as COPY (see applier.apply.copyrun) ------------------------
-
-    def insert(self, stmt: Stmt, params: Params, formats: Formats, ctx: Any) -> None:
-        """Queue one INSERT; ``ctx`` (with ``lsn`` and ``xid``) identifies it in errors."""
-        fmt = row_format(params, formats)
-        run = self._run
-        if run is None or run.stmt is not stmt or run.fmt != fmt:
-            if run is not None:
-                self._end_run()
-            if not stmt.copy or fmt == NO_COPY or self.copy_threshold <= 0:
-                self.execute(stmt, params, formats, ctx)
-                return
-            run = self._run = Run(stmt, fmt)
-        if run.copying:
-            run.add(params, ctx.lsn, ctx.xid)
-            if len(run.buf) >= CHUNK:
-                self._copy_put(run, run.take())
-        else:
-            run.pending.append((params, formats, ctx))
-            if len(run.pending) >= self.copy_threshold:
-                self._copy_begin(run)
-
-    def copy_in_hand(self) -> Run | None:
-        """The run whose rows are being copied now, if any (applier.apply.copylane)."""
-        run = self._run
-        return run if type(run) is Run and run.copying else None
-
-    def copy_line(self, run: Run, line: bytes, lsn: int, xid: int) -> None:
-        """Append one encoded row to the COPY of ``run`` (the run in hand)."""
-        run.buf += line
-        run.lsns.append(lsn)
-        run.xids.append(xid)
-        if len(run.buf) >= CHUNK:
-            self._copy_put(run, run.take())
-
-    def insert_checked(
-        self, stmt: Stmt, params: Params, formats: Formats, ctx: Any, run_of: Any
-    ) -> None:
-        """Queue one INSERT of :mod:`applier.apply.conflicts` into a run of them.
-
-        ``run_of(stmt, n, ctxs)`` gives the statement for ``n`` rows of ``stmt`` and
-        the context of their result. ``ctx.key`` (hashable) is the row's key: a key
-        already in the run ends it first, so a row never conflicts with one of its
-        own statement (which the result could not tell from a target row).
-        """
-        run = self._run
-        if run is not None and (
-            not isinstance(run, CheckedRun) or run.stmt is not stmt or ctx.key in run.keys
-        ):
-            self._end_run()
-            run = None
-        if run is None:
-            run = self._run = CheckedRun(stmt, run_of)
-        run.pending.append((params, formats, ctx))
-        run.keys.add(ctx.key)
-        if len(run.pending) >= MAX_HELD:
-            self._end_run()
-
-    def _end_run(self, abort: bool = False) -> None:
-        """Send the run in hand: the rest of its COPY, or its rows as INSERTs."""
-        run, self._run = self._run, None
-        if run is None:
-            return
-        if isinstance(run, CheckedRun):
-            if not abort:
-                self._send_checked(run)
-            return
-        if run.copying:
-            self._copy_end(run, abort)
-        elif abort:
-            return
-        elif self.multi_row and len(run.pending) > 1:
-            self._insert_rows(run)
-        else:
-            for params, formats, ctx in run.pending:
-                self.execute(run.stmt, params, formats, ctx)
-
-    def _chunks(
-        self, run: Run
-    ) -> Iterator[tuple[list[tuple[Params, Formats, Any]], Params, Formats]]:
-        """A run's rows in power-of-two chunks, in order: (rows, their parameters in
-        one list, their formats: None when every row is text)."""
-        pending = run.pending
-        width = len(run.stmt.types)
-        start = 0
-        for size in chunks(len(pending), max_rows(width, MAX_HELD)):
-            rows = pending[start : start + size]
-            start += size
-            params: Params = []
-            for row in rows:
-                params += row[0]
-            formats: Formats = None
-            if any(row[1] is not None for row in rows):
-                zeros = bytes(width)
-                formats = b"".join([row[1] or zeros for row in rows])
-            yield rows, params, formats
-
-    def _insert_rows(self, run: Run) -> None:
-        """A run too short for COPY: its rows in a few multi-row INSERTs, in order."""
-        for rows, params, formats in self._chunks(run):
-            if len(rows) == 1:
-                self.execute(run.stmt, *rows[0])
-                continue
-            stmt = self._multi.get((run.stmt.name, len(rows)))
-            if stmt is None:
-                stmt = self._multi[(run.stmt.name, len(rows))] = insert_rows(run.stmt, len(rows))
-            self.execute(stmt, params, formats, MergedCtx([row[2] for row in rows]))
-
-    def _send_checked(self, run: CheckedRun) -> None:
-        """A run of checked INSERTs as a few multi-row statements, in order."""
-        for rows, params, formats in self._chunks(run):
-            if len(rows) == 1:
-                self.execute(run.stmt, *rows[0], checked=True)
-                continue
-            stmt, group_ctx = run.run_of(run.stmt, len(rows), [row[2] for row in rows])
-            self.execute(stmt, params, formats, group_ctx, checked=True)
-
-    def _copy_begin(self, run: Run) -> None:
-        # libpq has no COPY in pipeline mode: wait for what is queued, leave the
-        # pipeline, COPY, and enter it again at the end of the run.
-        self._sync()
-        pg = self.pg
-        if self._failure is not None:
-            self._run = None
-            self._reenter_pipeline()
-            self._raise()
-        try:
-            pg.send_query(copy_query(run.stmt, run.fmt))
-            res = self._next_result()
-        except psycopg.OperationalError as e:
-            raise lost(e) from None
-        if res is None or res.status != ExecStatus.COPY_IN:
-            self._run = None
-            self._collect(res)
-            self._failure = (res, run.pending[0][2]) if res is not None else None
-            self._reenter_pipeline()
-            if self._failure is not None:
-                self._raise()
-            raise ConnectionLost("the target did not start the COPY")
-        run.start()
-        self._copy_put(run, run.take())
-
-    def _copy_put(self, run: Run, data: bytes) -> None:
-        pg = self.pg
-        try:
-            while pg.put_copy_data(data) == 0:
-                self._wait_socket(write=True)
-            # Back-pressure: libpq's buffer would grow without bound in
-            # non-blocking mode; hold it to what the socket takes.
-            while pg.flush():
-                self._wait_socket(write=True)
-        except psycopg.OperationalError as e:
-            if pg.status != pq.ConnStatus.OK:
-                raise lost(e) from None
-            # The server ended the COPY with an error: collect and report it.
-            self._run = None
-            self._copy_failed(run, self._collect(None))
-
-    def _copy_end(self, run: Run, abort: bool) -> None:
-        pg = self.pg
-        try:
-            if not abort:
-                self._copy_put(run, run.take(last=True))
-            while pg.put_copy_end(b"applier: rolled back" if abort else None) == 0:
-                self._wait_socket(write=True)
-            error = self._collect(None)
-        except psycopg.OperationalError as e:
-            raise lost(e) from None
-        if abort:
-            self._reenter_pipeline()
-        else:
-            self._copy_failed(run, error)
-
-    def _copy_failed(self, run: Run, error: pq.abc.PGresult | None) -> None:
-        self._reenter_pipeline()
-        if error is not None:
-            ctx_b = error.error_field(pq.DiagnosticField.CONTEXT)
-            line = error_line(ctx_b.decode("utf-8", "replace") if ctx_b else None)
-            self._failure = (error, _CopyCtx(run, line))
-            self._raise()
 
     def flush_checks(self) -> None:
         """Send the run in hand and read every result that may report a conflict."""
@@ -682,31 +499,3 @@ class TargetSession(Pipeline):
             raise lost(e) from None
         except psycopg.Error as e:
             raise self._error(e, "closing prepared statements") from None
-
-
-class CheckedRun(Run):
-    """Consecutive checked INSERTs of one statement (never copied)."""
-
-    __slots__ = ("keys", "run_of")
-
-    def __init__(self, stmt: Stmt, run_of: Any) -> None:
-        super().__init__(stmt, 0)
-        self.run_of = run_of
-        self.keys: set[Any] = set()
-
-
-class _CopyCtx:
-    """Error context of a COPY run: the change on the failing line."""
-
-    def __init__(self, run: Run, line: int | None) -> None:
-        self.run = run
-        self.line = line
-
-    def describe(self) -> dict[str, Any]:
-        first = getattr(self.run.first_ctx, "describe", None)
-        out: dict[str, Any] = dict(first()) if callable(first) else {}
-        out.pop("key", None)  # the first row's; the server's DETAIL names the failing key
-        out.update(self.run.where(self.line))
-        if self.line is not None:
-            out["copy_line"] = self.line
-        return out

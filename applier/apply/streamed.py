@@ -29,8 +29,9 @@ transaction's commit *drops* it: a Begin (a plain transaction commits first),
 another transaction's Stream Commit or Stream Prepare, Begin Prepare, Commit or
 Rollback Prepared, its own Stream Prepare (two-phase goes the spooled way), a
 subtransaction abort, a Relation message inside it that differs from the one
-in hand (the transactions committing before it must not see its schema), and
-its Origin message with ``origin = "none"``. Dropping rolls the target
+in hand (the transactions committing before it must not see its schema), its
+Origin message with ``origin = "none"``, and a transaction skip rule read
+while it is live. Dropping rolls the target
 transaction back (and resets the origin's session values, as after any
 rollback); the transaction is then replayed from its spool at its commit, as
 with ``streaming = "on"``.
@@ -170,6 +171,9 @@ class Streamed:
         if lane is not None and lane.txn is live.txn and offer(self, lane, lsn, data):
             return
         self.lane = None
+        if self.rules.has_txn:  # a transaction rule came in (SIGHUP): judged at commit
+            self.drop_live("a transaction skip rule was added")
+            return
         msg = decode_streamed(data)
         if type(msg) is Relation:
             known = self.relations.get(msg.oid)
