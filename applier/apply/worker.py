@@ -122,6 +122,7 @@ from .handlers import IDLE, Applier
 from .mapping import Catalog
 from .origin import ensure_origin, local_flush_lsn, origin_progress
 from .preflight import check_before_streaming
+from .replan import Replan
 from .session import TargetSession, connect, is_transient_sqlstate
 from .skiprules import REFRESH_INTERVAL, SkipRules
 from .spool import SpoolSet, check_spool_dir, default_spool_dir
@@ -186,12 +187,8 @@ class Worker:
         self._skipped = 0
         self._retry_state: RetryCallState | None = None
         self.group_limit = cfg.apply.group_commit
-        #: After a failed group: apply one by one up to this source position.
-        self.no_group_until = Lsn(0)
-        #: After a failure a rule or policy may take: replay carefully up to here.
-        self.careful_until = Lsn(0)
-        #: Streamed transactions never applied live again (see applier.apply.streamed).
-        self.no_live: set[int] = set()
+        #: How the next sessions apply what failed (applier.apply.replan).
+        self.replan = Replan()
         self.rules = SkipRules(cfg.origin)
         self._rules_read = 0.0
         #: Tables sync-tables copies (applier.apply.tablesync).
@@ -399,11 +396,11 @@ class Worker:
                 spools,
                 progress,
                 self.group_limit,
-                self.no_group_until,
+                self.replan.no_group_until,
                 self.rules,
-                self.careful_until,
+                self.replan.careful_until,
                 our_origin_id,
-                self.no_live,
+                self.replan.no_live,
             )
             applier.applied_txns, applier.skipped_changes = self._applied, self._skipped
             applier.tally = self.tally
@@ -412,48 +409,13 @@ class Worker:
             try:
                 self._loop(stream, applier, catalog_conn)
             except LiveRestream as e:
-                self.no_live.add(e.xid)
-                log.info("restreaming a streamed transaction to spool it: %s", e.why,
-                         extra={"ctx": {"xid": e.xid}})  # fmt: skip
+                self.replan.restream(e.xid, e.why)
                 raise _Regroup() from e
             except (ApplyError, SchemaMismatch) as e:
                 self.apply_errors += 1
-                merged = "merged_changes" in e.context
-                live = applier.live.xid if applier.live is not None else applier.live_failed
-                if live is not None:
-                    # Failed while applied as it arrived: the spooled replay names the change.
-                    self.no_live.add(live)
-                careful = isinstance(e, ApplyError) and not applier.careful and applier.catchable(e)
-                if careful:
-                    # A rule or policy may take it: replay carefully (applier.apply.resolve).
-                    self.careful_until = Lsn(max(stream.last_received, self.careful_until))
-                    self.no_group_until = Lsn(max(self.careful_until, self.no_group_until))
-                    log.warning(
-                        "a change failed that a skip rule or conflict policy may take; "
-                        "replaying with a savepoint per change: %s",
-                        e,
-                        extra={"ctx": {"until": self.careful_until}},
-                    )
+                if self.replan.after_error(e, applier, session, stream.last_received):
                     raise _Regroup() from e
-                if (
-                    not applier.group_txns
-                    and not session.failed_inflight
-                    and not merged
-                    and live is None
-                ):
-                    if isinstance(e, ApplyError):
-                        applier.explain_failure(e)
-                    raise
-                # Some earlier transaction of the open group may be the culprit, and
-                # the error's context may name the wrong one: roll back (finally
-                # below), restream from the origin and apply one by one up to here.
-                self.no_group_until = Lsn(max(stream.last_received, self.no_group_until))
-                log.warning(
-                    "a group of transactions failed; applying them one by one: %s",
-                    e,
-                    extra={"ctx": {"txns": applier.group_txns + 1, "until": self.no_group_until}},
-                )
-                raise _Regroup() from e
+                raise
         except psycopg.OperationalError as e:
             raise TransientError(f"connection problem: {str(e).strip()}") from None
         finally:
