@@ -15,7 +15,7 @@ proto 3, two_phase  15     a warning; prepared transactions come at COMMIT
 slot option syntax  15     ``CREATE_REPLICATION_SLOT s LOGICAL pgoutput
                            EXPORT_SNAPSHOT`` / ``NOEXPORT_SNAPSHOT`` instead
                            of ``(SNAPSHOT 'export')``
-proto 4, parallel   16     ``streaming = "parallel"`` falls back to "on"
+proto 4, parallel   16     ``streaming = "parallel"`` asks for "on" (applied live anyway)
 ``origin`` option   16     ``origin = "none"`` is filtered by applier
 failover slots      17     ``[source] failover = true`` is refused (exit 2)
 ==================  =====  ==================================================
