@@ -59,7 +59,7 @@ _MOD_LAZY, _MANY_LAZY = 7, 8
 
 #: Send this many statements between non-blocking result reads.
 PUMP_EVERY = 256
-#: Block when this many statements await their results.
+#: Block when this many statements (a merged one counts its rows) await their results.
 MAX_INFLIGHT = 20_000
 
 #: SQLSTATE classes/codes that mean "the connection is gone", not "the change is bad".
@@ -117,6 +117,9 @@ class Pipeline:
         self.on_missing: Callable[[Any], None] = lambda ctx: None
         #: Results not read yet that may report a conflict (see read_checks).
         self._checks = 0
+        #: Rows of merged statements in flight beyond one each: what bounds memory
+        #: is the changes held for their results, not the statements.
+        self._held_rows = 0
 
     def _error(self, e: psycopg.Error, where: str) -> ApplierError:
         state = e.sqlstate
@@ -195,7 +198,8 @@ class Pipeline:
                 pending = pg.flush()
                 pg.consume_input()
                 self._drain()
-                if pending == 0 and (not q or not until_empty) and len(q) <= MAX_INFLIGHT:
+                inflight = len(q) + self._held_rows
+                if pending == 0 and (not q or not until_empty) and inflight <= MAX_INFLIGHT:
                     return
                 self._select(bool(pending))
         except psycopg.OperationalError as e:
@@ -212,6 +216,8 @@ class Pipeline:
                     q.popleft()
                     if kind in _CHECKS:
                         self._checks -= 1
+                    if kind in (_MANY, _MANY_LAZY):
+                        self._held_rows -= len(ctx.ctxs) - 1
                 continue
             status = res.status
             if status == ExecStatus.PIPELINE_SYNC:
