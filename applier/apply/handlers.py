@@ -391,19 +391,18 @@ class Applier(Changes, Resolution, Streamed, TwoPhase):
         counts = self.tally.take(self.relmaps)
 
         def done(local: Lsn) -> None:
+            # Rows not found that the commit did not wait for (conflicts.py, "Records"):
+            # their results came before this commit's, so these are exactly the ones
+            # of the transactions it committed.
+            late, self.conflicts = self.conflicts, []
+            self.tally.conflicts_met(late, into=counts[2])
             self.flush.resolve(entry, local)
             self.tally.commit(counts, txns)
             self.applied_txns += txns
             self.last_commit_lsn = end_lsn
             self.last_commit_ts = ts
-            if self.conflicts:
-                # Rows not found that the commit did not wait for (conflicts.py,
-                # "Records"): their results came before this commit's, so these are
-                # exactly the ones of the transactions it committed.
-                late, self.conflicts = self.conflicts, []
-                self.tally.conflicts_met(late)
-                for c in late:
-                    self.record_alone(c)
+            for c in late:
+                self.record_alone(c)
 
         # One by one after a failed group: wait, so an error names its transaction.
         self.session.commit(end_lsn, ts, done, wait=end_lsn <= self.no_group_until)

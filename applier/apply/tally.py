@@ -72,9 +72,10 @@ class Tally:
         if self.changes.get(k):
             self.changes[k] -= 1
 
-    def conflicts_met(self, conflicts: Iterable[Any]) -> None:
-        """The conflicts written into the open target transaction (resolve.Conflict)."""
-        c = self.conflicts
+    def conflicts_met(self, conflicts: Iterable[Any], into: Counts | None = None) -> None:
+        """The conflicts written into the open target transaction (resolve.Conflict),
+        or ``into`` the conflicts of counts already taken (found after its commit)."""
+        c = self.conflicts if into is None else into
         for x in conflicts:
             k = (x.ctx.rm.qualname, x.kind, x.resolution)
             c[k] = c.get(k, 0) + 1
