@@ -74,8 +74,8 @@ def offer(applier: Any, lane: CopyLane, lsn: Lsn, data: bytes) -> bool:
 
     ``data`` is a StreamedChange's bytes: ``'I' xid relid 'N' TupleData``.
     """
-    if data[0] != _I or data[9] != _N or data[5:9] != lane.oid_bytes:
-        return False
+    if len(data) < 12 or data[0] != _I or data[9] != _N or data[5:9] != lane.oid_bytes:
+        return False  # a short message is the decoder's to name
     session = applier.session
     if (
         session.copy_in_hand() is not lane.run
