@@ -214,19 +214,23 @@ class Streamed:
         self.live_txns += 1
         log.debug("applying a streamed transaction as it arrives", extra={"ctx": {"xid": xid}})
 
+    def _roll_back_live(self, live: Live) -> None:
+        """End the live transaction and roll back everything of it in hand."""
+        self.live = None
+        live.spool.live = False
+        self.conflicts = []
+        self.tally.discard()
+        self.merger.discard()
+        self.session.rollback()
+
     def drop_live(self, why: str) -> None:
         """Roll the live transaction back; it is replayed from its spool at its commit."""
         live = self.live
         if live is None:
             return
-        self.live = None
+        self._roll_back_live(live)
         self.live_dropped += 1
-        self.conflicts = []
-        self.tally.discard()
-        self.merger.discard()
-        self.session.rollback()
         sp = live.spool
-        sp.live = False
         log.info(
             "stopped applying a streamed transaction as it arrives: %s; it is applied "
             "at its commit",
@@ -325,10 +329,7 @@ class Streamed:
         )
         try:
             if m.end_lsn <= self.progress or live.spool.filtered:
-                self.session.rollback()
-                self.tally.discard()
-                self.merger.discard()
-                self.conflicts = []
+                self._roll_back_live(live)
                 self.skipped_txns += 1
                 self.flush.store(m.end_lsn, FLUSHED)
                 return
@@ -354,12 +355,7 @@ class Streamed:
         live = self.live
         if live is not None and live.xid == m.xid:
             if m.subxid == m.xid:
-                self.live = None
-                live.spool.live = False
-                self.tally.discard()
-                self.merger.discard()
-                self.conflicts = []
-                self.session.rollback()
+                self._roll_back_live(live)
             else:
                 self.drop_live("a subtransaction of it aborted")
         self.spools.abort(m.xid, m.subxid)
