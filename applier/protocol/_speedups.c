@@ -35,23 +35,35 @@ read_u32(const unsigned char *p)
     return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | (uint32_t)p[3];
 }
 
+/* The (data, pos) arguments of tuple_data and tuple_text_line: 0, or -1 with an
+ * exception set. */
+static int
+data_pos_args(PyObject *const *args, Py_ssize_t nargs, const char *name,
+              const unsigned char **buf, Py_ssize_t *size, Py_ssize_t *pos)
+{
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError, "%s(data, pos) takes 2 arguments", name);
+        return -1;
+    }
+    if (!PyBytes_Check(args[0])) {
+        PyErr_Format(PyExc_TypeError, "%s: data must be bytes", name);
+        return -1;
+    }
+    *pos = PyLong_AsSsize_t(args[1]);
+    if (*pos == -1 && PyErr_Occurred())
+        return -1;
+    *buf = (const unsigned char *)PyBytes_AS_STRING(args[0]);
+    *size = PyBytes_GET_SIZE(args[0]);
+    return 0;
+}
+
 static PyObject *
 tuple_data(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "tuple_data(data, pos) takes 2 arguments");
+    const unsigned char *buf;
+    Py_ssize_t size, pos;
+    if (data_pos_args(args, nargs, "tuple_data", &buf, &size, &pos) < 0)
         return NULL;
-    }
-    PyObject *data = args[0];
-    if (!PyBytes_Check(data)) {
-        PyErr_SetString(PyExc_TypeError, "tuple_data: data must be bytes");
-        return NULL;
-    }
-    Py_ssize_t pos = PyLong_AsSsize_t(args[1]);
-    if (pos == -1 && PyErr_Occurred())
-        return NULL;
-    const unsigned char *buf = (const unsigned char *)PyBytes_AS_STRING(data);
-    Py_ssize_t size = PyBytes_GET_SIZE(data);
     if (pos < 0 || size - pos < 2)
         Py_RETURN_NONE;
 
@@ -349,20 +361,10 @@ copy_binary_row(PyObject *module, PyObject *values)
 static PyObject *
 tuple_text_line(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "tuple_text_line(data, pos) takes 2 arguments");
+    const unsigned char *buf;
+    Py_ssize_t size, pos;
+    if (data_pos_args(args, nargs, "tuple_text_line", &buf, &size, &pos) < 0)
         return NULL;
-    }
-    PyObject *data = args[0];
-    if (!PyBytes_Check(data)) {
-        PyErr_SetString(PyExc_TypeError, "tuple_text_line: data must be bytes");
-        return NULL;
-    }
-    Py_ssize_t pos = PyLong_AsSsize_t(args[1]);
-    if (pos == -1 && PyErr_Occurred())
-        return NULL;
-    const unsigned char *buf = (const unsigned char *)PyBytes_AS_STRING(data);
-    Py_ssize_t size = PyBytes_GET_SIZE(data);
     if (pos < 0 || size - pos < 2)
         return Py_BuildValue("(On)", Py_None, (Py_ssize_t)-1);
     Py_ssize_t n = (Py_ssize_t)buf[pos] << 8 | buf[pos + 1];
