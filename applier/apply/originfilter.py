@@ -11,7 +11,7 @@ With ``origin = "none"`` such transactions are not applied; ``"any"`` (the
 default) applies them, which fan-in setups (C->A->B) need.
 
 **PostgreSQL 16+ sources filter.** The worker passes pgoutput's ``origin``
-option (:func:`applier.stream.client.negotiate` sends it only to 16+, 15
+option (:func:`applier.stream.negotiate.negotiate` sends it only to 16+, 15
 refuses unknown options). The walsender then drops every change that carries
 an origin while decoding; a transaction left without changes is not sent at
 all (Begin is sent lazily), a prepared one neither at PREPARE nor at its

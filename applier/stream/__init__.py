@@ -5,12 +5,15 @@
   protocol, server errors mapped to applier errors with hints.
 * :mod:`.client` - :class:`LogicalStream`: START_REPLICATION, non-blocking
   CopyData reading through selectors, keepalives, feedback of confirmed LSNs.
+* :mod:`.negotiate` - :func:`negotiate`: the START_REPLICATION options fitted
+  to the source's version, every downgrade logged, pure.
 * :mod:`.decode_cmd` - ``applier decode``: print the stream, never advance the slot.
 * :mod:`.versions` - what each source version supports (protocol, options,
   slot syntax, catalog columns), pure.
 """
 
-from .client import LogicalStream, StreamOptions, max_proto_version, negotiate
+from .client import LogicalStream, max_proto_version
+from .negotiate import StreamOptions, negotiate
 from .replconn import ReplicationConnection, SlotInfo, SystemInfo, quote_ident, quote_literal
 
 __all__ = [

@@ -53,17 +53,15 @@ import logging
 import selectors
 import threading
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
 from struct import Struct
 from struct import error as StructError
-from typing import Any, Literal
+from typing import Any
 
 import psycopg
 from psycopg import pq
 
 from applier.errors import ApplierError, ConnectionLost, DecodeError, ProtocolError, ServerTimeout
-from applier.lsn import INVALID_LSN, Lsn, now_pg_timestamp
+from applier.lsn import Lsn, now_pg_timestamp
 from applier.protocol import (
     Keepalive,
     PgOutputDecoder,
@@ -71,13 +69,9 @@ from applier.protocol import (
     parse_copydata,
     standby_status_update,
 )
-from applier.stream.replconn import (
-    ReplicationConnection,
-    map_server_error,
-    quote_ident,
-    quote_literal,
-)
-from applier.stream.versions import features, max_proto_version
+from applier.stream.negotiate import StreamOptions, negotiate, start_replication_sql
+from applier.stream.replconn import ReplicationConnection, map_server_error
+from applier.stream.versions import max_proto_version
 
 __all__ = ["LogicalStream", "StreamOptions", "max_proto_version", "negotiate"]
 
@@ -105,109 +99,6 @@ PAUSE_GC = True
 
 #: How long stop() waits for the server to end the COPY before just closing.
 STOP_DRAIN_SECONDS = 5.0
-
-
-@dataclass(frozen=True)
-class StreamOptions:
-    """What to ask START_REPLICATION for; unsupported options are negotiated down."""
-
-    slot: str
-    publications: Sequence[str]
-    start_lsn: Lsn = INVALID_LSN  # 0: the slot's confirmed_flush_lsn
-    proto_version: int | None = None  # None: the highest the server speaks
-    binary: bool = False
-    messages: bool = True
-    streaming: Literal["off", "on", "parallel"] = "off"
-    two_phase: bool = False
-    origin: Literal["any", "none"] | None = None  # sent only where supported (PG16+)
-    status_interval: float = 10.0
-    timeout: float = 60.0  # seconds of server silence -> ServerTimeout
-    report_flush: bool = True  # False: flush/apply reported as 0/0, the slot never advances
-    #: Changes inside stream blocks come as StreamedChange bytes (the apply worker spools them).
-    defer_streamed: bool = False
-
-
-@dataclass(frozen=True)
-class Negotiated:
-    proto_version: int
-    streaming: str
-    two_phase: bool
-    options: tuple[tuple[str, str], ...]  # START_REPLICATION plugin options, in order
-
-
-def negotiate(server_version: int, opts: StreamOptions) -> Negotiated:
-    """Fit the requested options to what the server supports; log every downgrade."""
-    top = max_proto_version(server_version)
-    proto = opts.proto_version or top
-    if not 1 <= proto <= top:
-        raise ApplierError(
-            f"proto_version {proto} is not supported by the source (PostgreSQL "
-            f"{server_version // 10000} speaks 1..{top})",
-            hint="leave proto_version unset to use the highest the server speaks",
-        )
-    streaming = _negotiate_streaming(opts.streaming, proto)
-    two_phase = opts.two_phase
-    if two_phase and proto < 3:
-        log.warning(
-            "two_phase needs proto_version 3 (PostgreSQL 15+); decoding prepared "
-            "transactions at commit instead",
-            extra={"ctx": {"proto_version": proto}},
-        )
-        two_phase = False
-    pubs = ",".join(quote_ident(p) for p in opts.publications)
-    out: list[tuple[str, str]] = [("proto_version", str(proto)), ("publication_names", pubs)]
-    feats = features(server_version)
-    if feats.binary:
-        out.append(("binary", _bool(opts.binary)))
-        out.append(("messages", _bool(opts.messages)))
-    elif opts.binary:
-        log.warning("binary needs a PostgreSQL 14+ source; values come as text")
-    if streaming != "off":
-        out.append(("streaming", streaming))
-    if two_phase:
-        out.append(("two_phase", "true"))
-    if opts.origin is not None:
-        if feats.origin_option:
-            out.append(("origin", opts.origin))
-        elif opts.origin == "none":
-            # pgoutput 15 refuses the option; the apply worker filters the transactions
-            # that arrive with an Origin message (applier.apply.originfilter).
-            log.info(
-                "the source filters by origin from PostgreSQL 16; transactions with an "
-                "origin are streamed and filtered here",
-                extra={"ctx": {"origin": opts.origin}},
-            )
-    return Negotiated(proto, streaming, two_phase, tuple(out))
-
-
-def _negotiate_streaming(requested: str, proto: int) -> str:
-    if requested == "off":
-        return "off"
-    if proto < 2:
-        log.warning(
-            "streaming needs proto_version 2 (PostgreSQL 14+); large transactions "
-            "are sent at commit instead"
-        )
-        return "off"
-    if requested == "parallel" and proto < 4:
-        # Protocol 4 only adds the abort LSN to Stream Abort; applier applies streamed
-        # transactions as they arrive either way (applier.apply.streamed, "Live apply").
-        log.debug(
-            "the source streams as with streaming=on (protocol 4 needs PostgreSQL 16+)",
-            extra={"ctx": {"proto_version": proto}},
-        )
-        return "on"
-    # Before protocol 4 the option is a boolean; "on" is accepted by every version.
-    return requested
-
-
-def _bool(flag: bool) -> str:
-    return "true" if flag else "false"
-
-
-def start_replication_sql(slot: str, start_lsn: Lsn, options: Sequence[tuple[str, str]]) -> str:
-    opts = ", ".join(f"{name} {quote_literal(value)}" for name, value in options)
-    return f"START_REPLICATION SLOT {quote_ident(slot)} LOGICAL {Lsn(start_lsn)} ({opts})"
 
 
 class LogicalStream:
