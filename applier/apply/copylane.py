@@ -48,6 +48,32 @@ class CopyLane:
         self.width = width
         self.key = (oid, "insert")
 
+    def offer(self, applier: Any, lsn: Lsn, data: bytes) -> bool:
+        """Apply the streamed change ``data`` through the lane; False: take the ordinary path.
+
+        ``data`` is a StreamedChange's bytes: ``'I' xid relid 'N' TupleData``.
+        """
+        if len(data) < 12 or data[0] != _I or data[9] != _N or data[5:9] != self.oid_bytes:
+            return False  # a short message is the decoder's to name
+        session = applier.session
+        if (
+            session.copy_in_hand() is not self.run
+            or applier.merger.tables
+            or applier.rules.has_object
+            or self.oid in applier.syncs.cut
+        ):
+            return False
+        line, width = tuple_text_line(data, 10)
+        if line is None or width != self.width:
+            return False  # the ordinary path decodes it (and names what is wrong)
+        txn = self.txn
+        txn.n += 1
+        counts = applier.tally.changes
+        counts[self.key] = counts.get(self.key, 0) + 1
+        session.copy_line(self.run, line, lsn, txn.xid)
+        applier.lane_rows += 1
+        return True
+
 
 def open_lane(applier: Any, oid: int, txn: Txn) -> CopyLane | None:
     """After the ordinary path applied an INSERT of ``oid``: the lane, if it fits."""
@@ -67,30 +93,3 @@ def open_lane(applier: Any, oid: int, txn: Txn) -> CopyLane | None:
     ):
         return None
     return CopyLane(oid, run, txn, len(rm.columns))
-
-
-def offer(applier: Any, lane: CopyLane, lsn: Lsn, data: bytes) -> bool:
-    """Apply the streamed change ``data`` through the lane; False: take the ordinary path.
-
-    ``data`` is a StreamedChange's bytes: ``'I' xid relid 'N' TupleData``.
-    """
-    if len(data) < 12 or data[0] != _I or data[9] != _N or data[5:9] != lane.oid_bytes:
-        return False  # a short message is the decoder's to name
-    session = applier.session
-    if (
-        session.copy_in_hand() is not lane.run
-        or applier.merger.tables
-        or applier.rules.has_object
-        or lane.oid in applier.syncs.cut
-    ):
-        return False
-    line, width = tuple_text_line(data, 10)
-    if line is None or width != lane.width:
-        return False  # the ordinary path decodes it (and names what is wrong)
-    txn = lane.txn
-    txn.n += 1
-    counts = applier.tally.changes
-    counts[lane.key] = counts.get(lane.key, 0) + 1
-    session.copy_line(lane.run, line, lsn, txn.xid)
-    applier.lane_rows += 1
-    return True

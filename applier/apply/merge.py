@@ -57,6 +57,8 @@ transaction sends them and goes on.
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
+from itertools import chain
+from operator import itemgetter
 from typing import Any
 
 from applier.lsn import Lsn
@@ -103,7 +105,7 @@ class _Held:
         self.ctx = ctx
 
 
-class _Updates:
+class HeldUpdates:
     """A table's merged UPDATEs: the newest values by key."""
 
     __slots__ = ("rm", "rows")
@@ -112,8 +114,25 @@ class _Updates:
         self.rm = rm
         self.rows: dict[Hashable, _Held] = {}
 
+    def put(self, key: Hashable, values: Sequence[bytes | None], kinds: bytes, ctx: Any) -> int:
+        """Hold the newest values of ``key``; how many keys are held now."""
+        rows = self.rows
+        held = rows.get(key)
+        if held is None or _U not in kinds:
+            rows[key] = _Held(values, kinds, ctx)
+        else:
+            # Unchanged TOAST values keep what an earlier UPDATE of the key set.
+            merged_values = list(held.values)
+            merged_kinds = bytearray(held.kinds)
+            for i, k in enumerate(kinds):
+                if k != _U:
+                    merged_values[i] = values[i]
+                    merged_kinds[i] = k
+            rows[key] = _Held(merged_values, bytes(merged_kinds), ctx)
+        return len(rows)
 
-class _Deletes:
+
+class HeldDeletes:
     """A table's held DELETEs, in order; a key at most once."""
 
     __slots__ = ("keys", "rm", "rows")
@@ -123,10 +142,20 @@ class _Deletes:
         self.rows: list[_Held] = []
         self.keys: set[Hashable] = set()
 
+    def put(self, key: Hashable, values: Sequence[bytes | None], kinds: bytes, ctx: Any) -> int:
+        """Hold a DELETE of ``key``; how many are held now, :data:`AGAIN` if ``key`` is."""
+        keys = self.keys
+        if key in keys:
+            return AGAIN
+        keys.add(key)
+        rows = self.rows
+        rows.append(_Held(values, kinds, ctx))
+        return len(rows)
+
 
 #: A statement ready to send: (statement, parameters, formats, context).
 Batch = tuple[Stmt, Params, Formats, MergedCtx]
-Hold = _Updates | _Deletes | FullHold
+Hold = HeldUpdates | HeldDeletes | FullHold
 
 
 class UpdateMerger:
@@ -165,23 +194,10 @@ class UpdateMerger:
         key = values[idx[0]] if len(idx) == 1 else tuple([values[i] for i in idx])
         if _U in kinds and any(kinds[i] == _U for i in idx):
             return 0
-        entry = self._entry(rm, _Updates)
-        if not isinstance(entry, _Updates):
+        entry = self._entry(rm, HeldUpdates)
+        if not isinstance(entry, HeldUpdates):
             return 0 if self.tables[rm.relation.oid].rm is not rm else AGAIN
-        rows = entry.rows
-        held = rows.get(key)
-        if held is None or _U not in kinds:
-            rows[key] = _Held(values, kinds, ctx)
-        else:
-            # Unchanged TOAST values keep what an earlier UPDATE of the key set.
-            merged_values = list(held.values)
-            merged_kinds = bytearray(held.kinds)
-            for i, k in enumerate(kinds):
-                if k != _U:
-                    merged_values[i] = values[i]
-                    merged_kinds[i] = k
-            rows[key] = _Held(merged_values, bytes(merged_kinds), ctx)
-        return len(rows)
+        return entry.put(key, values, kinds, ctx)
 
     def add_delete(self, rm: RelMap, change: Delete, ctx: Any) -> int:
         """Hold a DELETE by key; as :meth:`add` (:data:`AGAIN` also when the key is
@@ -195,16 +211,10 @@ class UpdateMerger:
         oid = rm.relation.oid
         entry = self.tables.get(oid)
         if entry is None:
-            entry = self.tables[oid] = _Deletes(rm)
-        elif type(entry) is not _Deletes or entry.rm is not rm:
+            entry = self.tables[oid] = HeldDeletes(rm)
+        elif type(entry) is not HeldDeletes or entry.rm is not rm:
             return 0 if entry.rm is not rm else AGAIN
-        keys = entry.keys
-        if key in keys:
-            return AGAIN
-        keys.add(key)
-        rows = entry.rows
-        rows.append(_Held(values, kinds, ctx))
-        return len(rows)
+        return entry.put(key, values, kinds, ctx)
 
     def add_full(self, rm: RelMap, change: Update | Delete, ctx: Any) -> int:
         """Hold a change of a REPLICA IDENTITY FULL table (:mod:`applier.apply.fullident`);
@@ -222,9 +232,9 @@ class UpdateMerger:
         entry = self.tables.pop(oid, None)
         if entry is None:
             return []
-        if isinstance(entry, _Updates):
+        if isinstance(entry, HeldUpdates):
             return self._plan(entry.rm, entry.rows)
-        if isinstance(entry, _Deletes):
+        if isinstance(entry, HeldDeletes):
             return self._plan_deletes(entry.rm, entry.rows)
         return [
             (stmt, params, fmts, MergedCtx(ctxs))
@@ -287,14 +297,14 @@ class UpdateMerger:
 def _params(cols: tuple[int, ...], rows: list[_Held]) -> tuple[Params, Formats, MergedCtx]:
     """The values at ``cols`` of each row in one parameter list, their formats
     (None when all are text), and the rows' contexts."""
-    params: Params = []
-    binary = False
-    for held in rows:
-        values = held.values
-        params += [values[i] for i in cols]
-        binary = binary or b"b" in held.kinds
+    # itemgetter and one join: this runs per held row of every merged statement.
+    pick = itemgetter(*cols)
+    if len(cols) == 1:
+        params: Params = [pick(held.values) for held in rows]
+    else:
+        params = list(chain.from_iterable([pick(held.values) for held in rows]))
     fmts: Formats = None
-    if binary:
+    if b"b" in b"".join([held.kinds for held in rows]):
         fmts = b"".join([param_formats(held.kinds, cols) for held in rows])
     return params, fmts, MergedCtx([held.ctx for held in rows])
 

@@ -64,6 +64,7 @@ from typing import Any
 from applier.errors import ApplyError, ProtocolError, SchemaMismatch
 from applier.lsn import Lsn
 from applier.protocol import (
+    Delete,
     Insert,
     Relation,
     StreamAbort,
@@ -71,11 +72,13 @@ from applier.protocol import (
     StreamedChange,
     StreamStart,
     StreamStop,
+    Update,
     decode_streamed,
 )
 
-from .copylane import CopyLane, offer, open_lane
+from .copylane import CopyLane, open_lane
 from .merge import UpdateMerger
+from .mergelane import MergeLane, open_merge_lane
 from .origin import FLUSHED, FlushTracker
 from .relations import same_relation
 from .session import TargetSession
@@ -133,8 +136,9 @@ class Streamed:
     #: Xids never applied live (an error or a forgotten spool while live).
     no_live: set[int]
     live: Live | None = None
-    #: Where the next streamed INSERT may skip the handlers (applier.apply.copylane).
-    lane: CopyLane | None = None
+    #: Where the next streamed change may skip the handlers (applier.apply.copylane,
+    #: applier.apply.mergelane).
+    lane: CopyLane | MergeLane | None = None
     #: Rows that went through the lane (logged with each streamed commit).
     lane_rows = 0
     #: An error came while a transaction was live (the worker restreams it spooled).
@@ -168,7 +172,7 @@ class Streamed:
     def _apply_live(self, lsn: Lsn, live: Live, m: StreamedChange) -> None:
         data = m.data
         lane = self.lane
-        if lane is not None and lane.txn is live.txn and offer(self, lane, lsn, data):
+        if lane is not None and lane.txn is live.txn and lane.offer(self, lsn, data):
             return
         self.lane = None
         if self.rules.has_txn:  # a transaction rule came in (SIGHUP): judged at commit
@@ -183,8 +187,7 @@ class Streamed:
         self.txn, self.state = live.txn, TXN
         try:
             self.dispatch(lsn, msg)
-            if type(msg) is Insert:
-                self.lane = open_lane(self, msg.relation_oid, live.txn)
+            self.lane = _lane_after(self, msg, live.txn)
         except (ApplyError, SchemaMismatch):
             self.live_failed = live.xid
             raise
@@ -274,11 +277,11 @@ class Streamed:
         assert txn is not None
         lane = None
         for data in spool:
-            if lane is not None and offer(self, lane, commit_lsn, data):
+            if lane is not None and lane.offer(self, commit_lsn, data):
                 continue
             msg = decode_streamed(data)
             self.dispatch(commit_lsn, msg)
-            lane = open_lane(self, msg.relation_oid, txn) if type(msg) is Insert else None
+            lane = _lane_after(self, msg, txn)
 
     def on_stream_commit(self, lsn: Lsn, m: StreamCommit) -> None:
         live = self.live
@@ -359,3 +362,13 @@ class Streamed:
             else:
                 self.drop_live("a subtransaction of it aborted")
         self.spools.abort(m.xid, m.subxid)
+
+
+def _lane_after(applier: Any, msg: Any, txn: Txn) -> CopyLane | MergeLane | None:
+    """The lane the next change may take after the ordinary path applied ``msg``."""
+    kind = type(msg)
+    if kind is Insert:
+        return open_lane(applier, msg.relation_oid, txn)
+    if kind is Update or kind is Delete:
+        return open_merge_lane(applier, msg, txn)
+    return None

@@ -18,7 +18,13 @@ from .copydata import (
     standby_status_update,
     xlogdata,
 )
-from .decoder import MESSAGE_NAMES, MIN_PROTO_VERSION, PgOutputDecoder, decode_streamed
+from .decoder import (
+    MESSAGE_NAMES,
+    MIN_PROTO_VERSION,
+    PgOutputDecoder,
+    decode_streamed,
+    read_tuple,
+)
 from .encoder import encode, encode_tuple
 from .messages import (
     ALL_MESSAGE_TYPES,
@@ -94,6 +100,7 @@ __all__ = [
     "encode_tuple",
     "keepalive",
     "parse_copydata",
+    "read_tuple",
     "standby_status_update",
     "xlogdata",
 ]

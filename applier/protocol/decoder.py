@@ -99,7 +99,13 @@ from .messages import (
     fast_constructor,
 )
 
-__all__ = ["MESSAGE_NAMES", "MIN_PROTO_VERSION", "PgOutputDecoder", "decode_streamed"]
+__all__ = [
+    "MESSAGE_NAMES",
+    "MIN_PROTO_VERSION",
+    "PgOutputDecoder",
+    "decode_streamed",
+    "read_tuple",
+]
 
 #: Human names of the message tags, for errors.
 MESSAGE_NAMES: dict[str, str] = {
@@ -316,6 +322,19 @@ def _native_tuple(read: speedups.ReadTuple) -> _TupleReader:
 
 #: The TupleData reader of the row messages: C when built (see applier.protocol.speedups).
 _tuple = _tuple_py if speedups.tuple_data is None else _native_tuple(speedups.tuple_data)
+
+
+def _read_tuple_py(data: bytes, pos: int) -> tuple[bytes, tuple[bytes | None, ...], int] | None:
+    try:
+        t, end = _tuple_py(data, pos, "?")
+    except DecodeError:
+        return None
+    return t.kinds, t.values, end
+
+
+#: ``(kinds, values, end)`` of the TupleData at ``pos``, None if it is malformed (the
+#: decoder names what is wrong): for the apply lanes, which skip the message objects.
+read_tuple: speedups.ReadTuple = speedups.tuple_data or _read_tuple_py
 
 
 def _tuple_error(data: bytes, pos: int, tag: str) -> NoReturn:

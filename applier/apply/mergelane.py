@@ -1,0 +1,160 @@
+"""The merge lane: a streamed UPDATE or DELETE straight from its bytes into the merger.
+
+A big streamed UPDATE or DELETE is a long run of row messages of one table,
+and each row's way through the handlers (decode into an Update or Delete,
+:meth:`~applier.apply.changes.Changes._target`, ``on_update``, the merger's
+``add``) costs more Python than the rest of its trip. Once the ordinary path
+has held a row of a table in :class:`~applier.apply.merge.UpdateMerger`, the
+following changes of the same kind and table can be held the same way from
+their pgoutput bytes: the TupleData is read once (:func:`read_tuple`, C when
+built) and put where ``add``/``add_delete`` would have put it.
+
+As with the copy lane (:mod:`applier.apply.copylane`), the lane decides
+nothing the handlers did not: it opens only where the ordinary path just held
+a change (a merged table without a conflict policy, no skip rule, no kept
+changes, no careful replay), and sends back to the ordinary path, which then
+decides or names the problem, every row that differs: another table or kind,
+an UPDATE that carries an old key, an unchanged TOAST key, a width that is
+not the mapping's, a key already held for DELETE, a malformed tuple, and
+anything the checks repeated per row see (the mapping replaced, an object
+skip rule, a table being synced, merging switched off). The row's context
+(:class:`LaneCtx`) decodes the message only if something asks for it (a
+missing row's record, an error).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from applier.lsn import Lsn
+from applier.protocol import Delete, Update, decode_streamed, read_tuple
+
+from .merge import MAX_HELD, HeldDeletes, HeldUpdates
+from .states import ChangeCtx
+
+if TYPE_CHECKING:
+    from .mapping import RelMap
+    from .states import Txn
+
+_U, _D, _N, _K, _O, _UNCHANGED = ord("U"), ord("D"), ord("N"), ord("K"), ord("O"), ord("u")
+#: The slot of ChangeCtx.change, which LaneCtx fills on first use.
+_CHANGE: Any = ChangeCtx.__dict__["change"]
+
+
+class LaneCtx(ChangeCtx):
+    """A :class:`ChangeCtx` whose change is decoded from its bytes when first asked for."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, lsn: Lsn, txn: Txn, rm: RelMap, data: bytes) -> None:
+        self.lsn = lsn
+        self.txn = txn
+        self.xid = txn.xid
+        self.no = txn.n
+        self.rm = rm
+        self.data = data
+        self.check = None
+        self.key = None
+
+    @property
+    def change(self) -> Any:
+        try:
+            return _CHANGE.__get__(self, ChangeCtx)
+        except AttributeError:
+            change = decode_streamed(self.data)
+            _CHANGE.__set__(self, change)
+            return change
+
+    @change.setter
+    def change(self, value: Any) -> None:
+        _CHANGE.__set__(self, value)
+
+
+class MergeLane:
+    """The table whose UPDATEs (or DELETEs) may skip the handlers into the merger."""
+
+    __slots__ = ("key", "kind", "oid", "oid_bytes", "rm", "tag", "txn")
+
+    def __init__(self, rm: RelMap, txn: Txn, delete: bool) -> None:
+        self.rm = rm
+        self.txn = txn
+        self.oid = rm.relation.oid
+        self.oid_bytes = self.oid.to_bytes(4, "big")
+        self.tag = _D if delete else _U
+        self.kind: type[HeldUpdates | HeldDeletes] = HeldDeletes if delete else HeldUpdates
+        self.key = (self.oid, "delete" if delete else "update")
+
+    def offer(self, applier: Any, lsn: Lsn, data: bytes) -> bool:
+        """Hold the streamed change ``data``; False: it takes the ordinary path.
+
+        ``data`` is a StreamedChange's bytes: ``'U' xid relid 'N' TupleData`` or
+        ``'D' xid relid 'K'|'O' TupleData``.
+        """
+        if len(data) < 12 or data[0] != self.tag or data[5:9] != self.oid_bytes:
+            return False  # a short message is the decoder's to name
+        marker = data[9]
+        if marker != _N if self.tag == _U else marker != _K and marker != _O:
+            return False
+        oid, rm = self.oid, self.rm
+        if (
+            not applier.merging
+            or applier.relmaps.get(oid) is not rm
+            or applier.rules.has_object
+            or oid in applier.syncs.cut
+            or not applier.session.in_txn
+        ):
+            return False
+        got = read_tuple(data, 10)
+        if got is None:
+            return False
+        kinds, values, end = got
+        if end != len(data) or len(kinds) != len(rm.columns):
+            return False
+        idx = rm.key
+        if _UNCHANGED in kinds and any(kinds[i] == _UNCHANGED for i in idx):
+            return False
+        merger = applier.merger
+        entry = merger.tables.get(oid)
+        if entry is None:
+            entry = merger.tables[oid] = self.kind(rm)
+        elif type(entry) is not self.kind or entry.rm is not rm:
+            return False
+        key = values[idx[0]] if len(idx) == 1 else tuple([values[i] for i in idx])
+        txn = self.txn
+        txn.n += 1
+        held = entry.put(key, values, kinds, LaneCtx(lsn, txn, rm, data))
+        if held < 0:  # a DELETE of a key held already: the ordinary path sends first
+            txn.n -= 1
+            return False
+        counts = applier.tally.changes
+        counts[self.key] = counts.get(self.key, 0) + 1
+        applier.lane_rows += 1
+        if held >= MAX_HELD:
+            applier._send_held(oid)
+        return True
+
+
+def open_merge_lane(applier: Any, msg: Update | Delete, txn: Txn) -> MergeLane | None:
+    """After the ordinary path took ``msg``: the lane, if it held it in the merger."""
+    if type(msg) is Update and msg.old is not None:
+        return None
+    oid = msg.relation_oid
+    rm = applier.relmaps.get(oid)
+    delete = type(msg) is Delete
+    entry = applier.merger.tables.get(oid)
+    if (
+        rm is None
+        or entry is None
+        or entry.rm is not rm
+        or type(entry) is not (HeldDeletes if delete else HeldUpdates)
+        or not rm.merge
+        or not rm.included
+        or rm.policy is not None
+        or applier.careful
+        or not applier.merging
+        or txn.skip
+        or txn.rule is not None
+        or txn.seen is not None
+    ):
+        return None
+    return MergeLane(rm, txn, delete)
