@@ -2,8 +2,9 @@
 
 ``applier.protocol._speedups`` (``_speedups.c``, built with the wheel or the
 editable install by ``hatch_build.py``) holds C versions of the decoder's
-TupleData reader and of COPY's row framing. Each has a pure-Python twin that
-stays the reference: the tests check both give the same bytes. The names
+TupleData reader, of COPY's row framing and of the stream client's read loop.
+Each has a pure-Python twin that stays the reference: the tests check both give
+the same results. The names
 below are the C functions when the module was built and ``APPLIER_PURE_PYTHON``
 is not set (to a non-empty value), else None; the modules that use them
 (:mod:`applier.protocol.decoder`, :mod:`applier.apply.copyrun`) bind the
@@ -19,7 +20,14 @@ import os
 from collections.abc import Callable, Sequence
 from types import ModuleType
 
-__all__ = ["copy_binary_row", "copy_text_row", "describe", "tuple_data", "tuple_text_line"]
+__all__ = [
+    "copy_binary_row",
+    "copy_text_row",
+    "describe",
+    "take_xlog",
+    "tuple_data",
+    "tuple_text_line",
+]
 
 Row = Sequence[bytes | None]
 #: What :data:`tuple_data` reads: ``(kinds, values, end)``, or None if malformed.
@@ -45,13 +53,16 @@ copy_text_row: Callable[[Row], bytes] | None
 copy_binary_row: Callable[[Row], bytes] | None
 #: An INSERT's TupleData straight to ``(COPY text line, width)``, or ``(None, -1)``.
 tuple_text_line: Callable[[bytes, int], tuple[bytes | None, int]] | None
+#: The stream client's read loop (applier.stream.client): see ``take_xlog`` in _speedups.c.
+take_xlog: Callable[..., int] | None
 if _native is None:
-    tuple_data = copy_text_row = copy_binary_row = tuple_text_line = None
+    tuple_data = copy_text_row = copy_binary_row = tuple_text_line = take_xlog = None
 else:
     tuple_data = _native.tuple_data
     copy_text_row = _native.copy_text_row
     copy_binary_row = _native.copy_binary_row
     tuple_text_line = _native.tuple_text_line
+    take_xlog = _native.take_xlog
 
 
 def describe() -> str:

@@ -69,6 +69,7 @@ from applier.protocol import (
     parse_copydata,
     standby_status_update,
 )
+from applier.protocol.speedups import take_xlog as _take_xlog
 from applier.stream.negotiate import StreamOptions, negotiate, start_replication_sql
 from applier.stream.replconn import ReplicationConnection, map_server_error
 from applier.stream.versions import max_proto_version
@@ -251,6 +252,45 @@ class LogicalStream:
     def _take_buffered(self, out: list[Any], decoder: PgOutputDecoder | None) -> int:
         """Move the complete CopyData messages libpq has buffered into ``out``, decoded.
 
+        The loop runs in C when the speedups are built (``take_xlog``, the same
+        steps as :meth:`_take_buffered_py`); a message that is not an XLogData
+        comes back here, to be handled or named as the Python loop does.
+        """
+        take = _take_xlog
+        if take is None or decoder is None:
+            return self._take_buffered_py(out, decoder)
+        get = self._pgconn.get_copy_data
+        state: list[Any] = [0, 0, self.last_received, None, None]
+        try:
+            while True:
+                status = take(get, decoder, out, MAX_BATCH - len(out), Lsn, state)
+                if status == 0:
+                    break
+                if status == 1:
+                    raise self._copy_ended()
+                data, state[4] = state[4], None
+                if data[0] == _W:
+                    parse_copydata(data)  # a truncated 'w' header: raises the precise DecodeError
+                state[2] = self._keepalive(data, state[2])
+        except DecodeError as e:
+            if state[3] is not None:
+                e.context.setdefault("lsn", Lsn(state[3]))
+            raise
+        finally:
+            self._took(state[0], state[1], state[2])
+        return int(state[0])
+
+    def _took(self, count: int, nbytes: int, last: int) -> None:
+        if count:
+            self.last_received = Lsn(last)
+            self._last_heard = time.monotonic()
+            self._ping_at = 0.0
+            self.messages_received += count
+            self.bytes_received += nbytes
+
+    def _take_buffered_py(self, out: list[Any], decoder: PgOutputDecoder | None) -> int:
+        """:meth:`_take_buffered` in Python (also for undecoded reads).
+
         The hot loop of the stream, written for speed: one header unpack per
         XLogData, the payload copied out of libpq's buffer once, the decoder's
         handler called straight from its dispatch table (what decode() does,
@@ -298,12 +338,7 @@ class LogicalStream:
             parse_copydata(data)  # a truncated 'w' header: raises the precise DecodeError
             raise
         finally:
-            if count:
-                self.last_received = Lsn(last)
-                self._last_heard = time.monotonic()
-                self._ping_at = 0.0
-                self.messages_received += count
-                self.bytes_received += nbytes
+            self._took(count, nbytes, last)
         return count
 
     def _keepalive(self, data: memoryview, last: int) -> int:
