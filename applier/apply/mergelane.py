@@ -47,6 +47,7 @@ class LaneCtx(ChangeCtx):
     __slots__ = ("data",)
 
     def __init__(self, lsn: Lsn, txn: Txn, rm: RelMap, data: bytes) -> None:
+        # ChangeCtx.__init__'s assignments but the change's: one call less per row.
         self.lsn = lsn
         self.txn = txn
         self.xid = txn.xid
