@@ -15,7 +15,7 @@ mapping, a plain INSERT (no conflict policy that checks it, no skip rule or
 kept changes, no table being synced, no careful replay, no held merged rows),
 all values text, and one value per column. It is closed by anything else: any
 message that takes the ordinary path, a row that does not fit (a binary or
-missing value, another table), and the checks it repeats per row (skip rules
+missing value, another table or subtransaction), and the checks it repeats per row (skip rules
 and sync cuts may change between batches). What the row counts (the
 transaction's change number, the tally) and what an error in the COPY names
 (the row's LSN and xid) are the same as on the ordinary path.
@@ -32,17 +32,17 @@ from .copyrun import TEXT, Run, tuple_text_line
 if TYPE_CHECKING:
     from .states import Txn
 
-_I, _N = ord("I"), ord("N")
-
 
 class CopyLane:
     """The table whose INSERTs may skip the handlers, and the COPY they join."""
 
-    __slots__ = ("key", "oid", "oid_bytes", "run", "txn", "width")
+    __slots__ = ("head", "key", "oid", "run", "txn", "width")
 
-    def __init__(self, oid: int, run: Run, txn: Txn, width: int) -> None:
+    def __init__(self, oid: int, head: bytes, run: Run, txn: Txn, width: int) -> None:
         self.oid = oid
-        self.oid_bytes = oid.to_bytes(4, "big")
+        #: ``'I' xid relid 'N'``: what every row of the lane starts with (a change of a
+        #: subtransaction, with another xid, takes the ordinary path).
+        self.head = head
         self.run = run
         self.txn = txn
         self.width = width
@@ -53,8 +53,8 @@ class CopyLane:
 
         ``data`` is a StreamedChange's bytes: ``'I' xid relid 'N' TupleData``.
         """
-        if len(data) < 12 or data[0] != _I or data[9] != _N or data[5:9] != self.oid_bytes:
-            return False  # a short message is the decoder's to name
+        if not data.startswith(self.head):
+            return False
         session = applier.session
         if (
             session.copy_in_hand() is not self.run
@@ -75,8 +75,8 @@ class CopyLane:
         return True
 
 
-def open_lane(applier: Any, oid: int, txn: Txn) -> CopyLane | None:
-    """After the ordinary path applied an INSERT of ``oid``: the lane, if it fits."""
+def open_lane(applier: Any, oid: int, data: bytes, txn: Txn) -> CopyLane | None:
+    """After the ordinary path applied ``data``, an INSERT of ``oid``: the lane, if it fits."""
     session = applier.session
     run = session.copy_in_hand()
     if run is None or not run.stmt.all_new or run.fmt != TEXT:
@@ -92,4 +92,4 @@ def open_lane(applier: Any, oid: int, txn: Txn) -> CopyLane | None:
         or txn.seen is not None
     ):
         return None
-    return CopyLane(oid, run, txn, len(rm.columns))
+    return CopyLane(oid, data[:10], run, txn, len(rm.columns))

@@ -13,7 +13,7 @@ As with the copy lane (:mod:`applier.apply.copylane`), the lane decides
 nothing the handlers did not: it opens only where the ordinary path just held
 a change (a merged table without a conflict policy, no skip rule, no kept
 changes, no careful replay), and sends back to the ordinary path, which then
-decides or names the problem, every row that differs: another table or kind,
+decides or names the problem, every row that differs: another table, kind or (sub)transaction xid,
 an UPDATE that carries an old key, an unchanged TOAST key, a width that is
 not the mapping's, a key already held for DELETE, a malformed tuple, and
 anything the checks repeated per row see (the mapping replaced, an object
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from .mapping import RelMap
     from .states import Txn
 
-_U, _D, _N, _K, _O, _UNCHANGED = ord("U"), ord("D"), ord("N"), ord("K"), ord("O"), ord("u")
+_UNCHANGED = ord("u")
 #: The slot of ChangeCtx.change, which LaneCtx fills on first use.
 _CHANGE: Any = ChangeCtx.__dict__["change"]
 
@@ -74,27 +74,25 @@ class LaneCtx(ChangeCtx):
 class MergeLane:
     """The table whose UPDATEs (or DELETEs) may skip the handlers into the merger."""
 
-    __slots__ = ("key", "kind", "oid", "oid_bytes", "rm", "tag", "txn")
+    __slots__ = ("head", "key", "kind", "oid", "rm", "txn")
 
-    def __init__(self, rm: RelMap, txn: Txn, delete: bool) -> None:
+    def __init__(self, rm: RelMap, head: bytes, txn: Txn, delete: bool) -> None:
         self.rm = rm
         self.txn = txn
         self.oid = rm.relation.oid
-        self.oid_bytes = self.oid.to_bytes(4, "big")
-        self.tag = _D if delete else _U
+        #: ``'U' xid relid 'N'`` or ``'D' xid relid 'K'|'O'``: what every row of the lane
+        #: starts with (a change of a subtransaction, with another xid, an UPDATE with
+        #: an old key, take the ordinary path).
+        self.head = head
         self.kind: type[HeldUpdates | HeldDeletes] = HeldDeletes if delete else HeldUpdates
         self.key = (self.oid, "delete" if delete else "update")
 
     def offer(self, applier: Any, lsn: Lsn, data: bytes) -> bool:
         """Hold the streamed change ``data``; False: it takes the ordinary path.
 
-        ``data`` is a StreamedChange's bytes: ``'U' xid relid 'N' TupleData`` or
-        ``'D' xid relid 'K'|'O' TupleData``.
+        ``data`` is a StreamedChange's bytes: :attr:`head`, then a TupleData.
         """
-        if len(data) < 12 or data[0] != self.tag or data[5:9] != self.oid_bytes:
-            return False  # a short message is the decoder's to name
-        marker = data[9]
-        if marker != _N if self.tag == _U else marker != _K and marker != _O:
+        if not data.startswith(self.head):
             return False
         oid, rm = self.oid, self.rm
         if (
@@ -135,8 +133,8 @@ class MergeLane:
         return True
 
 
-def open_merge_lane(applier: Any, msg: Update | Delete, txn: Txn) -> MergeLane | None:
-    """After the ordinary path took ``msg``: the lane, if it held it in the merger."""
+def open_merge_lane(applier: Any, msg: Update | Delete, data: bytes, txn: Txn) -> MergeLane | None:
+    """After the ordinary path took ``msg`` (``data``): the lane, if it held it in the merger."""
     if type(msg) is Update and msg.old is not None:
         return None
     oid = msg.relation_oid
@@ -158,4 +156,4 @@ def open_merge_lane(applier: Any, msg: Update | Delete, txn: Txn) -> MergeLane |
         or txn.seen is not None
     ):
         return None
-    return MergeLane(rm, txn, delete)
+    return MergeLane(rm, data[:10], txn, delete)

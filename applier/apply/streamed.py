@@ -187,7 +187,7 @@ class Streamed:
         self.txn, self.state = live.txn, TXN
         try:
             self.dispatch(lsn, msg)
-            self.lane = _lane_after(self, msg, live.txn)
+            self.lane = _lane_after(self, msg, data, live.txn)
         except (ApplyError, SchemaMismatch):
             self.live_failed = live.xid
             raise
@@ -281,7 +281,7 @@ class Streamed:
                 continue
             msg = decode_streamed(data)
             self.dispatch(commit_lsn, msg)
-            lane = _lane_after(self, msg, txn)
+            lane = _lane_after(self, msg, data, txn)
 
     def on_stream_commit(self, lsn: Lsn, m: StreamCommit) -> None:
         live = self.live
@@ -364,11 +364,11 @@ class Streamed:
         self.spools.abort(m.xid, m.subxid)
 
 
-def _lane_after(applier: Any, msg: Any, txn: Txn) -> CopyLane | MergeLane | None:
-    """The lane the next change may take after the ordinary path applied ``msg``."""
+def _lane_after(applier: Any, msg: Any, data: bytes, txn: Txn) -> CopyLane | MergeLane | None:
+    """The lane the next change may take after the ordinary path applied ``msg`` (``data``)."""
     kind = type(msg)
     if kind is Insert:
-        return open_lane(applier, msg.relation_oid, txn)
+        return open_lane(applier, msg.relation_oid, data, txn)
     if kind is Update or kind is Delete:
-        return open_merge_lane(applier, msg, txn)
+        return open_merge_lane(applier, msg, data, txn)
     return None
