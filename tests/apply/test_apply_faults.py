@@ -84,7 +84,7 @@ def _converged(pair: Pair, runner: Runner, timeout: float = 120) -> None:
 def test_walsender_terminated_mid_stream(pair: Pair) -> None:
     _pgbench_setup(pair)
     runner = Runner(pair, pair.write_config()).start().ready()
-    bench = _pgbench(pair, 12)
+    bench = _pgbench(pair, 9)  # the four terminations take 8 s
     for _ in range(4):
         time.sleep(2)
         pair.pub.execute(
@@ -128,12 +128,12 @@ def test_subscriber_immediate_stop_mid_stream(make_pair: Callable[..., Pair]) ->
     _pgbench_setup(pair)
     cfg = pair.write_config(apply={"synchronous_commit": "off"})
     runner = Runner(pair, cfg).start().ready()
-    bench = _pgbench(pair, 20)
+    bench = _pgbench(pair, 11)  # the two crashes and restarts take ~8-9 s
     stopper_done = threading.Event()
 
     def crash_target() -> None:
         for _ in range(2):
-            time.sleep(5)
+            time.sleep(3)
             pair.sub.stop("immediate")
             time.sleep(1)
             pair.sub.start()
