@@ -10,6 +10,10 @@ from skipkit import add_rule, applier, keep, rules_json
 
 from applier.schema import upgrade_target
 
+# The CLI's parsing and the rules' rows in the applier schema: the same SQL on a 15
+# and an 18 target (the worker's use of the rules runs on both, in tests/apply).
+pytestmark = pytest.mark.parametrize("pair", ["15-18"], indirect=True)
+
 
 def test_add_each_kind_with_its_defaults_and_list_them(pair: Pair) -> None:
     cfg = pair.write_config()  # the schema is not there yet: `skip add` creates it

@@ -17,9 +17,10 @@ pytestmark = pytest.mark.spark
 ROWS = 20_000
 
 
-def _started(pair: Pair) -> tuple[Runner, Writer, Path]:
+def _started(pair: Pair, timeout: float = 20.0) -> tuple[Runner, Writer, Path]:
+    """``timeout``: [apply] timeout, a quarter of which bounds the worker's handover pause."""
     setup(pair, ROWS)
-    cfg = pair.write_config(apply={"status_interval": 1.0, "timeout": 20.0})
+    cfg = pair.write_config(apply={"status_interval": 1.0, "timeout": timeout})
     runner = Runner(pair, cfg).start().ready()
     writer = Writer(pair, ROWS).start()
     pair.pub_exec("ALTER PUBLICATION pub ADD TABLE t_new")
@@ -122,13 +123,15 @@ def test_new_partition_of_a_replicated_table(pair: Pair) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("pair", ["15-15"], indirect=True)
 def test_worker_withdraws_a_handover_nobody_finishes(pair: Pair) -> None:
-    runner, writer, cfg = _started(pair)
+    # [apply] timeout 8 s: the worker pauses 2 s and answers again 6 s after withdrawing
+    # (at 20 s: 5 s and 15 s, which this test only waited out).
+    runner, writer, cfg = _started(pair, timeout=8.0)
     assert runner.stop() == 0
     proc = sync_tables(cfg, "--timeout", "60")
     wait_state(pair, {"syncwait"}, proc)
     proc.send_signal(signal.SIGKILL)
     proc.wait(30)
-    # The worker answers, waits (a quarter of [apply] timeout = 5 s), withdraws its
+    # The worker answers, waits (a quarter of [apply] timeout = 2 s), withdraws its
     # position and goes on skipping the table, applying the others.
     runner = Runner(pair, cfg, log_name="applier2.log").start().ready()
     wait_state(pair, {"handover"}, timeout=30)
