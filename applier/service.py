@@ -17,17 +17,21 @@ replication; the failure is logged once at debug level.
 
 SIGHUP (``systemctl reload``, ``ExecReload=/bin/kill -HUP $MAINPID``) ends in
 :func:`reread_config`, called by the worker between two loop iterations (or
-during a backoff), bracketed by ``RELOADING=1`` and ``READY=1``.
+during a backoff), bracketed by ``RELOADING=1`` and ``READY=1``. Signals are
+served when they come, also while the worker waits for the stream: see
+:func:`signal_wakeup`.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 from applier.config import Config, load_config
@@ -111,7 +115,7 @@ class Service:
         self._reload = threading.Event()
 
     def request_reload(self, *_: Any) -> None:
-        """The SIGHUP handler: only a flag; the worker serves it within 0.5 s.
+        """The SIGHUP handler: only a flag; the worker serves it at its next iteration.
 
         Not in the handler itself: it would run between any two bytecodes of
         the main thread, in the middle of a log call or a protocol exchange.
@@ -170,3 +174,24 @@ def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[f"{prefix}{k}"] = v
     return out
+
+
+@contextmanager
+def signal_wakeup() -> Iterator[socket.socket]:
+    """A socket that becomes readable whenever a signal is handled.
+
+    Python runs a signal handler between bytecodes, so a worker waiting in
+    select() for the stream would see the stop flag only when the wait ends
+    (up to half a second later). ``signal.set_wakeup_fd`` writes a byte for
+    each signal to the other end, which the stream's select() also waits on.
+    """
+    ours, theirs = socket.socketpair()
+    ours.setblocking(False)
+    theirs.setblocking(False)
+    previous = signal.set_wakeup_fd(theirs.fileno(), warn_on_full_buffer=False)
+    try:
+        yield ours
+    finally:
+        signal.set_wakeup_fd(previous)
+        ours.close()
+        theirs.close()

@@ -89,6 +89,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -114,7 +115,7 @@ from applier.errors import (
 )
 from applier.lsn import Lsn
 from applier.schema import schema_at_head, upgrade_target
-from applier.service import Service
+from applier.service import Service, signal_wakeup
 
 from .beat import Beat
 from .gcsched import collect_garbage_on_schedule
@@ -178,6 +179,8 @@ class Worker:
         self.stopping = False
         self._flush_checked = 0.0
         self._stop_event = threading.Event()
+        #: Readable once a signal was handled (see run_worker): ends the stream's wait.
+        self.wakeup: socket.socket | None = None
         self.applier: Applier | None = None
         self.spool_dir = cfg.apply.spool_dir or default_spool_dir()
         self.status: WorkerState | None = None
@@ -380,6 +383,8 @@ class Worker:
                     "ctx": {"source": redact_dsn(cfg.source.dsn), "target": cfg.target.redacted}
                 },
             )
+            if self.wakeup is not None:
+                stream.wake_on(self.wakeup)
             stream.start()
             self.stream = stream
             log.info(
@@ -577,4 +582,6 @@ def run_worker(cfg: Config, log_level: str | None = None, until: Lsn | None = No
         signal.signal(signal.SIGTERM, handler)
         signal.signal(signal.SIGINT, handler)
         signal.signal(signal.SIGHUP, worker.service.request_reload)
+        with signal_wakeup() as worker.wakeup:
+            return worker.run()
     return worker.run()

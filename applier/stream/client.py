@@ -51,6 +51,7 @@ from __future__ import annotations
 import gc
 import logging
 import selectors
+import socket
 import threading
 import time
 from struct import Struct
@@ -124,6 +125,8 @@ class LogicalStream:
         self._io = threading.RLock()  # serialises libpq calls; never held while waiting
         self._pgconn = conn.conn.pgconn
         self._sel: selectors.BaseSelector | None = None
+        #: Readable when read() should return at once (see wake_on).
+        self._wakeup: socket.socket | None = None
         self._started = False
         self._stopped = False
         self._last_heard = 0.0
@@ -155,6 +158,8 @@ class LogicalStream:
         self._sel = selectors.DefaultSelector()
         self._sel.register(pgconn.socket, selectors.EVENT_READ)
         self._wait_copy_both()
+        if self._wakeup is not None:
+            self._sel.register(self._wakeup, selectors.EVENT_READ)
         now = time.monotonic()
         self._started = True
         self._last_heard = self._last_status = now
@@ -214,6 +219,15 @@ class LogicalStream:
         self._read(timeout, out, None)
         return out
 
+    def wake_on(self, sock: socket.socket) -> None:
+        """Let ``sock`` becoming readable end a wait of :meth:`read` at once.
+
+        The worker passes the socket its signal handlers write to
+        (``signal.set_wakeup_fd``): SIGTERM and SIGHUP are then served when they
+        come, not when the read's timeout ends. Call before :meth:`start`.
+        """
+        self._wakeup = sock
+
     def _read(self, timeout: float, out: list[Any], decoder: PgOutputDecoder | None) -> None:
         if not self._started or self._stopped:
             raise ProtocolError("LogicalStream.read() needs a started, not stopped stream")
@@ -226,7 +240,10 @@ class LogicalStream:
             remaining = deadline - now
             if out or remaining <= 0:
                 return
-            self._sel.select(min(remaining, self._next_due(now) - now))
+            for key, _ in self._sel.select(min(remaining, self._next_due(now) - now)):
+                if key.fileobj is self._wakeup:
+                    _empty(self._wakeup)
+                    return
 
     def _drain(self, out: list[Any], decoder: PgOutputDecoder | None) -> None:
         """Read (and decode) everything libpq can give without blocking, up to MAX_BATCH.
@@ -492,6 +509,8 @@ class LogicalStream:
         """Final status update, CopyDone, drain the server's end of the COPY, close. Idempotent."""
         if self._stopped:
             return
+        if self._wakeup is not None and self._sel is not None and self._started:
+            self._sel.unregister(self._wakeup)  # the drain below waits for the server only
         if self._started and not self.conn.closed:
             try:
                 with self._io:
@@ -531,3 +550,12 @@ class LogicalStream:
                 self._sel.select(max(0.0, min(0.2, deadline - time.monotonic())))
             elif self._pgconn.get_result() is None:
                 return
+
+
+def _empty(sock: socket.socket) -> None:
+    """Read what a (non-blocking) wake-up socket holds."""
+    try:
+        while sock.recv(512):
+            pass
+    except (BlockingIOError, InterruptedError):
+        pass
