@@ -136,7 +136,10 @@ def bench_version(version: int, args: argparse.Namespace, tmp: Path) -> dict[str
     results: dict[str, Any] = {}
     with server_pair(version, tmp) as (pub, sub):
         ctx = Ctx(pub, sub, version, tmp, args.scale, args.timeout, args.full_timeout, args.rate,
-                  max(5.0, args.steady_seconds * args.scale), args.big_mb)  # fmt: skip
+                  max(5.0, args.steady_seconds * args.scale), args.big_mb,
+                  applier_apply=args.applier_apply)  # fmt: skip
+        if args.applier_apply:
+            log(f"  applier runs with [apply] {args.applier_apply!r}, not its defaults")
         if version == 15:
             setup_nodes(ctx)
         cons = consumers(ctx, int(one(pub, "SHOW server_version_num")))
@@ -204,6 +207,11 @@ def parse_args() -> argparse.Namespace:
     )  # fmt: skip
     ap.add_argument("--big-mb", type=int, default=1024, help="big: MB of row data (x scale)")
     ap.add_argument("--json-out", type=Path, help="write every raw figure here")
+    ap.add_argument(
+        "--applier-apply", default="",
+        help="TOML lines for applier's [apply] section, e.g. 'copy_threshold = 4096' "
+             "(measures a setting; the comparison is on the defaults)",
+    )  # fmt: skip
     args = ap.parse_args()
     if args.quick:
         args.scale = 0.05

@@ -40,6 +40,8 @@ class Ctx:
     steady_seconds: float
     big_mb: int
     pglogical_error: str | None = None  # why pglogical cannot run here (None: it can)
+    #: TOML lines for applier's [apply] section; empty: its defaults (the comparison).
+    applier_apply: str = ""
 
     def n(self, full_size: int) -> int:
         return max(1, int(full_size * self.scale))

@@ -196,12 +196,14 @@ class Applier(Consumer):
     key, label = "a", "applier"
 
     def config(self, ctx: Ctx) -> Path:
-        """applier's defaults: no [apply] section at all (json log for the start-up line)."""
+        """applier's defaults: no [apply] section at all (json log for the start-up line),
+        unless --applier-apply asks for one (to measure a setting, not to compare)."""
         cfg = ctx.workdir / f"{self.slot}.toml"
+        apply = f"[apply]\n{ctx.applier_apply}\n" if ctx.applier_apply else ""
         cfg.write_text(
             f'[source]\ndsn = "{ctx.pub.dsn(DB)}"\npublications = ["pub"]\nslot = "{self.slot}"\n'
             f'[target]\ndsn = "{ctx.sub.dsn(DB)}"\norigin = "o_{self.slot}"\n'
-            '[logging]\nlevel = "info"\nformat = "json"\n'
+            '[logging]\nlevel = "info"\nformat = "json"\n' + apply
         )
         return cfg
 
