@@ -187,33 +187,35 @@ class UpdateMerger:
         """
         if change.old is not None:
             return 0
-        new = change.new
-        kinds = new.kinds
-        values = new.values
-        idx = rm.key
-        key = values[idx[0]] if len(idx) == 1 else tuple([values[i] for i in idx])
-        if _U in kinds and any(kinds[i] == _U for i in idx):
-            return 0
-        entry = self._entry(rm, HeldUpdates)
-        if not isinstance(entry, HeldUpdates):
-            return 0 if self.tables[rm.relation.oid].rm is not rm else AGAIN
-        return entry.put(key, values, kinds, ctx)
+        return self.hold_row(rm, HeldUpdates, change.new.values, change.new.kinds, ctx)
 
     def add_delete(self, rm: RelMap, change: Delete, ctx: Any) -> int:
         """Hold a DELETE by key; as :meth:`add` (:data:`AGAIN` also when the key is
         held already: the first DELETE goes out before the second looks for the row)."""
-        # This runs per deleted row: no generator, no helper call on the way.
-        old = change.old
-        kinds, values, idx = old.kinds, old.values, rm.key
+        return self.hold_row(rm, HeldDeletes, change.old.values, change.old.kinds, ctx)
+
+    def hold_row(
+        self,
+        rm: RelMap,
+        kind: type[HeldUpdates | HeldDeletes],
+        values: Sequence[bytes | None],
+        kinds: bytes,
+        ctx: Any,
+    ) -> int:
+        """Hold one row's values by key (for :meth:`add`, :meth:`add_delete` and the
+        merge lane, which has no message object); returns as they do."""
+        # This runs per merged row: no generator, one dict lookup for the holder.
+        idx = rm.key
         if _U in kinds and any(kinds[i] == _U for i in idx):
-            return 0
+            return 0  # a key value that was not sent
         key = values[idx[0]] if len(idx) == 1 else tuple([values[i] for i in idx])
         oid = rm.relation.oid
         entry = self.tables.get(oid)
         if entry is None:
-            entry = self.tables[oid] = HeldDeletes(rm)
-        elif type(entry) is not HeldDeletes or entry.rm is not rm:
+            entry = self.tables[oid] = kind(rm)
+        elif type(entry) is not kind or entry.rm is not rm:
             return 0 if entry.rm is not rm else AGAIN
+        assert isinstance(entry, (HeldUpdates, HeldDeletes))
         return entry.put(key, values, kinds, ctx)
 
     def add_full(self, rm: RelMap, change: Update | Delete, ctx: Any) -> int:

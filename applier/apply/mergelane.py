@@ -7,14 +7,15 @@ and each row's way through the handlers (decode into an Update or Delete,
 has held a row of a table in :class:`~applier.apply.merge.UpdateMerger`, the
 following changes of the same kind and table can be held the same way from
 their pgoutput bytes: the TupleData is read once (:func:`read_tuple`, C when
-built) and put where ``add``/``add_delete`` would have put it.
+built) and held by the merger's own ``hold_row``, which ``add``/``add_delete``
+call too.
 
 As with the copy lane (:mod:`applier.apply.copylane`), the lane decides
 nothing the handlers did not: it opens only where the ordinary path just held
 a change (a merged table without a conflict policy, no skip rule, no kept
 changes, no careful replay), and sends back to the ordinary path, which then
-decides or names the problem, every row that differs: another table, kind or (sub)transaction xid,
-an UPDATE that carries an old key, an unchanged TOAST key, a width that is
+decides or names the problem, every row that differs: another table, kind
+or (sub)transaction xid, an UPDATE that carries an old key, an unchanged TOAST key, a width that is
 not the mapping's, a key already held for DELETE, a malformed tuple, and
 anything the checks repeated per row see (the mapping replaced, an object
 skip rule, a table being synced, merging switched off). The row's context
@@ -36,7 +37,6 @@ if TYPE_CHECKING:
     from .mapping import RelMap
     from .states import Txn
 
-_UNCHANGED = ord("u")
 #: The slot of ChangeCtx.change, which LaneCtx fills on first use.
 _CHANGE: Any = ChangeCtx.__dict__["change"]
 
@@ -109,20 +109,12 @@ class MergeLane:
         kinds, values, end = got
         if end != len(data) or len(kinds) != len(rm.columns):
             return False
-        idx = rm.key
-        if _UNCHANGED in kinds and any(kinds[i] == _UNCHANGED for i in idx):
-            return False
-        merger = applier.merger
-        entry = merger.tables.get(oid)
-        if entry is None:
-            entry = merger.tables[oid] = self.kind(rm)
-        elif type(entry) is not self.kind or entry.rm is not rm:
-            return False
-        key = values[idx[0]] if len(idx) == 1 else tuple([values[i] for i in idx])
         txn = self.txn
         txn.n += 1
-        held = entry.put(key, values, kinds, LaneCtx(lsn, txn, rm, data))
-        if held < 0:  # a DELETE of a key held already: the ordinary path sends first
+        held = applier.merger.hold_row(rm, self.kind, values, kinds, LaneCtx(lsn, txn, rm, data))
+        if held <= 0:
+            # Not held (an unchanged TOAST key, another kind held, a DELETE of a key
+            # held already): the ordinary path decides, and sends first if need be.
             txn.n -= 1
             return False
         counts = applier.tally.changes
