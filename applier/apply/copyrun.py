@@ -3,7 +3,9 @@
 A prepared INSERT costs the target a Bind/Execute with executor start-up per
 row; COPY costs it one input-function call per value. So consecutive INSERTs
 into one table with the same columns and value format (a *run*) are held back
-by the session; once the run reaches ``[apply] copy_threshold`` rows it is
+by the session; once the run reaches ``[apply] copy_threshold`` rows (or
+:data:`~applier.apply.planner.MAX_HELD_BYTES` of values: wide rows are not
+all held, and they are where COPY pays most) it is
 sent as one COPY (libpq cannot COPY inside a pipeline: the session syncs and
 leaves pipeline mode first, which costs one round trip, hence the threshold),
 and every further row of the run is appended to that COPY as it arrives. A run
@@ -135,13 +137,15 @@ def error_line(context: str | None) -> int | None:
 class Run:
     """Consecutive INSERTs of one statement and format: held back, then copied."""
 
-    __slots__ = ("buf", "copying", "first_ctx", "fmt", "lsns", "pending", "stmt", "xids")
+    __slots__ = ("buf", "copying", "first_ctx", "fmt", "held", "lsns", "pending", "stmt", "xids")
 
     def __init__(self, stmt: Stmt, fmt: int) -> None:
         self.stmt = stmt
         self.fmt = fmt
         #: Rows held back until the run is long enough for COPY.
         self.pending: list[tuple[Params, Formats, object]] = []
+        #: Bytes of the values in ``pending``.
+        self.held = 0
         self.copying = False
         self.buf = bytearray()
         #: Source LSN and xid per copied row, for errors.
@@ -149,12 +153,19 @@ class Run:
         self.xids = array("q")
         self.first_ctx: object = None
 
+    def hold(self, params: Params, formats: Formats, ctx: object) -> int:
+        """Hold one row back; the number of bytes held now."""
+        self.pending.append((params, formats, ctx))
+        self.held += sum(map(len, filter(None, params)))
+        return self.held
+
     def start(self) -> None:
         """Switch to copying: the held-back rows become the COPY's first lines."""
         self.copying = True
         if self.fmt == BINARY:
             self.buf += BINARY_HEADER
         pending, self.pending = self.pending, []
+        self.held = 0
         if pending:
             self.first_ctx = pending[0][2]
         for params, _fmts, ctx in pending:

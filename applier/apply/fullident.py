@@ -60,7 +60,17 @@ from psycopg import sql
 from applier.protocol import Delete, TupleData, Update
 
 from .mapping import RelMap
-from .planner import Formats, Params, Planner, Stmt, _changed, _ph, max_rows, param_formats
+from .planner import (
+    MAX_HELD_BYTES,
+    Formats,
+    Params,
+    Planner,
+    Stmt,
+    _changed,
+    _ph,
+    max_rows,
+    param_formats,
+)
 
 #: Changes held per table before they are sent (also the largest statement).
 MAX_FULL = 256
@@ -81,7 +91,7 @@ class FullHold:
     """The held FULL identity changes of one table: all UPDATEs or all DELETEs,
     with the same columns, no one's old row made by another."""
 
-    __slots__ = ("limit", "made", "nonnull", "rm", "rows", "shape", "update")
+    __slots__ = ("limit", "made", "nonnull", "rm", "rows", "shape", "size", "update")
 
     def __init__(self, rm: RelMap) -> None:
         self.rm = rm
@@ -94,6 +104,8 @@ class FullHold:
         #: The new rows of the held UPDATEs (a later change of one is a chain).
         self.made: set[tuple[bytes | None, ...]] = set()
         self.limit = MAX_FULL
+        #: Bytes of the held rows' values (old and new).
+        self.size = 0
 
     def add(self, change: Update | Delete, ctx: Any) -> int:
         """Hold ``change``: how many are held, 0 if it cannot be (no old row, unchanged
@@ -112,6 +124,7 @@ class FullHold:
                 update != self.update
                 or shape != self.shape
                 or len(self.rows) >= self.limit
+                or self.size >= MAX_HELD_BYTES
                 or tuple(old.values) in self.made
             ):
                 return AGAIN
@@ -126,6 +139,9 @@ class FullHold:
             ov, nv, nk = old.values, new.values, new.kinds
             self.made.add(tuple([ov[i] if nk[i] == _U else nv[i] for i in range(len(nk))]))
         self.rows.append((old, new, ctx))
+        self.size += sum(map(len, filter(None, old.values)))
+        if new is not None:
+            self.size += sum(map(len, filter(None, new.values)))
         return len(self.rows)
 
     def plan(self, planner: Planner) -> list[FullBatch]:

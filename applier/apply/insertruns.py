@@ -2,9 +2,10 @@
 
 :mod:`applier.apply.copyrun` encodes the rows (no I/O); this mixin of
 :class:`~applier.apply.session.TargetSession` decides when a run starts and
-ends and talks to the server: a run that reaches ``copy_threshold`` rows
-leaves the pipeline for one ``COPY ... FROM STDIN`` (libpq has no COPY in
-pipeline mode), a shorter one goes as multi-row INSERTs inside the pipeline,
+ends and talks to the server: a run that reaches ``copy_threshold`` rows (or
+:data:`~applier.apply.planner.MAX_HELD_BYTES` of values) leaves the pipeline
+for one ``COPY ... FROM STDIN`` (libpq has no COPY in pipeline mode), a
+shorter one goes as multi-row INSERTs inside the pipeline,
 and runs of checked INSERTs (:mod:`applier.apply.conflicts`) go as multi-row
 statements whose results name the rows not inserted. Every other call of the
 session ends the run in hand first, so statements reach the target in source
@@ -25,7 +26,7 @@ from applier.errors import ConnectionLost
 from .copyrun import CHUNK, NO_COPY, Run, copy_query, error_line, row_format
 from .merge import MAX_HELD, MergedCtx, chunks
 from .pipeline import ExecStatus, Pipeline, lost
-from .planner import Formats, Params, Stmt, insert_rows, max_rows
+from .planner import MAX_HELD_BYTES, Formats, Params, Stmt, insert_rows, max_rows
 
 
 class InsertRuns(Pipeline):
@@ -63,10 +64,11 @@ class InsertRuns(Pipeline):
             run.add(params, ctx.lsn, ctx.xid)
             if len(run.buf) >= CHUNK:
                 self._copy_put(run, run.take())
-        else:
-            run.pending.append((params, formats, ctx))
-            if len(run.pending) >= self.copy_threshold:
-                self._copy_begin(run)
+        elif (
+            run.hold(params, formats, ctx) >= MAX_HELD_BYTES
+            or len(run.pending) >= self.copy_threshold
+        ):
+            self._copy_begin(run)
 
     def copy_in_hand(self) -> Run | None:
         """The run whose rows are being copied now, if any (applier.apply.copylane)."""
@@ -99,9 +101,8 @@ class InsertRuns(Pipeline):
             run = None
         if run is None:
             run = self._run = CheckedRun(stmt, run_of)
-        run.pending.append((params, formats, ctx))
         run.keys.add(ctx.key)
-        if len(run.pending) >= MAX_HELD:
+        if run.hold(params, formats, ctx) >= MAX_HELD_BYTES or len(run.pending) >= MAX_HELD:
             self._end_run()
 
     def _end_run(self, abort: bool = False) -> None:

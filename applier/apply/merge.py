@@ -50,7 +50,8 @@ with the context of the last change merged into it (so N UPDATEs of one
 missing row count once). A failing merged statement names its table and the
 span of changes; the worker then applies
 those transactions again one by one without merging, so the error names the
-exact change. At most :data:`MAX_HELD` keys are held per table: a larger
+exact change. At most :data:`MAX_HELD` keys are held per table, and UPDATEs
+whose values reach :data:`~applier.apply.planner.MAX_HELD_BYTES`: a larger
 transaction sends them and goes on.
 """
 
@@ -66,7 +67,7 @@ from applier.protocol import Delete, Update
 
 from .fullident import FullHold
 from .mapping import RelMap
-from .planner import Formats, Params, Planner, Stmt, max_rows, param_formats
+from .planner import MAX_HELD_BYTES, Formats, Params, Planner, Stmt, max_rows, param_formats
 
 #: Keys held per table before they are sent (also the largest chunk).
 MAX_HELD = 256
@@ -108,14 +109,20 @@ class _Held:
 class HeldUpdates:
     """A table's merged UPDATEs: the newest values by key."""
 
-    __slots__ = ("rm", "rows")
+    __slots__ = ("rm", "rows", "size")
 
     def __init__(self, rm: RelMap) -> None:
         self.rm = rm
         self.rows: dict[Hashable, _Held] = {}
+        #: Bytes of the values put (an upper bound of what is held).
+        self.size = 0
 
-    def put(self, key: Hashable, values: Sequence[bytes | None], kinds: bytes, ctx: Any) -> int:
-        """Hold the newest values of ``key``; how many keys are held now."""
+    def put(
+        self, key: Hashable, values: Sequence[bytes | None], kinds: bytes, ctx: Any, size: int
+    ) -> int:
+        """Hold the newest values of ``key`` (``size`` bytes at most); how many keys
+        are held now, :data:`MAX_HELD` once their values reach MAX_HELD_BYTES."""
+        self.size += size
         rows = self.rows
         held = rows.get(key)
         if held is None or _U not in kinds:
@@ -129,7 +136,7 @@ class HeldUpdates:
                     merged_values[i] = values[i]
                     merged_kinds[i] = k
             rows[key] = _Held(merged_values, bytes(merged_kinds), ctx)
-        return len(rows)
+        return len(rows) if self.size < MAX_HELD_BYTES else MAX_HELD
 
 
 class HeldDeletes:
@@ -142,8 +149,11 @@ class HeldDeletes:
         self.rows: list[_Held] = []
         self.keys: set[Hashable] = set()
 
-    def put(self, key: Hashable, values: Sequence[bytes | None], kinds: bytes, ctx: Any) -> int:
-        """Hold a DELETE of ``key``; how many are held now, :data:`AGAIN` if ``key`` is."""
+    def put(
+        self, key: Hashable, values: Sequence[bytes | None], kinds: bytes, ctx: Any, size: int
+    ) -> int:
+        """Hold a DELETE of ``key``; how many are held now, :data:`AGAIN` if ``key`` is.
+        (``size`` is not counted: a DELETE holds a key, which a unique index bounds.)"""
         keys = self.keys
         if key in keys:
             return AGAIN
@@ -187,12 +197,14 @@ class UpdateMerger:
         """
         if change.old is not None:
             return 0
-        return self.hold_row(rm, HeldUpdates, change.new.values, change.new.kinds, ctx)
+        new = change.new.values
+        size = sum(map(len, filter(None, new)))
+        return self.hold_row(rm, HeldUpdates, new, change.new.kinds, ctx, size)
 
     def add_delete(self, rm: RelMap, change: Delete, ctx: Any) -> int:
         """Hold a DELETE by key; as :meth:`add` (:data:`AGAIN` also when the key is
         held already: the first DELETE goes out before the second looks for the row)."""
-        return self.hold_row(rm, HeldDeletes, change.old.values, change.old.kinds, ctx)
+        return self.hold_row(rm, HeldDeletes, change.old.values, change.old.kinds, ctx, 0)
 
     def hold_row(
         self,
@@ -201,9 +213,11 @@ class UpdateMerger:
         values: Sequence[bytes | None],
         kinds: bytes,
         ctx: Any,
+        size: int,
     ) -> int:
         """Hold one row's values by key (for :meth:`add`, :meth:`add_delete` and the
-        merge lane, which has no message object); returns as they do."""
+        merge lane, which has no message object); returns as they do. ``size``: the
+        values' bytes, or more (the lane gives its message's length, at no cost)."""
         # This runs per merged row: no generator, one dict lookup for the holder.
         idx = rm.key
         if _U in kinds and any(kinds[i] == _U for i in idx):
@@ -216,7 +230,7 @@ class UpdateMerger:
         elif type(entry) is not kind or entry.rm is not rm:
             return 0 if entry.rm is not rm else AGAIN
         assert isinstance(entry, (HeldUpdates, HeldDeletes))
-        return entry.put(key, values, kinds, ctx)
+        return entry.put(key, values, kinds, ctx, size)
 
     def add_full(self, rm: RelMap, change: Update | Delete, ctx: Any) -> int:
         """Hold a change of a REPLICA IDENTITY FULL table (:mod:`applier.apply.fullident`);

@@ -111,7 +111,9 @@ class MergeLane:
             return False
         txn = self.txn
         txn.n += 1
-        held = applier.merger.hold_row(rm, self.kind, values, kinds, LaneCtx(lsn, txn, rm, data))
+        held = applier.merger.hold_row(
+            rm, self.kind, values, kinds, LaneCtx(lsn, txn, rm, data), len(data)
+        )
         if held <= 0:
             # Not held (an unchanged TOAST key, another kind held, a DELETE of a key
             # held already): the ordinary path decides, and sends first if need be.

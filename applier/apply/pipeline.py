@@ -61,6 +61,10 @@ _MOD_LAZY, _MANY_LAZY = 7, 8
 PUMP_EVERY = 256
 #: Block when this many statements (a merged one counts its rows) await their results.
 MAX_INFLIGHT = 20_000
+#: ... or when this many bytes of parameter values were sent since the queue was
+#: last emptied: each change awaiting its result holds its row, so wide rows must
+#: not fill the queue by count (20,000 rows of 1 MB each).
+MAX_INFLIGHT_BYTES = 32 * 1024 * 1024
 
 #: SQLSTATE classes/codes that mean "the connection is gone", not "the change is bad".
 TRANSIENT_SQLSTATES = ("08", "57P01", "57P02", "57P03", "55006", "40P01", "40001", "53300")
@@ -120,6 +124,9 @@ class Pipeline:
         #: Rows of merged statements in flight beyond one each: what bounds memory
         #: is the changes held for their results, not the statements.
         self._held_rows = 0
+        #: Bytes of parameter values sent since the queue was last emptied (an upper
+        #: bound of what the changes in flight hold; see MAX_INFLIGHT_BYTES).
+        self._bytes_out = 0
 
     def _error(self, e: psycopg.Error, where: str) -> ApplierError:
         state = e.sqlstate
@@ -204,6 +211,18 @@ class Pipeline:
                 self._select(bool(pending))
         except psycopg.OperationalError as e:
             raise lost(e) from None
+
+    def _catch_up(self) -> None:
+        """Read every result owed (the server sends them on the Flush): past
+        MAX_INFLIGHT_BYTES, so the changes they hold are let go."""
+        try:
+            self.pg.send_flush_request()
+        except psycopg.OperationalError as e:
+            raise lost(e) from None
+        self._pump(until_empty=True)
+        self._bytes_out = 0
+        if self._failure is not None:
+            self._raise()
 
     def _drain(self) -> None:
         pg = self.pg

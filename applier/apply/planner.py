@@ -463,6 +463,10 @@ class Planner:
 
 #: Most parameters one statement may carry (the protocol counts them in 16 bits).
 MAX_PARAMS = 65535
+#: Rows held back for one statement or COPY (a run's, the merger's) are sent once
+#: their values reach about this many bytes, whatever their count: wide rows must
+#: not all be held (256 merged UPDATEs of 1 MB rows were 363 MB of RSS).
+MAX_HELD_BYTES = 8 * 1024 * 1024
 
 
 def max_rows(width: int, limit: int) -> int:

@@ -89,6 +89,7 @@ from .pipeline import (
     _ROW,
     _SYNC,
     MAX_INFLIGHT,
+    MAX_INFLIGHT_BYTES,
     PUMP_EVERY,
     is_transient_sqlstate,
     lost,
@@ -236,6 +237,9 @@ class TargetSession(InsertRuns):
                 self._pump(until_empty=False)
                 if self._failure is not None:
                     self._raise()
+        self._bytes_out += sum(map(len, filter(None, params)))
+        if self._bytes_out > MAX_INFLIGHT_BYTES and self._pipeline:
+            self._catch_up()
         # _after_send(), inlined: this runs for every change.
         self._sent += 1
         if self._sent % PUMP_EVERY == 0:

@@ -86,6 +86,10 @@ _W = ord("w")
 #: How many messages one read() returns at most, so status updates and the
 #: liveness check still run while the server sends faster than we consume.
 MAX_BATCH = 10_000
+#: ... and how many bytes of them, about (one libpq buffer more at most): a
+#: batch's messages are all alive until the worker has applied them, so wide
+#: rows must not fill it by count (10,000 rows of 1 MB each).
+MAX_BATCH_BYTES = 8 * 1024 * 1024
 
 #: Pause the cyclic garbage collector while a batch is received and decoded.
 #: Every decoded message allocates four GC-tracked objects (the item tuple, the
@@ -246,7 +250,8 @@ class LogicalStream:
                     return
 
     def _drain(self, out: list[Any], decoder: PgOutputDecoder | None) -> None:
-        """Read (and decode) everything libpq can give without blocking, up to MAX_BATCH.
+        """Read (and decode) everything libpq can give without blocking, up to
+        MAX_BATCH messages or MAX_BATCH_BYTES.
 
         The cyclic garbage collector is paused meanwhile (see :data:`PAUSE_GC`).
         """
@@ -256,7 +261,8 @@ class LogicalStream:
             if pause:
                 gc.disable()
             try:
-                while len(out) < MAX_BATCH:
+                until = self.bytes_received + MAX_BATCH_BYTES
+                while len(out) < MAX_BATCH and self.bytes_received < until:
                     pgconn.consume_input()
                     if not self._take_buffered(out, decoder):
                         return

@@ -36,3 +36,37 @@ def test_merged_deletes_in_flight_are_bounded(pair: Pair) -> None:
     grew = _rss_mb(pid, "VmHWM") - before
     assert runner.stop() == 0
     assert grew < 60, f"peak RSS grew by {grew:.0f} MB for 300,000 deletes"
+
+
+@pytest.mark.parametrize("pair", ["15-18"], indirect=True)
+@pytest.mark.parametrize("kind", ["copied", "checked", "merged", "full"])
+def test_wide_rows_in_memory_are_bounded_in_bytes(pair: Pair, kind: str) -> None:
+    """One transaction of 250 rows of 1 MB: every place that holds rows is bounded
+    in bytes, not only in count. Each was found holding the whole transaction:
+    the stream's batch (10,000 messages), the rows held for a run's decision
+    (copy_threshold: 1000; checked INSERTs: 256), the merged UPDATEs (256 keys;
+    FULL identity: 256 changes) and the changes awaiting their results in the
+    pipeline (20,000)."""
+    pk = "" if kind == "full" else " PRIMARY KEY"  # FULL: held when the target has no key
+    pair.both(f"CREATE TABLE w (id int{pk}, v text)")
+    pair.pub_exec("CREATE PUBLICATION pub FOR ALL TABLES")
+    if kind in ("merged", "full"):
+        pair.both("INSERT INTO w SELECT g, 'x' FROM generate_series(1, 250) g")
+    if kind == "full":
+        pair.both("ALTER TABLE w REPLICA IDENTITY FULL")
+    conflicts = {"default": {"insert_exists": "skip"}} if kind == "checked" else {}
+    cfg = pair.write_config(apply={"streaming": "off"}, conflicts=conflicts)
+    runner = Runner(pair, cfg).start().ready()
+    assert runner.proc is not None
+    pid = runner.proc.pid
+    wait_for(lambda: _rss_mb(pid, "VmRSS") > 0, 10, "the worker's memory")
+    before = _rss_mb(pid, "VmHWM")
+    wide = "repeat(md5(g::text), 31250)"
+    if kind in ("merged", "full"):
+        pair.pub_exec(f"UPDATE w SET v = {wide.replace('g::text', 'id::text')}")
+    else:
+        pair.pub_exec(f"INSERT INTO w SELECT g, {wide} FROM generate_series(1, 250) g")
+    wait_equal(pair, ["w"], runner=runner, timeout=120)
+    grew = _rss_mb(pid, "VmHWM") - before
+    assert runner.stop() == 0
+    assert grew < 80, f"peak RSS grew by {grew:.0f} MB for 250 rows of 1 MB"
