@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from applier.errors import DecodeError
 from applier.lsn import Lsn
 from applier.protocol import speedups
-from applier.protocol.decoder import _tuple
+from applier.protocol.tuples import _tuple
 
 from .planner import Formats, Params, Stmt
 

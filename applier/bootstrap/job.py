@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -65,7 +64,7 @@ from psycopg import sql
 
 from ..apply.mapping import Catalog
 from ..config import Config
-from ..errors import AlreadyBootstrapped, ApplierError, BootstrapError
+from ..errors import AlreadyBootstrapped, BootstrapError
 from ..lsn import Lsn
 from ..stream.versions import check_source
 from . import schema as ddl
@@ -74,6 +73,7 @@ from .copy_task import SliceResult, SliceTask, copy_slice
 from .plan import SourcePlan, TableSpec, cut_slices, discover, quote_qual, target_columns
 from .progress import BootstrapProgress, TableProgress, poll_stats
 from .sequences import SeqValue, connect, read_values, sequences_of, set_values
+from .spark import _copy_slots, _SparkStarter, spark_failure
 
 log = logging.getLogger(__name__)
 Conn = psycopg.Connection[Any]
@@ -466,117 +466,6 @@ def _run_copy(
             }
         },
     )
-
-
-_PY_ERR = re.compile(r"^(?:applier\.errors\.\w+|psycopg\.[\w.]+|\w+Error): (.+)$", re.MULTILINE)
-
-
-def spark_failure(exc: BaseException) -> ApplierError:
-    """One line out of a Spark job failure: the Python error of the failed task if any."""
-    if isinstance(exc, ApplierError):
-        return exc
-    text = str(exc)
-    found = _PY_ERR.findall(text)
-    detail = found[-1].strip() if found else (text.strip().splitlines() or ["?"])[0][:300]
-    return BootstrapError(
-        f"the Spark copy job failed: {detail}",
-        hint="fix the cause and rerun `applier bootstrap` (it starts the copy over)",
-    )
-
-
-class _SparkStarter:
-    """Builds the SparkContext in a thread once :meth:`start` is called.
-
-    :meth:`context` starts it if needed and waits for it; :meth:`stop` and
-    :meth:`abandon` may be called any number of times.
-    """
-
-    def __init__(self, cfg: Config) -> None:
-        self._cfg = cfg
-        self._sc: Any = None
-        self._error: BaseException | None = None
-        self._thread: threading.Thread | None = None
-        self._stopped = False
-
-    def start(self) -> _SparkStarter:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="spark-start", daemon=True)
-            self._thread.start()
-        return self
-
-    def _run(self) -> None:
-        try:
-            self._sc = _spark(self._cfg)
-        except BaseException as e:  # re-raised by context()
-            self._error = e
-
-    def context(self) -> Any:
-        self.start()
-        assert self._thread is not None
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        return self._sc
-
-    def stop(self) -> None:
-        if self._thread is None or self._stopped:
-            return
-        self._thread.join()
-        self._stopped = True
-        if self._sc is not None:
-            _stop_spark(self._sc)
-
-    def abandon(self) -> None:
-        """On an error: stop Spark if it is up, without waiting for a JVM still booting.
-
-        A JVM that pyspark launched exits by itself when this process does
-        (it watches its stdin), so a bad-input error is reported at once.
-        """
-        if self._thread is not None and not self._thread.is_alive():
-            self.stop()
-
-
-def _spark(cfg: Config) -> Any:
-    from .spark import build_context, context_uses_archive
-
-    started = time.monotonic()
-    try:
-        sc = build_context(cfg.bootstrap)
-    except Exception as e:
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise BootstrapError(
-            f"cannot start Spark (master {cfg.bootstrap.spark_master}): {first}",
-            hint="check bootstrap.spark_master / spark_conf, Java and pyspark",
-        ) from None
-    log.info(
-        "spark started",
-        extra={
-            "ctx": {
-                "master": cfg.bootstrap.spark_master,
-                "parallelism": sc.defaultParallelism,
-                # After the start: a start that failed with the archive removed it.
-                "class_archive": context_uses_archive(cfg.bootstrap),
-                "seconds": round(time.monotonic() - started, 1),
-            }
-        },
-    )
-    return sc
-
-
-def _copy_slots(cfg: Config, sc: Any) -> int:
-    """Copies at once: Spark's task slots (cores of local[N], executors' cores),
-    capped by ``[bootstrap] parallelism``."""
-    try:
-        slots = max(1, int(sc.defaultParallelism))
-    except Exception:  # a context without the usual attributes: no alignment
-        slots = 1
-    return min(slots, cfg.bootstrap.parallelism or slots)
-
-
-def _stop_spark(sc: Any) -> None:
-    # Tests share one context across bootstraps; a CLI run ends the JVM anyway.
-    if not getattr(sc, "_applier_keep", False):
-        sc.stop()
 
 
 # -- after the data -----------------------------------------------------------------

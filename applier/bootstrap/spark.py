@@ -1,4 +1,4 @@
-"""The SparkContext of a bootstrap, built from ``[bootstrap]``.
+"""The SparkContext of a bootstrap, built from ``[bootstrap]``, and its life in a command.
 
 Python workers must run our interpreter (they import ``applier`` to run the
 copy tasks), so ``PYSPARK_PYTHON`` defaults to ``sys.executable``. Task
@@ -20,6 +20,14 @@ does), and every start after maps it (measured on 2 vCPUs: 3.7 s ->
 path and ignores it otherwise; a damaged file can crash it instead, so the
 archive is only ever renamed into place complete, and a context that fails
 to start with it is started again without it (and the archive removed).
+
+The commands that run Spark jobs (``bootstrap``, ``sync-tables``, ``verify``)
+share the rest: :class:`_SparkStarter` builds the context in a thread, so the
+JVM boots while the driver makes the slot and the tables, and can be
+abandoned at once on an error; :func:`_spark` turns a failed start into a
+:class:`~applier.errors.BootstrapError` naming the master; :func:`_copy_slots`
+says how many tasks run at once; :func:`_stop_spark` leaves a context the
+tests share running; :func:`spark_failure` makes one line of a failed job.
 """
 
 from __future__ import annotations
@@ -27,14 +35,17 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 import shutil
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
-from ..config import BootstrapConfig
-from ..errors import BootstrapError
+from ..config import BootstrapConfig, Config
+from ..errors import ApplierError, BootstrapError
 
 log = logging.getLogger(__name__)
 
@@ -196,3 +207,115 @@ def build_class_archive(bcfg: BootstrapConfig) -> Path:
         )
     os.replace(tmp, path)
     return path
+
+
+# -- one command's context: started, sized, stopped; its job's failures -------------
+
+
+_PY_ERR = re.compile(r"^(?:applier\.errors\.\w+|psycopg\.[\w.]+|\w+Error): (.+)$", re.MULTILINE)
+
+
+def spark_failure(exc: BaseException) -> ApplierError:
+    """One line out of a Spark job failure: the Python error of the failed task if any."""
+    if isinstance(exc, ApplierError):
+        return exc
+    text = str(exc)
+    found = _PY_ERR.findall(text)
+    detail = found[-1].strip() if found else (text.strip().splitlines() or ["?"])[0][:300]
+    return BootstrapError(
+        f"the Spark copy job failed: {detail}",
+        hint="fix the cause and rerun `applier bootstrap` (it starts the copy over)",
+    )
+
+
+class _SparkStarter:
+    """Builds the SparkContext in a thread once :meth:`start` is called.
+
+    :meth:`context` starts it if needed and waits for it; :meth:`stop` and
+    :meth:`abandon` may be called any number of times.
+    """
+
+    def __init__(self, cfg: Config) -> None:
+        self._cfg = cfg
+        self._sc: Any = None
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        self._stopped = False
+
+    def start(self) -> _SparkStarter:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="spark-start", daemon=True)
+            self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        try:
+            self._sc = _spark(self._cfg)
+        except BaseException as e:  # re-raised by context()
+            self._error = e
+
+    def context(self) -> Any:
+        self.start()
+        assert self._thread is not None
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._sc
+
+    def stop(self) -> None:
+        if self._thread is None or self._stopped:
+            return
+        self._thread.join()
+        self._stopped = True
+        if self._sc is not None:
+            _stop_spark(self._sc)
+
+    def abandon(self) -> None:
+        """On an error: stop Spark if it is up, without waiting for a JVM still booting.
+
+        A JVM that pyspark launched exits by itself when this process does
+        (it watches its stdin), so a bad-input error is reported at once.
+        """
+        if self._thread is not None and not self._thread.is_alive():
+            self.stop()
+
+
+def _spark(cfg: Config) -> Any:
+    started = time.monotonic()
+    try:
+        sc = build_context(cfg.bootstrap)
+    except Exception as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise BootstrapError(
+            f"cannot start Spark (master {cfg.bootstrap.spark_master}): {first}",
+            hint="check bootstrap.spark_master / spark_conf, Java and pyspark",
+        ) from None
+    log.info(
+        "spark started",
+        extra={
+            "ctx": {
+                "master": cfg.bootstrap.spark_master,
+                "parallelism": sc.defaultParallelism,
+                # After the start: a start that failed with the archive removed it.
+                "class_archive": context_uses_archive(cfg.bootstrap),
+                "seconds": round(time.monotonic() - started, 1),
+            }
+        },
+    )
+    return sc
+
+
+def _copy_slots(cfg: Config, sc: Any) -> int:
+    """Copies at once: Spark's task slots (cores of local[N], executors' cores),
+    capped by ``[bootstrap] parallelism``."""
+    try:
+        slots = max(1, int(sc.defaultParallelism))
+    except Exception:  # a context without the usual attributes: no alignment
+        slots = 1
+    return min(slots, cfg.bootstrap.parallelism or slots)
+
+
+def _stop_spark(sc: Any) -> None:
+    # Tests share one context across bootstraps; a CLI run ends the JVM anyway.
+    if not getattr(sc, "_applier_keep", False):
+        sc.stop()

@@ -2,6 +2,8 @@
 
 * :mod:`.messages` - one frozen dataclass per message kind, flat :class:`TupleData`.
 * :mod:`.decoder` - :class:`PgOutputDecoder`, the fast, strict bytes -> message path.
+* :mod:`.tuples` - the TupleData reader of the row messages (C or its Python twin).
+* :mod:`.malformed` - the DecodeError wording both of them use.
 * :mod:`.copydata` - the streaming replication CopyData frames (``w``, ``k``, ``r``).
 * :mod:`.encoder` - message -> bytes, the decoder's inverse, for tests and benchmarks.
 
@@ -23,7 +25,6 @@ from .decoder import (
     MIN_PROTO_VERSION,
     PgOutputDecoder,
     decode_streamed,
-    read_tuple,
 )
 from .encoder import encode, encode_tuple
 from .messages import (
@@ -58,6 +59,7 @@ from .messages import (
     Type,
     Update,
 )
+from .tuples import read_tuple
 
 __all__ = [
     "ALL_MESSAGE_TYPES",

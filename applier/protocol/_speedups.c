@@ -6,10 +6,10 @@
  * twins stay the reference and the fallback; applier/protocol/speedups.py
  * chooses, tests/protocol/test_speedups.py checks them equal):
  *
- *   tuple_data(data, pos)   decoder._tuple_py without the error reporting:
+ *   tuple_data(data, pos)   tuples._tuple_py without the error reporting:
  *                           (kinds, values, end), or None when the TupleData
  *                           is malformed (the caller then walks it again with
- *                           decoder._tuple_error for the precise DecodeError).
+ *                           tuples._tuple_error for the precise DecodeError).
  *   copy_text_row(values)   copyrun._text_row_py: one line of COPY text.
  *   copy_binary_row(values) copyrun._binary_row_py: one tuple of COPY binary.
  *   tuple_text_line(data, pos)
@@ -30,7 +30,7 @@
 #include <string.h>
 
 /* b"t" * n for n < ALL_TEXT_MAX: rows that are all text share one kinds object,
- * as the Python decoder's _ALL_TEXT does (millions of rows, one object). */
+ * as the Python reader's tuples._ALL_TEXT does (millions of rows, one object). */
 #define ALL_TEXT_MAX 128
 static PyObject *all_text_kinds[ALL_TEXT_MAX];
 

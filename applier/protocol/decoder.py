@@ -49,11 +49,11 @@ and checks the final position once. When anything is off it hands over to a
 slow validator that walks the bytes again, carefully, and raises
 :class:`~applier.errors.DecodeError` with the message tag and the offset of the
 offending field. So valid input pays for no checks it does not need, and
-invalid input still gets a precise error. The TupleData loop, the per-row
-cost, runs in C when ``applier.protocol._speedups`` is built (see
-:mod:`applier.protocol.speedups`); the C reader refuses what the Python one
-refuses and the same slow validator names the error. Offsets count from the tag byte
-(offset 0). A truncated field is reported at the offset where it starts; a
+invalid input still gets a precise error. The TupleData reader, the per-row
+cost, is :mod:`.tuples` (in C when ``applier.protocol._speedups`` is built,
+with a pure-Python twin; the same slow validator names the error either way);
+the wording of every refusal is :mod:`.malformed`. Offsets count from the tag
+byte (offset 0). A truncated field is reported at the offset where it starts; a
 bad value at the offset of the field holding it; trailing bytes at the offset
 where the message should have ended.
 
@@ -71,7 +71,11 @@ from typing import NoReturn
 from applier.errors import DecodeError
 from applier.lsn import Lsn
 
-from . import speedups
+from .malformed import MESSAGE_NAMES
+from .malformed import Layout as _Layout
+from .malformed import check_end as _check_end
+from .malformed import fail as _fail
+from .malformed import need as _need
 from .messages import (
     Begin,
     BeginPrepare,
@@ -93,52 +97,24 @@ from .messages import (
     StreamStart,
     StreamStop,
     Truncate,
-    TupleData,
     Type,
     Update,
     fast_constructor,
 )
+from .tuples import _tuple
 
 __all__ = [
     "MESSAGE_NAMES",
     "MIN_PROTO_VERSION",
     "PgOutputDecoder",
     "decode_streamed",
-    "read_tuple",
 ]
-
-#: Human names of the message tags, for errors.
-MESSAGE_NAMES: dict[str, str] = {
-    "B": "Begin",
-    "C": "Commit",
-    "O": "Origin",
-    "R": "Relation",
-    "Y": "Type",
-    "I": "Insert",
-    "U": "Update",
-    "D": "Delete",
-    "T": "Truncate",
-    "M": "Message",
-    "S": "Stream Start",
-    "E": "Stream Stop",
-    "c": "Stream Commit",
-    "A": "Stream Abort",
-    "b": "Begin Prepare",
-    "P": "Prepare",
-    "K": "Commit Prepared",
-    "r": "Rollback Prepared",
-    "p": "Stream Prepare",
-}
 
 #: Lowest protocol version that may send each tag (others: 1).
 MIN_PROTO_VERSION: dict[str, int] = {
     "S": 2, "E": 2, "c": 2, "A": 2,
     "b": 3, "P": 3, "K": 3, "r": 3, "p": 3,
 }  # fmt: skip
-
-# A field layout is a sequence of (name, size) used only to say which field a
-# short message cuts off; "[name]" marks a String.
-_Layout = tuple[tuple[str, int], ...]
 
 _U8 = Struct(">B")
 _U16 = Struct(">H")
@@ -187,36 +163,15 @@ _new_commit = fast_constructor(Commit)
 _new_insert = fast_constructor(Insert)
 _new_update = fast_constructor(Update)
 _new_delete = fast_constructor(Delete)
-_new_tuple = fast_constructor(TupleData)
 _new_stream_start = fast_constructor(StreamStart)
 # Every row of a streamed transaction is one (the dataclass __init__ was ~6% of
 # the applier's CPU on a 1M-row streamed insert).
 _new_streamed = fast_constructor(StreamedChange)
 
-# b"ttt..." for common column counts, so all-text tuples share one kinds object.
-_ALL_TEXT = tuple(b"t" * n for n in range(128))
-
 _Handler = Callable[[bytes], PgOutputMessage]
 
 
-# --------------------------------------------------------------------------- errors
-
-
-def _fail(tag: str, offset: int, what: str) -> NoReturn:
-    raise DecodeError(f"{MESSAGE_NAMES.get(tag, tag)} message: {what}", msg_type=tag, offset=offset)
-
-
-def _need(data: bytes, pos: int, layout: _Layout, tag: str) -> None:
-    """Raise naming the first field of ``layout`` (starting at ``pos``) that ``data`` cuts off."""
-    for name, size in layout:
-        if pos + size > len(data):
-            _fail(tag, pos, f"truncated: {name} needs {size} bytes, {len(data) - pos} left")
-        pos += size
-
-
-def _check_end(data: bytes, pos: int, tag: str) -> None:
-    if pos != len(data):
-        _fail(tag, pos, f"{len(data) - pos} trailing bytes after the end of the message")
+# --------------------------------------------------------------------------- fields
 
 
 def _fixed(data: bytes, pos: int, st: Struct, layout: _Layout, tag: str) -> tuple[int, ...]:
@@ -248,118 +203,6 @@ def _string(data: bytes, pos: int, field: str, tag: str) -> tuple[str, int]:
 def _flag(value: int, allowed: tuple[int, ...], field: str, pos: int, tag: str) -> None:
     if value not in allowed:
         _fail(tag, pos, f"unknown {field} {value}")
-
-
-# ------------------------------------------------------------------------ TupleData
-
-
-def _tuple_py(data: bytes, pos: int, tag: str) -> tuple[TupleData, int]:
-    """Decode TupleData at ``pos``; return it and the position after it.
-
-    One pass, no per-column objects but the value slices. Text columns (the
-    common case) are not recorded in a kinds list: rows that are all text
-    share one kinds object, and other kinds are patched in afterwards. Reads
-    may run past the end (slices clamp silently), so the end position is
-    checked once; any oddity hands over to :func:`_tuple_error`.
-    """
-    try:
-        n = data[pos] << 8 | data[pos + 1]
-        p = pos + 2
-        values: list[bytes | None] = []
-        append = values.append
-        special = None
-        for i in range(n):
-            k = data[p]
-            if k == 116:  # 't'
-                p += 5
-                end = p + _unpack_u32(data, p - 4)[0]
-                append(data[p:end])
-                p = end
-            elif k == 110 or k == 117:  # 'n', 'u'
-                append(None)
-                p += 1
-                special = [] if special is None else special
-                special.append((i, k))
-            elif k == 98:  # 'b'
-                p += 5
-                end = p + _unpack_u32(data, p - 4)[0]
-                append(data[p:end])
-                p = end
-                special = [] if special is None else special
-                special.append((i, k))
-            else:
-                break
-        else:
-            if p <= len(data):
-                if special is None:
-                    kinds = _ALL_TEXT[n] if n < 128 else b"t" * n
-                else:
-                    patched = bytearray(b"t" * n)
-                    for i, k in special:
-                        patched[i] = k
-                    kinds = bytes(patched)
-                return _new_tuple(kinds, tuple(values)), p
-    except (IndexError, StructError):
-        pass
-    _tuple_error(data, pos, tag)
-
-
-_TupleReader = Callable[[bytes, int, str], tuple[TupleData, int]]
-
-
-def _native_tuple(read: speedups.ReadTuple) -> _TupleReader:
-    """:func:`_tuple_py` with its loop in C (``speedups.tuple_data``), the same errors."""
-
-    def _tuple_c(data: bytes, pos: int, tag: str) -> tuple[TupleData, int]:
-        got = read(data, pos)
-        if got is None:
-            _tuple_error(data, pos, tag)
-        kinds, values, end = got
-        return _new_tuple(kinds, values), end
-
-    return _tuple_c
-
-
-#: The TupleData reader of the row messages: C when built (see applier.protocol.speedups).
-_tuple = _tuple_py if speedups.tuple_data is None else _native_tuple(speedups.tuple_data)
-
-
-def _read_tuple_py(data: bytes, pos: int) -> tuple[bytes, tuple[bytes | None, ...], int] | None:
-    try:
-        t, end = _tuple_py(data, pos, "?")
-    except DecodeError:
-        return None
-    return t.kinds, t.values, end
-
-
-#: ``(kinds, values, end)`` of the TupleData at ``pos``, None if it is malformed (the
-#: decoder names what is wrong): for the apply lanes, which skip the message objects.
-read_tuple: speedups.ReadTuple = speedups.tuple_data or _read_tuple_py
-
-
-def _tuple_error(data: bytes, pos: int, tag: str) -> NoReturn:
-    """Walk a TupleData the fast path refused and raise for the first bad field."""
-    size = len(data)
-    if pos + 2 > size:
-        _fail(tag, pos, f"truncated: TupleData column count needs 2 bytes, {size - pos} left")
-    n = data[pos] << 8 | data[pos + 1]
-    p = pos + 2
-    for i in range(n):
-        if p >= size:
-            _fail(tag, p, f"truncated: TupleData has {n} columns, column {i} is missing")
-        k = data[p]
-        if k in (110, 117):
-            p += 1
-            continue
-        if k not in (116, 98):
-            _fail(tag, p, f"unknown TupleData column kind {k!r} in column {i}")
-        if p + 5 > size:
-            _fail(tag, p + 1, f"truncated: length of column {i} needs 4 bytes, {size - p - 1} left")
-        length = _U32.unpack_from(data, p + 1)[0]
-        if p + 5 + length > size:
-            _fail(tag, p + 1, f"column {i} length {length} exceeds the {size - p - 5} bytes left")
-        p += 5 + length
-    _fail(tag, pos, "malformed TupleData")  # unreachable unless the fast path is wrong
 
 
 # ------------------------------------------------------------------- row messages

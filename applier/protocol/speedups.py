@@ -7,7 +7,7 @@ Each has a pure-Python twin that stays the reference: the tests check both give
 the same results. The names
 below are the C functions when the module was built and ``APPLIER_PURE_PYTHON``
 is not set (to a non-empty value), else None; the modules that use them
-(:mod:`applier.protocol.decoder`, :mod:`applier.apply.copyrun`) bind the
+(:mod:`applier.protocol.tuples`, :mod:`applier.apply.copyrun`) bind the
 chosen function once at import, so the choice costs nothing per row.
 
 Nothing is logged at import; :func:`describe` says which was chosen and why,

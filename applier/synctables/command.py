@@ -53,9 +53,9 @@ def _literal(part: str) -> str:
 def run_sync_tables(
     cfg: Config, patterns: list[str], *, truncate: bool, timeout: float, quiet: bool
 ) -> int:
-    from ..bootstrap.job import _SparkStarter
     from ..bootstrap.plan import discover
     from ..bootstrap.sequences import connect
+    from ..bootstrap.spark import _SparkStarter
     from ..schema import schema_at_head, upgrade_target
     from ..stream.versions import check_source
 

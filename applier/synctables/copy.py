@@ -22,9 +22,10 @@ from psycopg import sql
 
 from ..apply.origin import origin_progress
 from ..bootstrap import schema as ddl
-from ..bootstrap.job import _copy_slots, _index_build_settings, _run_copy, resolve_targets
+from ..bootstrap.job import _index_build_settings, _run_copy, resolve_targets
 from ..bootstrap.plan import SourcePlan, TableSpec
 from ..bootstrap.sequences import read_values, sequences_of, set_values
+from ..bootstrap.spark import _copy_slots
 from ..config import Config
 from ..errors import BootstrapError
 from ..lsn import Lsn

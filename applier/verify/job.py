@@ -217,7 +217,7 @@ def hash_on_spark(
     cfg: Config, sc: Any, items: list[tuple[VTable, KeyRange]], catchup: Catchup, fetch_rows: int
 ) -> list[RangeResult]:
     """Round 1 as a Spark job; at most ``task_slots`` tasks at once."""
-    from ..bootstrap.job import spark_failure
+    from ..bootstrap.spark import spark_failure
 
     parts = deal(items, task_slots(cfg, sc))
     works = [

@@ -26,6 +26,7 @@ from applier import __version__
 from applier.apply import copyrun
 from applier.errors import DecodeError
 from applier.protocol import TupleData, decoder, encode_tuple, speedups
+from applier.protocol import tuples as reader
 
 ROOT = Path(__file__).resolve().parents[2]
 SETTINGS = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -45,7 +46,8 @@ def test_the_c_speedups_are_built_and_chosen() -> None:
     )
     if not os.environ.get("APPLIER_PURE_PYTHON"):
         assert speedups.describe() == "C speedups"
-        assert decoder._tuple is not decoder._tuple_py
+        assert reader._tuple is not reader._tuple_py
+        assert decoder._tuple is reader._tuple  # what the row messages call
         assert copyrun.text_row is native.copy_text_row
         assert copyrun.binary_row is native.copy_binary_row
 
@@ -78,11 +80,11 @@ def _both(data: bytes, pos: int) -> None:
     assert native is not None
     got_c = native.tuple_data(data, pos)
     try:
-        want, end = decoder._tuple_py(data, pos, "I")
+        want, end = reader._tuple_py(data, pos, "I")
     except DecodeError as exc:
         assert got_c is None, (data, pos)
         with pytest.raises(DecodeError) as from_c:
-            decoder._native_tuple(native.tuple_data)(data, pos, "I")
+            reader._native_tuple(native.tuple_data)(data, pos, "I")
         assert (str(from_c.value), from_c.value.offset) == (str(exc), exc.offset)
         return
     assert got_c is not None, (data, pos)
@@ -200,7 +202,7 @@ def test_row_messages_decode_the_same(
         data = data[: len(data) - cut]
         body = {73: decoder._insert, 85: decoder._update, 68: decoder._delete}[data[0]]
         outcomes = []
-        for impl in (decoder._tuple_py, decoder._tuple):
+        for impl in (reader._tuple_py, reader._tuple):
             saved, decoder._tuple = decoder._tuple, impl
             try:
                 outcomes.append(repr(body(data, 1 + len(xid), None)))
