@@ -23,7 +23,7 @@ from psycopg import pq
 
 from applier.errors import ConnectionLost
 
-from .copyrun import CHUNK, NO_COPY, Run, copy_query, error_line, row_format
+from .copyrun import CHUNK, NO_COPY, WEIGH_EVERY, Run, copy_query, error_line, row_format
 from .merge import MAX_HELD, MergedCtx, chunks
 from .pipeline import ExecStatus, Pipeline, lost
 from .planner import MAX_HELD_BYTES, Formats, Params, Stmt, insert_rows, max_rows
@@ -64,11 +64,14 @@ class InsertRuns(Pipeline):
             run.add(params, ctx.lsn, ctx.xid)
             if len(run.buf) >= CHUNK:
                 self._copy_put(run, run.take())
-        elif (
-            run.hold(params, formats, ctx) >= MAX_HELD_BYTES
-            or len(run.pending) >= self.copy_threshold
-        ):
-            self._copy_begin(run)
+        else:
+            pending = run.pending
+            pending.append((params, formats, ctx))
+            n = len(pending)
+            if n >= self.copy_threshold or (
+                not n & (WEIGH_EVERY - 1) and run.weigh() >= MAX_HELD_BYTES
+            ):
+                self._copy_begin(run)
 
     def copy_in_hand(self) -> Run | None:
         """The run whose rows are being copied now, if any (applier.apply.copylane)."""
@@ -102,7 +105,10 @@ class InsertRuns(Pipeline):
         if run is None:
             run = self._run = CheckedRun(stmt, run_of)
         run.keys.add(ctx.key)
-        if run.hold(params, formats, ctx) >= MAX_HELD_BYTES or len(run.pending) >= MAX_HELD:
+        pending = run.pending
+        pending.append((params, formats, ctx))
+        n = len(pending)
+        if n >= MAX_HELD or (not n & (WEIGH_EVERY - 1) and run.weigh() >= MAX_HELD_BYTES):
             self._end_run()
 
     def _end_run(self, abort: bool = False) -> None:

@@ -99,22 +99,24 @@ def test_copy_error_names_the_failing_row(pair: Pair) -> None:
     assert runner.stop() == 0
 
 
+@pytest.mark.parametrize("pair", ["15-18"], indirect=True)
 def test_wide_rows_start_the_copy_before_the_row_count(pair: Pair) -> None:
     """Rows held for a run's decision are capped in bytes too, not only in count:
     a run of wide rows becomes a COPY (its error names a COPY line) long before
     ``copy_threshold`` rows, instead of holding them all in memory."""
     pair.both("CREATE TABLE w (id int PRIMARY KEY, v text)")
-    pair.sub_exec("INSERT INTO w VALUES (9, 'diverged')")
+    pair.sub_exec("INSERT INTO w VALUES (30, 'diverged')")
     pair.pub_exec("CREATE PUBLICATION pub FOR ALL TABLES")
     cfg = pair.write_config(apply={"copy_threshold": 100000, "streaming": "off"})
     runner = Runner(pair, cfg).start().ready()
-    # 12 rows of 1 MB: past RUN_HELD_BYTES after a few rows, far below the threshold.
+    # 40 rows of 1 MB: past MAX_HELD_BYTES when the first 16 are weighed, far below
+    # the threshold.
     pair.pub_exec(
-        "INSERT INTO w SELECT g, repeat(chr(64 + g), 1000000) FROM generate_series(1, 12) g"
+        "INSERT INTO w SELECT g, repeat(chr(64 + g), 1000000) FROM generate_series(1, 40) g"
     )
     assert runner.wait(60) == 3
     line = [ln for ln in runner.log().splitlines() if " applier: error: " in ln][-1]
-    assert "23505" in line and "(id)=(9)" in line and "copy_line=9" in line, line
+    assert "23505" in line and "(id)=(30)" in line and "copy_line=30" in line, line
     assert pair.sub_exec("SELECT count(*) FROM w") == [(1,)]
 
 
