@@ -33,7 +33,9 @@ END;
 """
 
 # bulk: one transaction in ten also inserts 80 rows at once, which the worker
-# sends as a COPY run (applier/apply/copyrun.py); its key catches duplicates.
+# sends as a COPY run (applier/apply/copyrun.py; COPY_AT sets the threshold
+# below the default so it does); its key catches duplicates.
+COPY_AT = {"copy_threshold": 64}
 TABLES = ["pgbench_accounts", "pgbench_branches", "pgbench_tellers", "txlog", "bulk"]
 
 
@@ -83,7 +85,7 @@ def _converged(pair: Pair, runner: Runner, timeout: float = 120) -> None:
 
 def test_walsender_terminated_mid_stream(pair: Pair) -> None:
     _pgbench_setup(pair)
-    runner = Runner(pair, pair.write_config()).start().ready()
+    runner = Runner(pair, pair.write_config(apply=COPY_AT)).start().ready()
     bench = _pgbench(pair, 9)  # the four terminations take 8 s
     for _ in range(4):
         time.sleep(2)
@@ -101,7 +103,7 @@ def test_walsender_terminated_mid_stream(pair: Pair) -> None:
 def test_crash_sigkill_20_times(pair: Pair) -> None:
     """pgbench on the source while applier run is SIGKILLed >= 20 times: no loss, no duplicate."""
     _pgbench_setup(pair)
-    cfg = pair.write_config(apply={"synchronous_commit": "off", "status_interval": 0.5})
+    cfg = pair.write_config(apply={"synchronous_commit": "off", "status_interval": 0.5, **COPY_AT})
     runner = Runner(pair, cfg).start().ready()
     rnd = random.Random(4)
     pauses = [rnd.uniform(0.3, 1.8) for _ in range(20)]
@@ -126,7 +128,7 @@ def test_crash_sigkill_20_times(pair: Pair) -> None:
 def test_subscriber_immediate_stop_mid_stream(make_pair: Callable[..., Pair]) -> None:
     pair = make_pair(15, 15)
     _pgbench_setup(pair)
-    cfg = pair.write_config(apply={"synchronous_commit": "off"})
+    cfg = pair.write_config(apply={"synchronous_commit": "off", **COPY_AT})
     runner = Runner(pair, cfg).start().ready()
     bench = _pgbench(pair, 11)  # the two crashes and restarts take ~8-9 s
     stopper_done = threading.Event()
