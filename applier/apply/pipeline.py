@@ -272,6 +272,8 @@ class Pipeline:
                 value = res.get_value(0, 0)
                 if value:
                     self._local_lsn = Lsn.parse(value.decode())
+        if not q:
+            self._bytes_out = 0
 
     def read_checks(self) -> None:
         """Read every result that may report a conflict (before a commit is sent), so
