@@ -212,15 +212,15 @@ class Pipeline:
         except psycopg.OperationalError as e:
             raise lost(e) from None
 
-    def _catch_up(self) -> None:
-        """Read every result owed (the server sends them on the Flush): past
-        MAX_INFLIGHT_BYTES, so the changes they hold are let go."""
+    def _catch_up(self, until_empty: bool) -> None:
+        """Ask for the results the server holds back (small ones wait for a Flush or
+        Sync) and read them, all of them or as far as :meth:`_pump` bounds them, so
+        the changes they hold are let go (MAX_INFLIGHT, MAX_INFLIGHT_BYTES)."""
         try:
             self.pg.send_flush_request()
         except psycopg.OperationalError as e:
             raise lost(e) from None
-        self._pump(until_empty=True)
-        self._bytes_out = 0
+        self._pump(until_empty)
         if self._failure is not None:
             self._raise()
 

@@ -229,17 +229,10 @@ class TargetSession(InsertRuns):
             # them (1,000,000 merged DELETEs reached 456 MB of RSS without this).
             self._held_rows += len(ctx.ctxs) - 1
             if len(self._q) + self._held_rows > MAX_INFLIGHT:
-                try:
-                    # The server holds small results back until a Flush or Sync.
-                    self.pg.send_flush_request()
-                except psycopg.OperationalError as e:
-                    raise lost(e) from None
-                self._pump(until_empty=False)
-                if self._failure is not None:
-                    self._raise()
+                self._catch_up(until_empty=False)
         self._bytes_out += sum(map(len, filter(None, params)))
         if self._bytes_out > MAX_INFLIGHT_BYTES and self._pipeline:
-            self._catch_up()
+            self._catch_up(until_empty=True)  # _drain counts from 0 once the queue is empty
         # _after_send(), inlined: this runs for every change.
         self._sent += 1
         if self._sent % PUMP_EVERY == 0:
