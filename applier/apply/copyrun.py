@@ -108,6 +108,27 @@ def _tuple_text_line_py(data: bytes, pos: int) -> tuple[bytes | None, int]:
     return text_row(tup.values), len(kinds)
 
 
+def _tuple_text_lines_py(
+    datas: list[bytes], start: int, pos: int, width: int, limit: int
+) -> tuple[bytes, int]:
+    """The lines of ``datas[start]``, ``datas[start + 1]``, ... joined, up to the first
+    that makes no line or is not ``width`` wide, and none once ``limit`` bytes are
+    reached; and how many."""
+    if not 0 <= start <= len(datas):
+        raise IndexError("tuple_text_lines: start out of range")
+    lines: list[bytes] = []
+    size = 0
+    for data in datas[start:]:
+        if size >= limit:
+            break
+        line, n = tuple_text_line(data, pos)
+        if line is None or n != width:
+            break
+        lines.append(line)
+        size += len(line)
+    return b"".join(lines), len(lines)
+
+
 def _binary_row_py(params: Sequence[bytes | None]) -> bytes:
     """One tuple of COPY binary format."""
     parts = [_INT16.pack(len(params))]
@@ -125,6 +146,7 @@ def _binary_row_py(params: Sequence[bytes | None]) -> bytes:
 text_row = speedups.copy_text_row or _text_row_py
 binary_row = speedups.copy_binary_row or _binary_row_py
 tuple_text_line = speedups.tuple_text_line or _tuple_text_line_py
+tuple_text_lines = speedups.tuple_text_lines or _tuple_text_lines_py
 
 
 def copy_query(stmt: Stmt, fmt: int) -> bytes:

@@ -15,6 +15,7 @@ the COPY in hand.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -83,6 +84,14 @@ class InsertRuns(Pipeline):
         run.buf += line
         run.lsns.append(lsn)
         run.xids.append(xid)
+        if len(run.buf) >= CHUNK:
+            self._copy_put(run, run.take())
+
+    def copy_lines(self, run: Run, lines: bytes, lsns: list[int], xid: int) -> None:
+        """:meth:`copy_line` of several rows of one transaction: ``lines`` joined."""
+        run.buf += lines
+        run.lsns.extend(lsns)
+        run.xids.extend(array("q", (xid,)) * len(lsns))
         if len(run.buf) >= CHUNK:
             self._copy_put(run, run.take())
 

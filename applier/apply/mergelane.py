@@ -20,7 +20,9 @@ not the mapping's, a key already held for DELETE, a malformed tuple, and
 anything the checks repeated per row see (the mapping replaced, an object
 skip rule, a table being synced, merging switched off). The row's context
 (:class:`LaneCtx`) decodes the message only if something asks for it (a
-missing row's record, an error).
+missing row's record, an error). A run of them read as one
+:class:`~applier.protocol.StreamedRun` is checked once and held row by row in
+one loop (:meth:`MergeLane.offer_run`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ from .merge import MAX_HELD, HeldDeletes, HeldUpdates
 from .states import ChangeCtx
 
 if TYPE_CHECKING:
+    from applier.protocol import StreamedRun
+
     from .mapping import RelMap
     from .states import Txn
 
@@ -125,6 +129,54 @@ class MergeLane:
         if held >= MAX_HELD:
             applier._send_held(oid)
         return True
+
+    def offer_run(self, applier: Any, run: StreamedRun, i: int) -> int:
+        """Hold ``run``'s changes from ``i`` on, as :meth:`offer` each; return how many
+        (0: ``run.datas[i]`` takes the ordinary path).
+
+        One head check and one pass of :meth:`offer`'s other checks hold for the
+        run's changes up to the next send of held rows, after which this returns
+        (the caller offers the rest again).
+        """
+        datas = run.datas
+        if not datas[i].startswith(self.head):
+            return 0
+        oid, rm = self.oid, self.rm
+        if (
+            not applier.merging
+            or applier.relmaps.get(oid) is not rm
+            or applier.rules.has_object
+            or oid in applier.syncs.cut
+            or not applier.session.in_txn
+        ):
+            return 0
+        txn, kind, lsns = self.txn, self.kind, run.lsns
+        hold, width = applier.merger.hold_row, len(rm.columns)
+        took = 0
+        held = 0
+        for j in range(i, len(datas)):
+            data = datas[j]
+            got = read_tuple(data, 10)
+            if got is None:
+                break
+            kinds, values, end = got
+            if end != len(data) or len(kinds) != width:
+                break
+            txn.n += 1
+            held = hold(rm, kind, values, kinds, LaneCtx(Lsn(lsns[j]), txn, rm, data), len(data))
+            if held <= 0:
+                txn.n -= 1  # the ordinary path decides (see offer)
+                break
+            took += 1
+            if held >= MAX_HELD:
+                break
+        if took:
+            counts = applier.tally.changes
+            counts[self.key] = counts.get(self.key, 0) + took
+            applier.lane_rows += took
+            if held >= MAX_HELD:
+                applier._send_held(oid)
+        return took
 
 
 def open_merge_lane(applier: Any, msg: Update | Delete, data: bytes, txn: Txn) -> MergeLane | None:

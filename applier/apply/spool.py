@@ -118,6 +118,21 @@ class Spool:
         self.mem_bytes += size
         return size
 
+    def add_many(self, msgs: list[bytes], subxid: int | None) -> int:
+        """:meth:`add` each of ``msgs`` (changes of one subtransaction); return the
+        bytes they added to memory."""
+        if subxid is not None and subxid != self.xid and subxid not in self.subxacts:
+            self.subxacts[subxid] = (self.count, self.file.tell() if self.file else -1)
+        self.count += len(msgs)
+        if self.file is not None:
+            for msg in msgs:
+                self._write(msg)
+            return 0
+        self.mem += msgs
+        size = MESSAGE_OVERHEAD * len(msgs) + sum(map(len, msgs))
+        self.mem_bytes += size
+        return size
+
     def forget(self) -> int:
         """Drop what a live spool holds (it no longer fits); return the bytes freed."""
         freed = self.mem_bytes
@@ -236,9 +251,17 @@ class SpoolSet:
         return sp
 
     def add(self, spool: Spool, msg: bytes, subxid: int | None) -> None:
-        if spool.incomplete:
-            return
-        self.mem_bytes += spool.add(msg, subxid)
+        if not spool.incomplete:
+            self._added(spool, spool.add(msg, subxid))
+
+    def add_many(self, spool: Spool, msgs: list[bytes], subxid: int | None) -> None:
+        """:meth:`add` of a run of changes (a StreamedRun's), the limits checked once
+        after it: a run is at most one read of the stream (client.MAX_BATCH_BYTES)."""
+        if not spool.incomplete:
+            self._added(spool, spool.add_many(msgs, subxid))
+
+    def _added(self, spool: Spool, size: int) -> None:
+        self.mem_bytes += size
         if self.disk_limit and spool.disk_bytes > self.disk_limit:
             self._over_limit(spool)
         if spool.live and self.mem_bytes > self.memory_limit:

@@ -53,6 +53,12 @@ restarts the session with the xid barred (the error is then raised by the
 spooled replay, with the transaction's own commit LSN). Changes applied live
 carry the LSN of the message that brought them, not the commit LSN.
 
+The stream hands consecutive streamed changes of one tag, xid, relation and
+tuple kind over as one :class:`~applier.protocol.StreamedRun`: it is spooled in
+one step and, live, offered to the lane in hand as a whole
+(:mod:`applier.apply.copylane`, :mod:`applier.apply.mergelane`); what the lane
+does not take goes through the handlers change by change, as ever.
+
 The message handlers of :class:`~applier.apply.handlers.Applier` for them.
 """
 
@@ -70,6 +76,7 @@ from applier.protocol import (
     StreamAbort,
     StreamCommit,
     StreamedChange,
+    StreamedRun,
     StreamStart,
     StreamStop,
     Update,
@@ -167,10 +174,31 @@ class Streamed:
             self.spools.add(sp, m.data, m.xid)
             live = self.live
             if live is not None and live.spool is sp:
-                self._apply_live(lsn, live, m)
+                self._apply_live(lsn, live, m.data)
 
-    def _apply_live(self, lsn: Lsn, live: Live, m: StreamedChange) -> None:
-        data = m.data
+    def on_streamed_run(self, lsn: Lsn, m: StreamedRun) -> None:
+        """As many StreamedChanges, the lane in hand taking what it can in one step."""
+        sp = self.spool
+        assert sp is not None
+        if sp.filtered:
+            return
+        self.spools.add_many(sp, m.datas, m.xid)
+        live = self.live
+        if live is None or live.spool is not sp:
+            return
+        datas, lsns = m.datas, m.lsns
+        i, n = 0, len(datas)
+        while i < n and self.live is live:  # a change may drop the transaction
+            lane = self.lane
+            if lane is not None and lane.txn is live.txn:
+                took = lane.offer_run(self, m, i)
+                if took:
+                    i += took
+                    continue
+            self._apply_live(Lsn(lsns[i]), live, datas[i])
+            i += 1
+
+    def _apply_live(self, lsn: Lsn, live: Live, data: bytes) -> None:
         lane = self.lane
         if lane is not None and lane.txn is live.txn and lane.offer(self, lsn, data):
             return

@@ -375,6 +375,7 @@ class Worker:
                     status_interval=cfg.apply.status_interval,
                     timeout=cfg.apply.timeout,
                     defer_streamed=True,
+                    group_streamed=True,  # Applier.on_streamed_run
                 ),
             )
             log.info(

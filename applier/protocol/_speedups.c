@@ -15,11 +15,15 @@
  *   tuple_text_line(data, pos)
  *                           copyrun._tuple_text_line_py: an INSERT's TupleData
  *                           straight to its COPY text line (the copy lane).
- *   take_xlog(get, decoder, out, room, lsn_type, state)
+ *   tuple_text_lines(datas, start, pos, width, limit)
+ *                           copyrun._tuple_text_lines_py: the same for a run
+ *                           of such messages, joined.
+ *   take_xlog(get, decoder, out, room, lsn_type, state[, group])
  *                           the stream client's loop over the CopyData libpq
  *                           has buffered (LogicalStream._take_buffered_py):
  *                           XLogData decoded into out, anything else handed
- *                           back to the caller.
+ *                           back to the caller; with `group`, runs of streamed
+ *                           row changes of one head as one item.
  *
  * Only the stable C API is used and nothing is kept between calls but the
  * shared all-text kinds objects, so there is no state to reason about.
@@ -363,21 +367,20 @@ copy_binary_row(PyObject *module, PyObject *values)
  * malformed bytes, give (None, -1) and the caller decodes the message the
  * ordinary way. No Python object per value: one pass checks and sizes, one
  * pass writes. */
-static PyObject *
-tuple_text_line(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+/* The size of the COPY text line of the TupleData at buf[pos:size] (which must end
+ * there), its width in *width; -1 when it makes no line (a binary or
+ * unchanged-TOAST value, or malformed bytes). */
+static Py_ssize_t
+text_line_size(const unsigned char *buf, Py_ssize_t size, Py_ssize_t pos, Py_ssize_t *width)
 {
-    const unsigned char *buf;
-    Py_ssize_t size, pos;
-    if (data_pos_args(args, nargs, "tuple_text_line", &buf, &size, &pos) < 0)
-        return NULL;
     if (pos < 0 || size - pos < 2)
-        return Py_BuildValue("(On)", Py_None, (Py_ssize_t)-1);
+        return -1;
     Py_ssize_t n = (Py_ssize_t)buf[pos] << 8 | buf[pos + 1];
     Py_ssize_t p = pos + 2;
     Py_ssize_t total = n > 0 ? n : 1;
     for (Py_ssize_t i = 0; i < n; i++) {
         if (p >= size)
-            return Py_BuildValue("(On)", Py_None, (Py_ssize_t)-1);
+            return -1;
         unsigned char k = buf[p];
         if (k == 'n') {
             total += 2;
@@ -385,10 +388,10 @@ tuple_text_line(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             continue;
         }
         if (k != 't' || size - p < 5)
-            return Py_BuildValue("(On)", Py_None, (Py_ssize_t)-1);
+            return -1;
         uint32_t len = read_u32(buf + p + 1);
         if ((uint64_t)len > (uint64_t)(size - p - 5))
-            return Py_BuildValue("(On)", Py_None, (Py_ssize_t)-1);
+            return -1;
         const unsigned char *v = buf + p + 5;
         total += (Py_ssize_t)len;
         for (uint32_t j = 0; j < len; j++)
@@ -396,12 +399,16 @@ tuple_text_line(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         p += 5 + (Py_ssize_t)len;
     }
     if (p != size)
-        return Py_BuildValue("(On)", Py_None, (Py_ssize_t)-1);
-    PyObject *out = PyBytes_FromStringAndSize(NULL, total);
-    if (out == NULL)
-        return NULL;
-    unsigned char *o = (unsigned char *)PyBytes_AS_STRING(out);
-    p = pos + 2;
+        return -1;
+    *width = n;
+    return total;
+}
+
+/* Write the line text_line_size sized (n values) at o; return the end. */
+static unsigned char *
+text_line_write(const unsigned char *buf, Py_ssize_t pos, Py_ssize_t n, unsigned char *o)
+{
+    Py_ssize_t p = pos + 2;
     for (Py_ssize_t i = 0; i < n; i++) {
         if (i > 0)
             *o++ = '\t';
@@ -426,8 +433,81 @@ tuple_text_line(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         p += 5 + len;
     }
     *o++ = '\n';
-    PyObject *result = Py_BuildValue("(Nn)", out, n);
-    return result;
+    return o;
+}
+
+/* tuple_text_line(data, pos) -> (line, width) | (None, -1): the COPY text line of
+ * the TupleData at pos, which must end data (copyrun.tuple_text_line's twin). Only
+ * text values and NULLs make a line; a binary or unchanged-TOAST value, or
+ * malformed bytes, give (None, -1) and the caller decodes the message the
+ * ordinary way. No Python object per value: one pass checks and sizes, one
+ * pass writes. */
+static PyObject *
+tuple_text_line(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    const unsigned char *buf;
+    Py_ssize_t size, pos, n;
+    if (data_pos_args(args, nargs, "tuple_text_line", &buf, &size, &pos) < 0)
+        return NULL;
+    Py_ssize_t total = text_line_size(buf, size, pos, &n);
+    if (total < 0)
+        return Py_BuildValue("(On)", Py_None, (Py_ssize_t)-1);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, total);
+    if (out == NULL)
+        return NULL;
+    text_line_write(buf, pos, n, (unsigned char *)PyBytes_AS_STRING(out));
+    return Py_BuildValue("(Nn)", out, n);
+}
+
+/* tuple_text_lines(datas, start, pos, width, limit) -> (lines, count): the COPY
+ * text lines of datas[start], datas[start + 1], ... (each a message whose
+ * TupleData is at pos) joined, up to the first that makes no line or whose width
+ * is not `width`, and no further once `limit` bytes are reached
+ * (copyrun._tuple_text_lines_py's twin: the copy lane's run of rows). */
+static PyObject *
+tuple_text_lines(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5 || !PyList_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "tuple_text_lines(datas: list, start, pos, width, limit) takes 5 arguments");
+        return NULL;
+    }
+    PyObject *datas = args[0];
+    Py_ssize_t start = PyLong_AsSsize_t(args[1]);
+    Py_ssize_t pos = PyLong_AsSsize_t(args[2]);
+    Py_ssize_t want = PyLong_AsSsize_t(args[3]);
+    Py_ssize_t limit = PyLong_AsSsize_t(args[4]);
+    if (PyErr_Occurred())
+        return NULL;
+    Py_ssize_t count = PyList_GET_SIZE(datas);
+    if (start < 0 || start > count) {
+        PyErr_SetString(PyExc_IndexError, "tuple_text_lines: start out of range");
+        return NULL;
+    }
+    Py_ssize_t end = start, total = 0;
+    /* First pass: which rows make lines, and the bytes they take. */
+    while (end < count && total < limit) {
+        PyObject *d = PyList_GET_ITEM(datas, end);
+        Py_ssize_t width;
+        if (!PyBytes_Check(d))
+            break;
+        Py_ssize_t size = text_line_size((const unsigned char *)PyBytes_AS_STRING(d),
+                                         PyBytes_GET_SIZE(d), pos, &width);
+        if (size < 0 || width != want)
+            break;
+        total += size;
+        end++;
+    }
+    if (end == start)
+        return Py_BuildValue("(yn)", "", (Py_ssize_t)0);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, total);
+    if (out == NULL)
+        return NULL;
+    unsigned char *o = (unsigned char *)PyBytes_AS_STRING(out);
+    for (Py_ssize_t i = start; i < end; i++)
+        o = text_line_write((const unsigned char *)PyBytes_AS_STRING(PyList_GET_ITEM(datas, i)),
+                            pos, want, o);
+    return Py_BuildValue("(Nn)", out, end - start);
 }
 
 /* take_xlog(get, decoder, out, room, lsn_type, state) -> status
@@ -445,8 +525,17 @@ tuple_text_line(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
  * Status 0: nothing more buffered, or `room` reached; 1: the COPY ended (get
  * returned -1); 2: state[4] is a CopyData that is not an XLogData with a full
  * header (a keepalive, or the error the caller names).
+ *
+ * With `group` = (StreamedChange, StreamedRun), consecutive streamed row changes
+ * of one head (the first GROUP_HEAD bytes: tag, xid, relation, tuple kind) go
+ * in as one (lsn, StreamedRun(xid, datas, lsns)): the first is decoded as
+ * ever (the handler made it a StreamedChange) and each next one that starts
+ * with the same bytes is appended to its datas, its wal_start to its lsns
+ * (plain ints), without a handler call or an object of its own. A run never
+ * spans two calls. Without `group` (or None), every message is an item.
  */
 #define XLOG_HEADER 25
+#define GROUP_HEAD 10
 
 static PyObject *table_name;
 
@@ -491,16 +580,74 @@ handler_for(PyObject *decoder, PyObject *payload)
     return handler;
 }
 
+/* A streamed row change that may start a run: an Insert, Update or Delete with
+ * its xid, relation and the kind of its (first) tuple. */
+static inline int
+groupable(PyObject *payload)
+{
+    if (PyBytes_GET_SIZE(payload) < GROUP_HEAD)
+        return 0;
+    const char *p = PyBytes_AS_STRING(payload);
+    return (p[0] == 'I' || p[0] == 'U' || p[0] == 'D') &&
+           (p[9] == 'N' || p[9] == 'K' || p[9] == 'O');
+}
+
+/* run_type(change.xid, [payload], [start]) in place of the StreamedChange
+ * `change` (whose reference it takes); the run's lists and head go to the
+ * caller's. NULL with an exception. */
+static PyObject *
+start_run(PyObject *change, PyObject *payload, unsigned long long start, PyObject *run_type,
+          PyObject **datas, PyObject **lsns, unsigned char *head)
+{
+    PyObject *xid = PyObject_GetAttrString(change, "xid");
+    Py_DECREF(change);
+    if (xid == NULL)
+        return NULL;
+    PyObject *d = PyList_New(1), *l = PyList_New(1);
+    PyObject *at = PyLong_FromUnsignedLongLong(start);
+    PyObject *run = NULL;
+    if (d != NULL && l != NULL && at != NULL) {
+        Py_INCREF(payload);
+        PyList_SET_ITEM(d, 0, payload);
+        PyList_SET_ITEM(l, 0, at);
+        at = NULL;
+        run = PyObject_CallFunctionObjArgs(run_type, xid, d, l, NULL);
+    }
+    Py_XDECREF(at);
+    Py_DECREF(xid);
+    if (run != NULL) {
+        *datas = d; /* borrowed from here on: the run holds them */
+        *lsns = l;
+        memcpy(head, PyBytes_AS_STRING(payload), GROUP_HEAD);
+    }
+    Py_XDECREF(d);
+    Py_XDECREF(l);
+    return run;
+}
+
 static PyObject *
 take_xlog(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 6) {
+    if (nargs != 6 && nargs != 7) {
         PyErr_SetString(PyExc_TypeError,
-                        "take_xlog(get, decoder, out, room, lsn_type, state) takes 6 arguments");
+                        "take_xlog(get, decoder, out, room, lsn_type, state[, group]) "
+                        "takes 6 or 7 arguments");
         return NULL;
     }
     PyObject *get = args[0], *decoder = args[1], *out = args[2], *lsn_type = args[4];
     PyObject *state = args[5];
+    PyObject *change_type = NULL, *run_type = NULL;
+    if (nargs == 7 && args[6] != Py_None) {
+        if (!PyTuple_Check(args[6]) || PyTuple_GET_SIZE(args[6]) != 2) {
+            PyErr_SetString(PyExc_TypeError, "take_xlog: group must be (change type, run type)");
+            return NULL;
+        }
+        change_type = PyTuple_GET_ITEM(args[6], 0);
+        run_type = PyTuple_GET_ITEM(args[6], 1);
+    }
+    /* The run being gathered: borrowed, its item is in `out` for as long. */
+    PyObject *run_datas = NULL, *run_lsns = NULL;
+    unsigned char run_head[GROUP_HEAD];
     if (!PyList_Check(out) || !PyList_Check(state) || PyList_GET_SIZE(state) != 5) {
         PyErr_SetString(PyExc_TypeError, "take_xlog: out must be a list, state a list of 5");
         return NULL;
@@ -563,9 +710,27 @@ take_xlog(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         Py_DECREF(got);
         if (payload == NULL)
             goto error;
+        if (run_datas != NULL && PyBytes_GET_SIZE(payload) >= GROUP_HEAD &&
+            memcmp(PyBytes_AS_STRING(payload), run_head, GROUP_HEAD) == 0) {
+            PyObject *at = PyLong_FromUnsignedLongLong(start);
+            int failed = at == NULL || PyList_Append(run_lsns, at) < 0 ||
+                         PyList_Append(run_datas, payload) < 0;
+            Py_XDECREF(at);
+            Py_DECREF(payload);
+            if (failed)
+                goto error;
+            room -= 1;
+            if (end > last)
+                last = end;
+            continue;
+        }
+        run_datas = run_lsns = NULL;
         PyObject *handler = handler_for(decoder, payload);
         PyObject *msg = handler == NULL ? NULL : PyObject_CallOneArg(handler, payload);
         Py_XDECREF(handler);
+        if (msg != NULL && run_type != NULL && Py_TYPE(msg) == (PyTypeObject *)change_type &&
+            groupable(payload))
+            msg = start_run(msg, payload, start, run_type, &run_datas, &run_lsns, run_head);
         Py_DECREF(payload);
         if (msg == NULL) {
             PyObject *exc_type, *exc_value, *exc_tb;
@@ -617,7 +782,9 @@ static PyMethodDef methods[] = {
     {"copy_binary_row", copy_binary_row, METH_O,
      "copy_binary_row(values) -> one COPY binary tuple"},
     {"take_xlog", (PyCFunction)(void (*)(void))take_xlog, METH_FASTCALL,
-     "take_xlog(get, decoder, out, room, lsn_type, state) -> status (see the source)"},
+     "take_xlog(get, decoder, out, room, lsn_type, state[, group]) -> status (see the source)"},
+    {"tuple_text_lines", (PyCFunction)(void (*)(void))tuple_text_lines, METH_FASTCALL,
+     "tuple_text_lines(datas, start, pos, width, limit) -> (COPY text lines, count)"},
     {NULL, NULL, 0, NULL},
 };
 

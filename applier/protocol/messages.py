@@ -428,6 +428,26 @@ class StreamedChange:
         return chr(self.data[0])
 
 
+@dataclass(slots=True)
+class StreamedRun:
+    """Consecutive streamed changes that start with the same bytes, undecoded.
+
+    The first 10 bytes of a streamed Insert, Update or Delete are its tag, xid,
+    relation and the kind of its first tuple: a run of them is a run of row
+    changes of one kind, table and (sub)transaction, which the stream client
+    hands over as one item when asked to (``group_streamed``; the C read loop
+    only) so that the apply worker can take it in one step. Each element of
+    ``datas`` is what a :class:`StreamedChange` would hold; ``lsns`` are their
+    WAL positions, as ints. Mutable: the read loop appends to the lists. Not a
+    :data:`PgOutputMessage`: it stands for several.
+    """
+
+    kind: ClassVar[str] = "streamed_run"
+    xid: int
+    datas: list[bytes]
+    lsns: list[int]
+
+
 PgOutputMessage = (
     Begin
     | Commit

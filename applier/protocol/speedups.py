@@ -27,6 +27,7 @@ __all__ = [
     "take_xlog",
     "tuple_data",
     "tuple_text_line",
+    "tuple_text_lines",
 ]
 
 Row = Sequence[bytes | None]
@@ -53,15 +54,19 @@ copy_text_row: Callable[[Row], bytes] | None
 copy_binary_row: Callable[[Row], bytes] | None
 #: An INSERT's TupleData straight to ``(COPY text line, width)``, or ``(None, -1)``.
 tuple_text_line: Callable[[bytes, int], tuple[bytes | None, int]] | None
+#: The joined lines of a run of INSERTs of one width: ``(lines, count)``.
+tuple_text_lines: Callable[[list[bytes], int, int, int, int], tuple[bytes, int]] | None
 #: The stream client's read loop (applier.stream.client): see ``take_xlog`` in _speedups.c.
 take_xlog: Callable[..., int] | None
 if _native is None:
     tuple_data = copy_text_row = copy_binary_row = tuple_text_line = take_xlog = None
+    tuple_text_lines = None
 else:
     tuple_data = _native.tuple_data
     copy_text_row = _native.copy_text_row
     copy_binary_row = _native.copy_binary_row
     tuple_text_line = _native.tuple_text_line
+    tuple_text_lines = _native.tuple_text_lines
     take_xlog = _native.take_xlog
 
 

@@ -67,6 +67,8 @@ from applier.protocol import (
     Keepalive,
     PgOutputDecoder,
     PgOutputMessage,
+    StreamedChange,
+    StreamedRun,
     parse_copydata,
     standby_status_update,
 )
@@ -122,6 +124,12 @@ class LogicalStream:
             neg.proto_version,
             streaming_parallel=neg.streaming == "parallel",
             defer_streamed=options.defer_streamed,
+        )
+        #: What take_xlog groups runs of streamed changes into, or None.
+        self._group = (
+            (StreamedChange, StreamedRun)
+            if options.defer_streamed and options.group_streamed
+            else None
         )
         self.last_received: Lsn = Lsn(0)
         self._confirmed = Lsn(0)
@@ -207,13 +215,13 @@ class LogicalStream:
 
     # -- reading --------------------------------------------------------------------
 
-    def read(self, timeout: float) -> list[tuple[Lsn, PgOutputMessage]]:
+    def read(self, timeout: float) -> list[tuple[Lsn, PgOutputMessage | StreamedRun]]:
         """Wait at most ``timeout`` s, then return every message available (maybe none).
 
         Each item is ``(wal_start, message)``. Keepalives are handled here and
         not returned; status updates are sent when due.
         """
-        out: list[tuple[Lsn, PgOutputMessage]] = []
+        out: list[tuple[Lsn, PgOutputMessage | StreamedRun]] = []
         self._read(timeout, out, self.decoder)
         return out
 
@@ -286,7 +294,7 @@ class LogicalStream:
         state: list[Any] = [0, 0, self.last_received, None, None]
         try:
             while True:
-                status = take(get, decoder, out, MAX_BATCH - len(out), Lsn, state)
+                status = take(get, decoder, out, MAX_BATCH - len(out), Lsn, state, self._group)
                 if status == 0:
                     break
                 if status == 1:

@@ -55,6 +55,7 @@ from applier.protocol import (
     Message,
     PgOutputMessage,
     Relation,
+    StreamedRun,
     StreamStart,
     StreamStop,
     Truncate,
@@ -152,6 +153,7 @@ def _pump(
         for lsn, msg in batch:
             if end is not None and lsn > end:
                 break
+            assert not isinstance(msg, StreamedRun)  # its stream does not group_streamed
             lines.append(write(lsn, msg))
         if lines:
             out.write("\n".join(lines) + "\n")

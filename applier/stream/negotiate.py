@@ -43,6 +43,9 @@ class StreamOptions:
     report_flush: bool = True  # False: flush/apply reported as 0/0, the slot never advances
     #: Changes inside stream blocks come as StreamedChange bytes (the apply worker spools them).
     defer_streamed: bool = False
+    #: With defer_streamed: runs of streamed row changes of one head come as one
+    #: StreamedRun (C read loop only; the pure-Python loop hands each over alone).
+    group_streamed: bool = False
 
 
 @dataclass(frozen=True)

@@ -11,19 +11,17 @@ that errors and the collector's state come out as before.
 from __future__ import annotations
 
 import gc
-import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
+from protocol_helpers import fake_stream
 from protocol_strategies import Case, any_case
 
 from applier.errors import DecodeError
 from applier.lsn import Lsn
 from applier.protocol import (
     Insert,
-    PgOutputDecoder,
     StreamStart,
     StreamStop,
     TupleData,
@@ -31,48 +29,8 @@ from applier.protocol import (
     keepalive,
     xlogdata,
 )
-from applier.stream.client import LogicalStream, StreamOptions
 
 SETTINGS = settings(max_examples=300, deadline=None)
-_SERVER = {1: 130000, 2: 140000, 3: 150000, 4: 160000}
-
-
-class _FakePgConn:
-    """What _drain uses of psycopg's PGconn: everything is buffered at once."""
-
-    def __init__(self, copydata: list[bytes]) -> None:
-        self._items: Iterator[bytes] = iter(copydata)
-        self.gc_seen: set[bool] = set()
-
-    def consume_input(self) -> None:
-        pass
-
-    def get_copy_data(self, async_: int) -> tuple[int, memoryview | bytes]:
-        self.gc_seen.add(gc.isenabled())
-        data = next(self._items, None)
-        if data is None:
-            return 0, b""
-        return len(data), memoryview(data)
-
-
-class _FakeConn:
-    def __init__(self, proto: int, pgconn: _FakePgConn) -> None:
-        self.server_version = _SERVER[proto]
-        self.conn: Any = type("Conn", (), {"pgconn": pgconn})()
-
-
-def _stream(proto: int, copydata: list[bytes]) -> tuple[LogicalStream, _FakePgConn]:
-    pg = _FakePgConn(copydata)
-    opts = StreamOptions(
-        slot="s", publications=["p"], proto_version=proto, report_flush=False, timeout=1e6
-    )
-    stream = LogicalStream(_FakeConn(proto, pg), opts)  # type: ignore[arg-type]
-    # The strategies draw both Stream Abort forms at protocol 4: tell them apart by length.
-    stream.decoder = PgOutputDecoder(proto)
-    stream._started = True
-    stream._sel = type("Sel", (), {"select": lambda self, timeout: None})()
-    stream._last_heard = stream._last_status = time.monotonic()
-    return stream, pg
 
 
 def _frames(case: Case) -> tuple[list[bytes], list[tuple[Lsn, Any]], list[bytes]]:
@@ -96,7 +54,7 @@ def _frames(case: Case) -> tuple[list[bytes], list[tuple[Lsn, Any]], list[bytes]
 @given(any_case)
 def test_read_decodes_like_the_decoder(case: Case) -> None:
     frames, items, _ = _frames(case)
-    stream, _ = _stream(case[1], frames)
+    stream, _ = fake_stream(case[1], frames)
     got = stream.read(0)
     assert got == items
     assert [type(m) for _, m in got] == [type(m) for _, m in items]
@@ -112,7 +70,7 @@ def test_read_decodes_like_the_decoder(case: Case) -> None:
 @given(any_case)
 def test_read_raw_returns_the_payloads(case: Case) -> None:
     frames, items, payloads = _frames(case)
-    stream, _ = _stream(case[1], frames)
+    stream, _ = fake_stream(case[1], frames)
     got = stream.read_raw(0)
     assert [lsn for lsn, _ in got] == [lsn for lsn, _ in items]
     assert [bytes(p) for _, p in got] == payloads
@@ -126,7 +84,7 @@ def test_gc_paused_while_draining_and_restored(enabled: bool) -> None:
     try:
         if not enabled:
             gc.disable()
-        stream, pg = _stream(1, frames)
+        stream, pg = fake_stream(1, frames)
         assert len(stream.read(0)) == 49
         assert pg.gc_seen == {False}
         assert gc.isenabled() == enabled
@@ -139,7 +97,7 @@ def test_decode_error_keeps_offset_and_gains_the_lsn() -> None:
     good = encode(Insert(None, 1, TupleData.text(b"1")))
     bad = good[:-1]  # truncated value
     frames = [xlogdata(10, 10, 0, good), xlogdata(20, 20, 0, bad)]
-    stream, _ = _stream(1, frames)
+    stream, _ = fake_stream(1, frames)
     was = gc.isenabled()
     with pytest.raises(DecodeError) as info:
         stream.read(0)
@@ -151,7 +109,7 @@ def test_decode_error_keeps_offset_and_gains_the_lsn() -> None:
 
 
 def test_truncated_xlogdata_header_is_a_decode_error() -> None:
-    stream, _ = _stream(1, [b"w" + b"\0" * 10])
+    stream, _ = fake_stream(1, [b"w" + b"\0" * 10])
     with pytest.raises(DecodeError) as info:
         stream.read(0)
     assert info.value.msg_type == "w"
@@ -159,7 +117,7 @@ def test_truncated_xlogdata_header_is_a_decode_error() -> None:
 
 
 def test_xlogdata_without_payload_is_a_decode_error() -> None:
-    stream, _ = _stream(1, [xlogdata(5, 5, 0, b"")])
+    stream, _ = fake_stream(1, [xlogdata(5, 5, 0, b"")])
     with pytest.raises(DecodeError) as info:
         stream.read(0)
     assert info.value.offset == 0
