@@ -9,8 +9,11 @@ them, without needing setuptools. When there is no compiler, or it fails, the
 build says so on stderr and goes on: applier then runs its pure-Python twins
 (applier/protocol/speedups.py).
 
+The module is one extension built from several C files (:data:`SOURCES`,
+which share ``_speedups.h``), all compiled and linked in one compiler run.
+
 ``python hatch_build.py`` builds the module in place, e.g. after editing the
-C source in a development tree (``scripts/setup`` does it when the source is
+C sources in a development tree (``scripts/setup`` does it when a source is
 newer than the module).
 """
 
@@ -26,7 +29,10 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent
-SOURCE = ROOT / "applier" / "protocol" / "_speedups.c"
+PROTOCOL = ROOT / "applier" / "protocol"
+#: Every C file of the one module: _speedups.c defines it, the others hold its
+#: functions (see the list in _speedups.c); the wheel ships them and the header.
+SOURCES = [PROTOCOL / name for name in ("_speedups.c", "_tuples.c", "_copyframe.c", "_readloop.c")]
 MODULE = "applier/protocol/_speedups"
 
 
@@ -52,7 +58,7 @@ def compile_module(out_dir: Path) -> Path | None:
     # module loaded keeps its (unlinked) copy instead of seeing it change.
     fd, tmp = tempfile.mkstemp(prefix=".speedups-", suffix=".so", dir=out_dir)
     os.close(fd)
-    cmd = [*shlex.split(ldshared), *flags, str(SOURCE), "-o", tmp]
+    cmd = [*shlex.split(ldshared), *flags, *map(str, SOURCES), "-o", tmp]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     except (OSError, subprocess.SubprocessError) as exc:
@@ -87,7 +93,7 @@ else:
 
         def initialize(self, version: str, build_data: dict[str, Any]) -> None:
             if version == "editable":
-                compile_module(SOURCE.parent)
+                compile_module(PROTOCOL)
                 return
             built = compile_module(Path(self.directory) / "speedups-build")
             if built is None:
@@ -99,4 +105,4 @@ else:
 
 
 if __name__ == "__main__":
-    sys.exit(0 if compile_module(SOURCE.parent) else 1)
+    sys.exit(0 if compile_module(PROTOCOL) else 1)

@@ -1,0 +1,278 @@
+/*
+ * The stream client's read loop for applier.protocol._speedups (see
+ * _speedups.c): take_xlog, the C twin of LogicalStream._take_buffered_py.
+ */
+#include "_speedups.h"
+
+/* take_xlog(get, decoder, out, room, lsn_type, state) -> status
+ *
+ * Calls get(1) (psycopg's PGconn.get_copy_data) while it returns a message and
+ * fewer than `room` XLogData went into `out`; each XLogData goes in as
+ * (lsn_type(wal_start), decoder._table[payload[0]](payload)), or through
+ * decoder.decode(payload) when the table cannot index it (an empty payload).
+ * The table is read per message: the handlers of Stream Start/Stop swap it.
+ *
+ * `state` is [count, nbytes, last, failed_lsn, other], carried across calls
+ * and written back on every return, errors included: messages and bytes
+ * taken, the highest wal_end seen, the wal_start of a message whose handler
+ * raised, and the message returned for the caller.
+ * Status 0: nothing more buffered, or `room` reached; 1: the COPY ended (get
+ * returned -1); 2: state[4] is a CopyData that is not an XLogData with a full
+ * header (a keepalive, or the error the caller names).
+ *
+ * With `group` = (StreamedChange, StreamedRun), consecutive streamed row changes
+ * of one head (the first GROUP_HEAD bytes: tag, xid, relation, tuple kind) go
+ * in as one (lsn, StreamedRun(xid, datas, lsns)): the first is decoded as
+ * ever (the handler made it a StreamedChange) and each next one that starts
+ * with the same bytes is appended to its datas, its wal_start to its lsns
+ * (plain ints), without a handler call or an object of its own. A run never
+ * spans two calls. Without `group` (or None), every message is an item.
+ */
+#define XLOG_HEADER 25
+#define GROUP_HEAD 10
+
+static PyObject *table_name;
+
+static int
+put_state(PyObject *state, Py_ssize_t count, Py_ssize_t nbytes, unsigned long long last)
+{
+    PyObject *v;
+    if ((v = PyLong_FromSsize_t(count)) == NULL || PyList_SetItem(state, 0, v) < 0)
+        return -1;
+    if ((v = PyLong_FromSsize_t(nbytes)) == NULL || PyList_SetItem(state, 1, v) < 0)
+        return -1;
+    if ((v = PyLong_FromUnsignedLongLong(last)) == NULL || PyList_SetItem(state, 2, v) < 0)
+        return -1;
+    return 0;
+}
+
+static inline unsigned long long
+read_u64(const unsigned char *p)
+{
+    return (unsigned long long)read_u32(p) << 32 | read_u32(p + 4);
+}
+
+/* decoder's handler for `payload`, a new reference (NULL with an exception). */
+static PyObject *
+handler_for(PyObject *decoder, PyObject *payload)
+{
+    Py_ssize_t size = PyBytes_GET_SIZE(payload);
+    PyObject *table = PyObject_GetAttr(decoder, table_name);
+    if (table == NULL)
+        return NULL;
+    PyObject *handler = NULL;
+    if (size > 0 && PyList_Check(table)) {
+        unsigned char tag = (unsigned char)PyBytes_AS_STRING(payload)[0];
+        if (tag < PyList_GET_SIZE(table)) {
+            handler = PyList_GET_ITEM(table, tag);
+            Py_INCREF(handler);
+        }
+    }
+    Py_DECREF(table);
+    if (handler == NULL)
+        handler = PyObject_GetAttrString(decoder, "decode");
+    return handler;
+}
+
+/* A streamed row change that may start a run: an Insert, Update or Delete with
+ * its xid, relation and the kind of its (first) tuple. */
+static inline int
+groupable(PyObject *payload)
+{
+    if (PyBytes_GET_SIZE(payload) < GROUP_HEAD)
+        return 0;
+    const char *p = PyBytes_AS_STRING(payload);
+    return (p[0] == 'I' || p[0] == 'U' || p[0] == 'D') &&
+           (p[9] == 'N' || p[9] == 'K' || p[9] == 'O');
+}
+
+/* run_type(change.xid, [payload], [start]) in place of the StreamedChange
+ * `change` (whose reference it takes); the run's lists and head go to the
+ * caller's. NULL with an exception. */
+static PyObject *
+start_run(PyObject *change, PyObject *payload, unsigned long long start, PyObject *run_type,
+          PyObject **datas, PyObject **lsns, unsigned char *head)
+{
+    PyObject *xid = PyObject_GetAttrString(change, "xid");
+    Py_DECREF(change);
+    if (xid == NULL)
+        return NULL;
+    PyObject *d = PyList_New(1), *l = PyList_New(1);
+    PyObject *at = PyLong_FromUnsignedLongLong(start);
+    PyObject *run = NULL;
+    if (d != NULL && l != NULL && at != NULL) {
+        Py_INCREF(payload);
+        PyList_SET_ITEM(d, 0, payload);
+        PyList_SET_ITEM(l, 0, at);
+        at = NULL;
+        run = PyObject_CallFunctionObjArgs(run_type, xid, d, l, NULL);
+    }
+    Py_XDECREF(at);
+    Py_DECREF(xid);
+    if (run != NULL) {
+        *datas = d; /* borrowed from here on: the run holds them */
+        *lsns = l;
+        memcpy(head, PyBytes_AS_STRING(payload), GROUP_HEAD);
+    }
+    Py_XDECREF(d);
+    Py_XDECREF(l);
+    return run;
+}
+
+PyObject *
+spd_take_xlog(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 6 && nargs != 7) {
+        PyErr_SetString(PyExc_TypeError,
+                        "take_xlog(get, decoder, out, room, lsn_type, state[, group]) "
+                        "takes 6 or 7 arguments");
+        return NULL;
+    }
+    PyObject *get = args[0], *decoder = args[1], *out = args[2], *lsn_type = args[4];
+    PyObject *state = args[5];
+    PyObject *change_type = NULL, *run_type = NULL;
+    if (nargs == 7 && args[6] != Py_None) {
+        if (!PyTuple_Check(args[6]) || PyTuple_GET_SIZE(args[6]) != 2) {
+            PyErr_SetString(PyExc_TypeError, "take_xlog: group must be (change type, run type)");
+            return NULL;
+        }
+        change_type = PyTuple_GET_ITEM(args[6], 0);
+        run_type = PyTuple_GET_ITEM(args[6], 1);
+    }
+    /* The run being gathered: borrowed, its item is in `out` for as long. */
+    PyObject *run_datas = NULL, *run_lsns = NULL;
+    unsigned char run_head[GROUP_HEAD];
+    if (!PyList_Check(out) || !PyList_Check(state) || PyList_GET_SIZE(state) != 5) {
+        PyErr_SetString(PyExc_TypeError, "take_xlog: out must be a list, state a list of 5");
+        return NULL;
+    }
+    Py_ssize_t room = PyLong_AsSsize_t(args[3]);
+    if (room == -1 && PyErr_Occurred())
+        return NULL;
+    unsigned long long last = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(state, 2));
+    if (last == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
+    Py_ssize_t count = PyLong_AsSsize_t(PyList_GET_ITEM(state, 0));
+    Py_ssize_t nbytes = PyLong_AsSsize_t(PyList_GET_ITEM(state, 1));
+    if ((count == -1 || nbytes == -1) && PyErr_Occurred())
+        return NULL;
+    long status = 0;
+    PyObject *one = PyLong_FromLong(1);
+    if (one == NULL)
+        return NULL;
+    while (room > 0) {
+        PyObject *got = PyObject_CallOneArg(get, one);
+        if (got == NULL)
+            goto error;
+        if (!PyTuple_Check(got) || PyTuple_GET_SIZE(got) != 2) {
+            Py_DECREF(got);
+            PyErr_SetString(PyExc_TypeError, "take_xlog: get(1) must return (n, data)");
+            goto error;
+        }
+        Py_ssize_t n = PyLong_AsSsize_t(PyTuple_GET_ITEM(got, 0));
+        if (n == -1 && PyErr_Occurred()) {
+            Py_DECREF(got);
+            goto error;
+        }
+        if (n <= 0) {
+            Py_DECREF(got);
+            status = n == -1 ? 1 : 0;
+            break;
+        }
+        PyObject *data = PyTuple_GET_ITEM(got, 1);
+        Py_buffer view;
+        if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0) {
+            Py_DECREF(got);
+            goto error;
+        }
+        count += 1;
+        nbytes += n;
+        const unsigned char *buf = (const unsigned char *)view.buf;
+        if (view.len < XLOG_HEADER || buf[0] != 'w') {
+            PyBuffer_Release(&view);
+            Py_INCREF(data);
+            Py_DECREF(got);
+            if (PyList_SetItem(state, 4, data) < 0)
+                goto error;
+            status = 2;
+            break;
+        }
+        unsigned long long start = read_u64(buf + 1), end = read_u64(buf + 9);
+        PyObject *payload = PyBytes_FromStringAndSize((const char *)buf + XLOG_HEADER,
+                                                      view.len - XLOG_HEADER);
+        PyBuffer_Release(&view);
+        Py_DECREF(got);
+        if (payload == NULL)
+            goto error;
+        if (run_datas != NULL && PyBytes_GET_SIZE(payload) >= GROUP_HEAD &&
+            memcmp(PyBytes_AS_STRING(payload), run_head, GROUP_HEAD) == 0) {
+            PyObject *at = PyLong_FromUnsignedLongLong(start);
+            int failed = at == NULL || PyList_Append(run_lsns, at) < 0 ||
+                         PyList_Append(run_datas, payload) < 0;
+            Py_XDECREF(at);
+            Py_DECREF(payload);
+            if (failed)
+                goto error;
+            room -= 1;
+            if (end > last)
+                last = end;
+            continue;
+        }
+        run_datas = run_lsns = NULL;
+        PyObject *handler = handler_for(decoder, payload);
+        PyObject *msg = handler == NULL ? NULL : PyObject_CallOneArg(handler, payload);
+        Py_XDECREF(handler);
+        if (msg != NULL && run_type != NULL && Py_TYPE(msg) == (PyTypeObject *)change_type &&
+            groupable(payload))
+            msg = start_run(msg, payload, start, run_type, &run_datas, &run_lsns, run_head);
+        Py_DECREF(payload);
+        if (msg == NULL) {
+            PyObject *exc_type, *exc_value, *exc_tb;
+            PyErr_Fetch(&exc_type, &exc_value, &exc_tb);
+            PyObject *at = PyLong_FromUnsignedLongLong(start);
+            if (at != NULL)
+                PyList_SetItem(state, 3, at);
+            PyErr_Restore(exc_type, exc_value, exc_tb);
+            goto error;
+        }
+        PyObject *at = PyLong_FromUnsignedLongLong(start);
+        PyObject *lsn = at == NULL ? NULL : PyObject_CallOneArg(lsn_type, at);
+        Py_XDECREF(at);
+        PyObject *item = lsn == NULL ? NULL : PyTuple_Pack(2, lsn, msg);
+        Py_XDECREF(lsn);
+        Py_DECREF(msg);
+        if (item == NULL || PyList_Append(out, item) < 0) {
+            Py_XDECREF(item);
+            goto error;
+        }
+        Py_DECREF(item);
+        room -= 1;
+        if (end > last)
+            last = end;
+    }
+    Py_DECREF(one);
+    if (put_state(state, count, nbytes, last) < 0)
+        return NULL;
+    return PyLong_FromLong(status);
+
+error:
+    Py_DECREF(one);
+    {
+        PyObject *exc_type, *exc_value, *exc_tb;
+        PyErr_Fetch(&exc_type, &exc_value, &exc_tb);
+        if (put_state(state, count, nbytes, last) < 0)
+            PyErr_Clear();
+        PyErr_Restore(exc_type, exc_value, exc_tb);
+    }
+    return NULL;
+}
+
+/* The interned "_table" that handler_for looks up per message, made once when
+ * the module is imported: 0, or -1 with an exception set. */
+int
+spd_readloop_init(void)
+{
+    if (table_name == NULL && (table_name = PyUnicode_InternFromString("_table")) == NULL)
+        return -1;
+    return 0;
+}
