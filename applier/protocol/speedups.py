@@ -56,7 +56,7 @@ copy_binary_row: Callable[[Row], bytes] | None
 tuple_text_line: Callable[[bytes, int], tuple[bytes | None, int]] | None
 #: The joined lines of a run of INSERTs of one width: ``(lines, count)``.
 tuple_text_lines: Callable[[list[bytes], int, int, int, int], tuple[bytes, int]] | None
-#: The stream client's read loop (applier.stream.client): see ``take_xlog`` in _speedups.c.
+#: The stream client's read loop (applier.stream.client): see ``take_xlog`` in _readloop.c.
 take_xlog: Callable[..., int] | None
 if _native is None:
     tuple_data = copy_text_row = copy_binary_row = tuple_text_line = take_xlog = None
