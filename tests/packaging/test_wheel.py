@@ -92,6 +92,14 @@ def test_no_extra_is_installed(venv: Venv) -> None:
     assert any((Path(found["applier"]).parent / "_migrations").glob("**/*.py"))
 
 
+def test_the_wheel_runs_the_c_speedups(venv: Venv) -> None:
+    """The wheel carries the compiled module and the installed package chooses it: a
+    build that lost a C source would still install, quietly falling back to Python."""
+    proc = venv.run("--version")
+    assert proc.returncode == 0, proc.stderr
+    assert "(C speedups)" in proc.stdout, proc.stdout
+
+
 def test_help_lists_the_commands(venv: Venv) -> None:
     proc = venv.run("--help")
     assert proc.returncode == 0, proc.stderr
