@@ -37,6 +37,7 @@ from .copyrun import CHUNK, TEXT, Run, tuple_text_line, tuple_text_lines
 if TYPE_CHECKING:
     from applier.protocol import StreamedRun
 
+    from .mapping import RelMap
     from .states import Txn
 
 
@@ -55,21 +56,24 @@ class CopyLane:
         self.width = width
         self.key = (oid, "insert")
 
+    def _fits(self, applier: Any, data: bytes) -> bool:
+        """``data`` is a row of the lane, and the checks the handlers would make pass."""
+        return (
+            data.startswith(self.head)
+            and applier.session.copy_in_hand() is self.run
+            and not applier.merger.tables
+            and not applier.rules.has_object
+            and self.oid not in applier.syncs.cut
+        )
+
     def offer(self, applier: Any, lsn: Lsn, data: bytes) -> bool:
         """Apply the streamed change ``data`` through the lane; False: take the ordinary path.
 
         ``data`` is a StreamedChange's bytes: ``'I' xid relid 'N' TupleData``.
         """
-        if not data.startswith(self.head):
+        if not self._fits(applier, data):
             return False
         session = applier.session
-        if (
-            session.copy_in_hand() is not self.run
-            or applier.merger.tables
-            or applier.rules.has_object
-            or self.oid in applier.syncs.cut
-        ):
-            return False
         line, width = tuple_text_line(data, 10)
         if line is None or width != self.width:
             return False  # the ordinary path decodes it (and names what is wrong)
@@ -90,16 +94,9 @@ class CopyLane:
         The lines of at most CHUNK bytes are made at a time.
         """
         datas = run.datas
-        if not datas[i].startswith(self.head):
+        if not self._fits(applier, datas[i]):
             return 0
         session = applier.session
-        if (
-            session.copy_in_hand() is not self.run
-            or applier.merger.tables
-            or applier.rules.has_object
-            or self.oid in applier.syncs.cut
-        ):
-            return 0
         lines, n = tuple_text_lines(datas, i, 10, self.width, CHUNK)
         if n:
             txn = self.txn
@@ -111,6 +108,20 @@ class CopyLane:
         return n
 
 
+def plain_insert(applier: Any, rm: RelMap, txn: Txn) -> bool:
+    """An INSERT into ``rm`` in ``txn`` goes the plain way into a run of INSERTs: an
+    included table, no conflict policy that checks it, no careful replay, no
+    transaction skip, skip rule or kept changes (applier.apply.insertlane too)."""
+    return not (
+        not rm.included
+        or (rm.policy is not None and rm.policy.checked_insert)
+        or applier.careful
+        or txn.skip
+        or txn.rule is not None
+        or txn.seen is not None
+    )
+
+
 def open_lane(applier: Any, oid: int, data: bytes, txn: Txn) -> CopyLane | None:
     """After the ordinary path applied ``data``, an INSERT of ``oid``: the lane, if it fits."""
     session = applier.session
@@ -118,14 +129,6 @@ def open_lane(applier: Any, oid: int, data: bytes, txn: Txn) -> CopyLane | None:
     if run is None or not run.stmt.all_new or run.fmt != TEXT:
         return None
     rm = applier.relmaps.get(oid)
-    if (
-        rm is None
-        or not rm.included
-        or (rm.policy is not None and rm.policy.checked_insert)
-        or applier.careful
-        or txn.skip
-        or txn.rule is not None
-        or txn.seen is not None
-    ):
+    if rm is None or not plain_insert(applier, rm, txn):
         return None
     return CopyLane(oid, data[:10], run, txn, len(rm.columns))

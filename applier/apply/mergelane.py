@@ -49,8 +49,10 @@ class LaneCtx(ChangeCtx):
     """A :class:`ChangeCtx` whose change is decoded from its bytes when first asked for."""
 
     __slots__ = ("data",)
+    #: How its bytes decode (a streamed change's; applier.apply.insertlane: an Insert's).
+    decode: Any = staticmethod(decode_streamed)
 
-    def __init__(self, lsn: Lsn, txn: Txn, rm: RelMap, data: bytes) -> None:
+    def __init__(self, lsn: Lsn, txn: Txn, rm: RelMap, data: Any) -> None:
         # ChangeCtx.__init__'s assignments but the change's: one call less per row.
         self.lsn = lsn
         self.txn = txn
@@ -66,7 +68,7 @@ class LaneCtx(ChangeCtx):
         try:
             return _CHANGE.__get__(self, ChangeCtx)
         except AttributeError:
-            change = decode_streamed(self.data)
+            change = self.decode(self.data)
             _CHANGE.__set__(self, change)
             return change
 
@@ -91,22 +93,25 @@ class MergeLane:
         self.kind: type[HeldUpdates | HeldDeletes] = HeldDeletes if delete else HeldUpdates
         self.key = (self.oid, "delete" if delete else "update")
 
+    def _fits(self, applier: Any, data: bytes) -> bool:
+        """``data`` is a row of the lane, and the checks the handlers would make pass."""
+        return (
+            data.startswith(self.head)
+            and applier.merging
+            and applier.relmaps.get(self.oid) is self.rm
+            and not applier.rules.has_object
+            and self.oid not in applier.syncs.cut
+            and applier.session.in_txn
+        )
+
     def offer(self, applier: Any, lsn: Lsn, data: bytes) -> bool:
         """Hold the streamed change ``data``; False: it takes the ordinary path.
 
         ``data`` is a StreamedChange's bytes: :attr:`head`, then a TupleData.
         """
-        if not data.startswith(self.head):
+        if not self._fits(applier, data):
             return False
         oid, rm = self.oid, self.rm
-        if (
-            not applier.merging
-            or applier.relmaps.get(oid) is not rm
-            or applier.rules.has_object
-            or oid in applier.syncs.cut
-            or not applier.session.in_txn
-        ):
-            return False
         got = read_tuple(data, 10)
         if got is None:
             return False
@@ -139,17 +144,9 @@ class MergeLane:
         (the caller offers the rest again).
         """
         datas = run.datas
-        if not datas[i].startswith(self.head):
+        if not self._fits(applier, datas[i]):
             return 0
         oid, rm = self.oid, self.rm
-        if (
-            not applier.merging
-            or applier.relmaps.get(oid) is not rm
-            or applier.rules.has_object
-            or oid in applier.syncs.cut
-            or not applier.session.in_txn
-        ):
-            return 0
         txn, kind, lsns = self.txn, self.kind, run.lsns
         hold, width = applier.merger.hold_row, len(rm.columns)
         took = 0
