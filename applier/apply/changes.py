@@ -21,9 +21,10 @@ import psycopg
 
 from applier.errors import ApplyError, ProtocolError, TransientError
 from applier.lsn import Lsn
-from applier.protocol import Delete, Insert, Truncate, Update
+from applier.protocol import Delete, Insert, InsertRun, Truncate, Update, decode_insert
 
 from .conflicts import CheckedRows, ConflictPlanner
+from .insertlane import offer_insert_run
 from .mapping import Catalog, RelMap
 from .merge import AGAIN, MAX_HELD, UpdateMerger
 from .planner import Planner
@@ -146,6 +147,25 @@ class Changes:
             self._careful(ctx, lambda: session.execute(stmt, params, fmts, ctx))
         else:
             session.insert(stmt, params, fmts, ctx)
+
+    def on_insert_run(self, lsn: Lsn, m: InsertRun) -> None:
+        """Inserts into one relation in a row: the first through :meth:`on_insert`, the
+        others through the insert lane (applier.apply.insertlane) where it takes them."""
+        self.on_insert(lsn, m.first)
+        txn = self.txn
+        if txn is None or txn.skip:  # applied already: so is every row of it
+            return
+        datas, lsns = m.datas, m.lsns
+        i, n = 0, len(datas)
+        while i < n:
+            took = offer_insert_run(self, m, i)
+            if took:
+                i += took
+                continue
+            change = decode_insert(datas[i])
+            datas[i] = b""  # its values are the Insert's now: not held twice
+            self.on_insert(Lsn(lsns[i]), change)
+            i += 1
 
     def on_update(self, lsn: Lsn, m: Update) -> None:
         ctx = self._target(lsn, m.relation_oid, m, "update")

@@ -74,6 +74,11 @@ class InsertRuns(Pipeline):
             ):
                 self._copy_begin(run)
 
+    def run_in_hand(self) -> Run | None:
+        """The run of plain INSERTs in hand, held back or copying (applier.apply.insertlane)."""
+        run = self._run
+        return run if type(run) is Run else None
+
     def copy_in_hand(self) -> Run | None:
         """The run whose rows are being copied now, if any (applier.apply.copylane)."""
         run = self._run

@@ -171,6 +171,11 @@ class Planner:
             return stmt, list(values), fmts
         return stmt, [values[i] for i in stmt.new_idx], fmts
 
+    def all_columns_insert(self, rm: RelMap) -> Stmt | None:
+        """The INSERT :meth:`insert` gives a row of ``rm`` without unchanged TOAST
+        values, if it was built already (applier.apply.insertlane)."""
+        return self._cache.get((rm.version, INSERT, b"\x01" * len(rm.columns), b""))
+
     def update(self, rm: RelMap, change: Update) -> tuple[Stmt, Params, Formats]:
         new, old = change.new, change.old
         key = (rm.version, new.kinds, None if old is None else old.kinds)

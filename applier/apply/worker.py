@@ -188,6 +188,8 @@ class Worker:
         # Counters that survive reconnects.
         self._applied = 0
         self._skipped = 0
+        #: Rows that skipped the handlers (the lanes), over every session: logged at the end.
+        self._lane_rows = 0
         self._retry_state: RetryCallState | None = None
         self.group_limit = cfg.apply.group_commit
         #: How the next sessions apply what failed (applier.apply.replan).
@@ -306,7 +308,13 @@ class Worker:
             self.status.close()
         log.info(
             "applier run stopped",
-            extra={"ctx": {"applied_txns": self._applied, "skipped_changes": self._skipped}},
+            extra={
+                "ctx": {
+                    "applied_txns": self._applied,
+                    "skipped_changes": self._skipped,
+                    "lane_rows": self._lane_rows,
+                }
+            },
         )
         return 0
 
@@ -409,6 +417,7 @@ class Worker:
                 self.replan.no_live,
             )
             applier.applied_txns, applier.skipped_changes = self._applied, self._skipped
+            applier.lane_rows = self._lane_rows
             applier.tally = self.tally
             applier.syncs = self.syncs
             self.applier = applier
@@ -435,6 +444,7 @@ class Worker:
                     log.debug("rollback on the way out failed: %s", e)
             if applier is not None:
                 self._applied, self._skipped = applier.applied_txns, applier.skipped_changes
+                self._lane_rows = applier.lane_rows
             if stream is not None:
                 if applier is not None:
                     self._confirm(stream, applier, catalog_conn, final=True)

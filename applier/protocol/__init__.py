@@ -24,6 +24,7 @@ from .decoder import (
     MESSAGE_NAMES,
     MIN_PROTO_VERSION,
     PgOutputDecoder,
+    decode_insert,
     decode_streamed,
 )
 from .encoder import encode, encode_tuple
@@ -42,6 +43,7 @@ from .messages import (
     CommitPrepared,
     Delete,
     Insert,
+    InsertRun,
     Message,
     Origin,
     PgOutputMessage,
@@ -79,6 +81,7 @@ __all__ = [
     "CommitPrepared",
     "Delete",
     "Insert",
+    "InsertRun",
     "Keepalive",
     "Message",
     "Origin",
@@ -99,6 +102,7 @@ __all__ = [
     "Type",
     "Update",
     "XLogData",
+    "decode_insert",
     "decode_streamed",
     "encode",
     "encode_tuple",

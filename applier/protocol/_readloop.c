@@ -27,9 +27,17 @@
  * with the same bytes is appended to its datas, its wal_start to its lsns
  * (plain ints), without a handler call or an object of its own. A run never
  * spans two calls. Without `group` (or None), every message is an item.
+ *
+ * With `group` = (StreamedChange, StreamedRun, Insert, InsertRun), Inserts
+ * outside stream blocks are gathered the same way by their first
+ * PLAIN_HEAD bytes (tag, relation, 'N'), from the second on: the item of the
+ * first (decoded as ever) becomes (its lsn, InsertRun(first, datas, lsns)),
+ * datas and lsns those of the Inserts after it. The first's bytes are not
+ * kept (its Insert holds its values): a lone Insert costs what it did.
  */
 #define XLOG_HEADER 25
 #define GROUP_HEAD 10
+#define PLAIN_HEAD 6
 
 static PyObject *table_name;
 
@@ -86,16 +94,14 @@ groupable(PyObject *payload)
            (p[9] == 'N' || p[9] == 'K' || p[9] == 'O');
 }
 
-/* run_type(change.xid, [payload], [start]) in place of the StreamedChange
- * `change` (whose reference it takes); the run's lists and head go to the
- * caller's. NULL with an exception. */
+/* run_type(first, [payload], [start]), taking the reference to `first`; the
+ * run's lists and its first `head_len` bytes go to the caller's. NULL with an
+ * exception. */
 static PyObject *
-start_run(PyObject *change, PyObject *payload, unsigned long long start, PyObject *run_type,
-          PyObject **datas, PyObject **lsns, unsigned char *head)
+start_run(PyObject *first, PyObject *payload, unsigned long long start, PyObject *run_type,
+          PyObject **datas, PyObject **lsns, unsigned char *head, Py_ssize_t head_len)
 {
-    PyObject *xid = PyObject_GetAttrString(change, "xid");
-    Py_DECREF(change);
-    if (xid == NULL)
+    if (first == NULL)
         return NULL;
     PyObject *d = PyList_New(1), *l = PyList_New(1);
     PyObject *at = PyLong_FromUnsignedLongLong(start);
@@ -105,18 +111,39 @@ start_run(PyObject *change, PyObject *payload, unsigned long long start, PyObjec
         PyList_SET_ITEM(d, 0, payload);
         PyList_SET_ITEM(l, 0, at);
         at = NULL;
-        run = PyObject_CallFunctionObjArgs(run_type, xid, d, l, NULL);
+        run = PyObject_CallFunctionObjArgs(run_type, first, d, l, NULL);
     }
     Py_XDECREF(at);
-    Py_DECREF(xid);
+    Py_DECREF(first);
     if (run != NULL) {
         *datas = d; /* borrowed from here on: the run holds them */
         *lsns = l;
-        memcpy(head, PyBytes_AS_STRING(payload), GROUP_HEAD);
+        if (head != NULL)
+            memcpy(head, PyBytes_AS_STRING(payload), (size_t)head_len);
     }
     Py_XDECREF(d);
     Py_XDECREF(l);
     return run;
+}
+
+/* Turn out's last item, (lsn, Insert), into (lsn, insert_run(Insert, [payload],
+ * [start])); the run's lists go to the caller's. 0, or -1 with an exception. */
+static int
+start_insert_run(PyObject *out, PyObject *payload, unsigned long long start,
+                 PyObject *insert_run, PyObject **datas, PyObject **lsns)
+{
+    Py_ssize_t last_at = PyList_GET_SIZE(out) - 1;
+    PyObject *item = PyList_GET_ITEM(out, last_at);
+    PyObject *first = PyTuple_GET_ITEM(item, 1);
+    Py_INCREF(first);
+    PyObject *run = start_run(first, payload, start, insert_run, datas, lsns, NULL, 0);
+    if (run == NULL)
+        return -1;
+    PyObject *replaced = PyTuple_Pack(2, PyTuple_GET_ITEM(item, 0), run);
+    Py_DECREF(run);
+    if (replaced == NULL)
+        return -1;
+    return PyList_SetItem(out, last_at, replaced); /* steals; drops the old item */
 }
 
 PyObject *
@@ -130,18 +157,27 @@ spd_take_xlog(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     PyObject *get = args[0], *decoder = args[1], *out = args[2], *lsn_type = args[4];
     PyObject *state = args[5];
-    PyObject *change_type = NULL, *run_type = NULL;
+    PyObject *change_type = NULL, *run_type = NULL, *insert_type = NULL, *insert_run = NULL;
     if (nargs == 7 && args[6] != Py_None) {
-        if (!PyTuple_Check(args[6]) || PyTuple_GET_SIZE(args[6]) != 2) {
-            PyErr_SetString(PyExc_TypeError, "take_xlog: group must be (change type, run type)");
+        if (!PyTuple_Check(args[6]) || PyTuple_GET_SIZE(args[6]) != 4) {
+            PyErr_SetString(PyExc_TypeError,
+                            "take_xlog: group must be (StreamedChange, StreamedRun, Insert, "
+                            "InsertRun)");
             return NULL;
         }
         change_type = PyTuple_GET_ITEM(args[6], 0);
         run_type = PyTuple_GET_ITEM(args[6], 1);
+        insert_type = PyTuple_GET_ITEM(args[6], 2);
+        insert_run = PyTuple_GET_ITEM(args[6], 3);
     }
     /* The run being gathered: borrowed, its item is in `out` for as long. */
     PyObject *run_datas = NULL, *run_lsns = NULL;
     unsigned char run_head[GROUP_HEAD];
+    Py_ssize_t head_len = GROUP_HEAD;
+    /* The last item is a lone Insert outside a stream block with this head: the
+     * next Insert with the same head turns it into an InsertRun. */
+    int lone_insert = 0;
+    unsigned char lone_head[PLAIN_HEAD];
     if (!PyList_Check(out) || !PyList_Check(state) || PyList_GET_SIZE(state) != 5) {
         PyErr_SetString(PyExc_TypeError, "take_xlog: out must be a list, state a list of 5");
         return NULL;
@@ -204,8 +240,8 @@ spd_take_xlog(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         Py_DECREF(got);
         if (payload == NULL)
             goto error;
-        if (run_datas != NULL && PyBytes_GET_SIZE(payload) >= GROUP_HEAD &&
-            memcmp(PyBytes_AS_STRING(payload), run_head, GROUP_HEAD) == 0) {
+        if (run_datas != NULL && PyBytes_GET_SIZE(payload) >= head_len &&
+            memcmp(PyBytes_AS_STRING(payload), run_head, (size_t)head_len) == 0) {
             PyObject *at = PyLong_FromUnsignedLongLong(start);
             int failed = at == NULL || PyList_Append(run_lsns, at) < 0 ||
                          PyList_Append(run_datas, payload) < 0;
@@ -219,12 +255,40 @@ spd_take_xlog(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             continue;
         }
         run_datas = run_lsns = NULL;
+        if (lone_insert && PyBytes_GET_SIZE(payload) >= PLAIN_HEAD &&
+            memcmp(PyBytes_AS_STRING(payload), lone_head, PLAIN_HEAD) == 0) {
+            lone_insert = 0;
+            if (start_insert_run(out, payload, start, insert_run, &run_datas, &run_lsns) < 0) {
+                Py_DECREF(payload);
+                goto error;
+            }
+            Py_DECREF(payload);
+            memcpy(run_head, lone_head, PLAIN_HEAD);
+            head_len = PLAIN_HEAD;
+            room -= 1;
+            if (end > last)
+                last = end;
+            continue;
+        }
+        lone_insert = 0;
         PyObject *handler = handler_for(decoder, payload);
         PyObject *msg = handler == NULL ? NULL : PyObject_CallOneArg(handler, payload);
         Py_XDECREF(handler);
-        if (msg != NULL && run_type != NULL && Py_TYPE(msg) == (PyTypeObject *)change_type &&
-            groupable(payload))
-            msg = start_run(msg, payload, start, run_type, &run_datas, &run_lsns, run_head);
+        if (msg != NULL && run_type != NULL) {
+            if (Py_TYPE(msg) == (PyTypeObject *)change_type && groupable(payload)) {
+                head_len = GROUP_HEAD;
+                PyObject *xid = PyObject_GetAttrString(msg, "xid");
+                Py_DECREF(msg);
+                msg = start_run(xid, payload, start, run_type, &run_datas, &run_lsns, run_head,
+                                head_len);
+            }
+            else if (Py_TYPE(msg) == (PyTypeObject *)insert_type &&
+                     PyBytes_GET_SIZE(payload) >= PLAIN_HEAD &&
+                     PyBytes_AS_STRING(payload)[PLAIN_HEAD - 1] == 'N') {
+                lone_insert = 1;
+                memcpy(lone_head, PyBytes_AS_STRING(payload), PLAIN_HEAD);
+            }
+        }
         Py_DECREF(payload);
         if (msg == NULL) {
             PyObject *exc_type, *exc_value, *exc_tb;

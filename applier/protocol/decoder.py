@@ -107,6 +107,7 @@ __all__ = [
     "MESSAGE_NAMES",
     "MIN_PROTO_VERSION",
     "PgOutputDecoder",
+    "decode_insert",
     "decode_streamed",
 ]
 
@@ -428,6 +429,13 @@ def _defer(tag: str) -> _Handler:
         return _new_streamed(_unpack_u32(data, 1)[0], data)
 
     return handler
+
+
+def decode_insert(data: bytes) -> Insert:
+    """Decode the bytes of an Insert outside a stream block (an InsertRun's)."""
+    if not data or data[0] != 73:  # 'I'
+        raise DecodeError("not an Insert", offset=0)
+    return _insert(data)
 
 
 def decode_streamed(data: bytes) -> PgOutputMessage:

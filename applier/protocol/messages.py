@@ -448,6 +448,22 @@ class StreamedRun:
     lsns: list[int]
 
 
+@dataclass(slots=True)
+class InsertRun:
+    """Consecutive Inserts into one relation outside stream blocks (``group_streamed``).
+
+    ``first`` is the first, decoded (its WAL position is the item's); ``datas``
+    are the bytes of the Inserts after it (``'I' relid 'N'`` + TupleData),
+    undecoded, and ``lsns`` their WAL positions, as ints. Not a
+    :data:`PgOutputMessage`: it stands for several.
+    """
+
+    kind: ClassVar[str] = "insert_run"
+    first: Insert
+    datas: list[bytes]
+    lsns: list[int]
+
+
 PgOutputMessage = (
     Begin
     | Commit

@@ -64,6 +64,8 @@ from psycopg import pq
 from applier.errors import ApplierError, ConnectionLost, DecodeError, ProtocolError, ServerTimeout
 from applier.lsn import Lsn, now_pg_timestamp
 from applier.protocol import (
+    Insert,
+    InsertRun,
     Keepalive,
     PgOutputDecoder,
     PgOutputMessage,
@@ -127,7 +129,7 @@ class LogicalStream:
         )
         #: What take_xlog groups runs of streamed changes into, or None.
         self._group = (
-            (StreamedChange, StreamedRun)
+            (StreamedChange, StreamedRun, Insert, InsertRun)
             if options.defer_streamed and options.group_streamed
             else None
         )
@@ -215,13 +217,13 @@ class LogicalStream:
 
     # -- reading --------------------------------------------------------------------
 
-    def read(self, timeout: float) -> list[tuple[Lsn, PgOutputMessage | StreamedRun]]:
+    def read(self, timeout: float) -> list[tuple[Lsn, PgOutputMessage | StreamedRun | InsertRun]]:
         """Wait at most ``timeout`` s, then return every message available (maybe none).
 
         Each item is ``(wal_start, message)``. Keepalives are handled here and
         not returned; status updates are sent when due.
         """
-        out: list[tuple[Lsn, PgOutputMessage | StreamedRun]] = []
+        out: list[tuple[Lsn, PgOutputMessage | StreamedRun | InsertRun]] = []
         self._read(timeout, out, self.decoder)
         return out
 

@@ -52,6 +52,7 @@ from applier.protocol import (
     BeginPrepare,
     Delete,
     Insert,
+    InsertRun,
     Message,
     PgOutputMessage,
     Relation,
@@ -153,7 +154,7 @@ def _pump(
         for lsn, msg in batch:
             if end is not None and lsn > end:
                 break
-            assert not isinstance(msg, StreamedRun)  # its stream does not group_streamed
+            assert not isinstance(msg, (StreamedRun, InsertRun))  # it does not group_streamed
             lines.append(write(lsn, msg))
         if lines:
             out.write("\n".join(lines) + "\n")

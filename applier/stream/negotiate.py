@@ -44,7 +44,8 @@ class StreamOptions:
     #: Changes inside stream blocks come as StreamedChange bytes (the apply worker spools them).
     defer_streamed: bool = False
     #: With defer_streamed: runs of streamed row changes of one head come as one
-    #: StreamedRun (C read loop only; the pure-Python loop hands each over alone).
+    #: StreamedRun, runs of Inserts into one relation outside stream blocks as one
+    #: InsertRun (C read loop only; the pure-Python loop hands each over alone).
     group_streamed: bool = False
 
 

@@ -1,10 +1,12 @@
-"""Runs of streamed row changes read as one item, and their COPY lines made at once.
+"""Runs of row changes read as one item, and their COPY lines made at once.
 
 With ``group_streamed`` the C read loop hands consecutive streamed changes that
 start with the same bytes (tag, xid, relation, tuple kind) over as one
-:class:`StreamedRun`. Expanding every run must give back exactly what the
-ungrouped read gives, message for message and position for position, and a run
-must end at anything else: another head, another message, a keepalive. Then
+:class:`StreamedRun`, and consecutive Inserts into one relation outside stream
+blocks as one :class:`InsertRun`. Expanding every run must give back exactly
+what the ungrouped read gives, message for message and position for position,
+and a run must end at anything else: another head, another message, a
+keepalive. Then
 ``tuple_text_lines`` (C) must join exactly the lines ``tuple_text_line`` makes
 one by one, stopping where its Python twin stops.
 """
@@ -25,12 +27,14 @@ from applier.protocol import (
     Commit,
     Delete,
     Insert,
+    InsertRun,
     StreamedChange,
     StreamedRun,
     StreamStart,
     StreamStop,
     TupleData,
     Update,
+    decode_insert,
     encode,
     keepalive,
     speedups,
@@ -62,10 +66,14 @@ _SCRIPT: list[tuple[Any, bool] | None] = [
     *[(Delete(7, 1, _key(i), "K"), True) for i in range(12, 15)],  # run of 3
     (StreamStop(), False),
     (Begin(Lsn(0x9000), 0, 9), False),
-    *[(Insert(None, 1, _row(i)), False) for i in range(15, 17)],  # not streamed: alone
+    *[(Insert(None, 1, _row(i)), False) for i in range(15, 18)],  # not streamed: run of 3
+    (Insert(None, 2, _row(18)), False),  # another relation: alone (a keepalive next)
+    None,
+    *[(Insert(None, 2, _row(i)), False) for i in range(19, 21)],  # run of 2
     (Commit(0, Lsn(0x9000), Lsn(0x9100), 0), False),
 ]
 _RUNS = [3, 1, 2, 2, 1, 2, 1, 3]
+_INSERT_RUNS = [3, 1, 2]  # Inserts outside stream blocks, by run
 
 
 def _frames() -> list[bytes]:
@@ -89,6 +97,10 @@ def _expand(items: list[tuple[Lsn, Any]]) -> list[tuple[Lsn, Any]]:
                 (Lsn(at), StreamedChange(msg.xid, d))
                 for at, d in zip(msg.lsns, msg.datas, strict=True)
             ]
+        elif type(msg) is InsertRun:
+            assert lsn < msg.lsns[0]
+            flat += [(lsn, msg.first)]
+            flat += [(Lsn(at), decode_insert(d)) for at, d in zip(msg.lsns, msg.datas, strict=True)]
         else:
             flat.append((lsn, msg))
     return flat
@@ -102,15 +114,18 @@ def test_runs_expand_to_the_ungrouped_read() -> None:
     got = grouped.read(0)
     assert _expand(got) == want
     assert [len(m.datas) for _, m in got if type(m) is StreamedRun] == _RUNS
+    # A run of Inserts is its first and the others; a lone Insert stays an Insert.
+    assert [1 + len(m.datas) for _, m in got if type(m) is InsertRun] == [3, 2]
     assert all(len({d[:10] for d in m.datas}) == 1 for _, m in got if type(m) is StreamedRun)
     assert grouped.last_received == plain.last_received
     assert grouped.messages_received == plain.messages_received == len(_SCRIPT)
     assert sum(type(m) is StreamedChange for _, m in want) == sum(_RUNS)
+    assert sum(type(m) is Insert for _, m in want) == sum(_INSERT_RUNS)
 
 
 def test_no_runs_unless_asked() -> None:
     stream, _ = fake_stream(2, _frames(), defer_streamed=True)
-    assert not any(type(m) is StreamedRun for _, m in stream.read(0))
+    assert not any(type(m) in (StreamedRun, InsertRun) for _, m in stream.read(0))
 
 
 # ------------------------------------------------------------------ COPY lines
