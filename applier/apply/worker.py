@@ -383,7 +383,7 @@ class Worker:
                     status_interval=cfg.apply.status_interval,
                     timeout=cfg.apply.timeout,
                     defer_streamed=True,
-                    group_streamed=True,  # Applier.on_streamed_run
+                    group_streamed=True,  # Applier.on_streamed_run, on_insert_run
                 ),
             )
             log.info(
