@@ -24,6 +24,7 @@ from applier.lsn import Lsn
 from applier.protocol import Delete, Insert, InsertRun, Truncate, Update, decode_insert
 
 from .conflicts import CheckedRows, ConflictPlanner
+from .copylane import plain_insert
 from .insertlane import offer_insert_run
 from .mapping import Catalog, RelMap
 from .merge import AGAIN, MAX_HELD, UpdateMerger
@@ -155,10 +156,13 @@ class Changes:
         txn = self.txn
         if txn is None or txn.skip:  # applied already: so is every row of it
             return
+        # Whether the lane may take any of them is the same for every row: asked once.
+        rm = self.relmaps.get(m.first.relation_oid)
+        lane = rm is not None and plain_insert(self, rm, txn)
         datas, lsns = m.datas, m.lsns
         i, n = 0, len(datas)
         while i < n:
-            took = offer_insert_run(self, m, i)
+            took = offer_insert_run(self, m, i) if lane else 0
             if took:
                 i += took
                 continue

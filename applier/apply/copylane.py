@@ -93,19 +93,24 @@ class CopyLane:
         and nothing runs between them that could change what :meth:`offer` checks.
         The lines of at most CHUNK bytes are made at a time.
         """
-        datas = run.datas
-        if not self._fits(applier, datas[i]):
+        if not self._fits(applier, run.datas[i]):
             return 0
-        session = applier.session
-        lines, n = tuple_text_lines(datas, i, 10, self.width, CHUNK)
-        if n:
-            txn = self.txn
-            txn.n += n
-            counts = applier.tally.changes
-            counts[self.key] = counts.get(self.key, 0) + n
-            session.copy_lines(self.run, lines, run.lsns[i : i + n], txn.xid)
-            applier.lane_rows += n
-        return n
+        return copy_rows(applier, self.run, self.txn, self.key, run, i, 10, self.width)
+
+
+def copy_rows(
+    applier: Any, run: Run, txn: Txn, key: tuple[int, str], rows: Any, i: int, pos: int, width: int
+) -> int:
+    """The COPY lines of ``rows.datas[i]``, ... (TupleData at ``pos``, ``width`` values)
+    into ``run``, up to the first that makes no line; return how many (counted as
+    the handlers count them). ``rows``: a StreamedRun or an InsertRun."""
+    lines, n = tuple_text_lines(rows.datas, i, pos, width, CHUNK)
+    if n:
+        txn.n += n
+        applier.tally.sent(key, n)
+        applier.session.copy_lines(run, lines, rows.lsns[i : i + n], txn.xid)
+        applier.lane_rows += n
+    return n
 
 
 def plain_insert(applier: Any, rm: RelMap, txn: Txn) -> bool:

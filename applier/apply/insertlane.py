@@ -34,8 +34,8 @@ from typing import TYPE_CHECKING, Any
 from applier.lsn import Lsn
 from applier.protocol import Insert, TupleData, read_tuple
 
-from .copylane import plain_insert
-from .copyrun import CHUNK, TEXT, Run, tuple_text_lines
+from .copylane import copy_rows
+from .copyrun import TEXT, Run
 from .mergelane import LaneCtx
 from .planner import MAX_HELD_BYTES
 
@@ -64,7 +64,9 @@ class InsertCtx(LaneCtx):
 
 def offer_insert_run(applier: Any, m: InsertRun, i: int) -> int:
     """Put ``m``'s rows from ``i`` on into the session's run; return how many
-    (0: ``m.datas[i]`` takes the ordinary path)."""
+    (0: ``m.datas[i]`` takes the ordinary path). The caller checked once for the
+    run that its INSERTs go the plain way (:func:`~applier.apply.copylane.plain_insert`):
+    nothing between its rows changes that."""
     session = applier.session
     run = session.run_in_hand()
     oid = m.first.relation_oid
@@ -79,26 +81,18 @@ def offer_insert_run(applier: Any, m: InsertRun, i: int) -> int:
         or not run.stmt.all_new
         or not session.multi_row
         or not session.in_txn
-        or not plain_insert(applier, rm, txn)
         or applier.merger.tables
         or applier.rules.has_object
         or oid in applier.syncs.cut
     ):
         return 0
-    n = (_copy if run.copying else _hold)(session, run, rm, txn, m, i)
+    key = (oid, "insert")
+    if run.copying:
+        return copy_rows(applier, run, txn, key, m, i, TUPLE_AT, len(rm.columns))
+    n = _hold(session, run, rm, txn, m, i)
     if n:
-        counts, key = applier.tally.changes, (oid, "insert")
-        counts[key] = counts.get(key, 0) + n
+        applier.tally.sent(key, n)
         applier.lane_rows += n
-    return n
-
-
-def _copy(session: Any, run: Run, rm: RelMap, txn: Txn, m: InsertRun, i: int) -> int:
-    """The rows' COPY lines into ``run``, as the copy lane makes them."""
-    lines, n = tuple_text_lines(m.datas, i, TUPLE_AT, len(rm.columns), CHUNK)
-    if n:
-        txn.n += n
-        session.copy_lines(run, lines, m.lsns[i : i + n], txn.xid)
     return n
 
 

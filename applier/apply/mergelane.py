@@ -168,8 +168,7 @@ class MergeLane:
             if held >= MAX_HELD:
                 break
         if took:
-            counts = applier.tally.changes
-            counts[self.key] = counts.get(self.key, 0) + took
+            applier.tally.sent(self.key, took)
             applier.lane_rows += took
             if held >= MAX_HELD:
                 applier._send_held(oid)

@@ -65,6 +65,11 @@ class Tally:
         k = (table, reason)
         self.skipped[k] = self.skipped.get(k, 0) + n
 
+    def sent(self, key: tuple[int, str], n: int) -> None:
+        """``n`` changes ``key`` = (relation oid, op) sent at once (a lane's run of rows;
+        one change inlines this dict update)."""
+        self.changes[key] = self.changes.get(key, 0) + n
+
     def unapply(self, oid: int, op: str) -> None:
         """A change counted as applied was skipped after all (a failing change an
         error rule took during careful replay)."""
