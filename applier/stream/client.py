@@ -127,7 +127,7 @@ class LogicalStream:
             streaming_parallel=neg.streaming == "parallel",
             defer_streamed=options.defer_streamed,
         )
-        #: What take_xlog groups runs of streamed changes into, or None.
+        #: What take_xlog makes runs of streamed changes and of Inserts into, or None.
         self._group = (
             (StreamedChange, StreamedRun, Insert, InsertRun)
             if options.defer_streamed and options.group_streamed
