@@ -145,10 +145,12 @@ def bench_version(version: int, args: argparse.Namespace, tmp: Path) -> dict[str
         if version == 15:
             setup_nodes(ctx)
         cons = consumers(ctx, int(one(pub, "SHOW server_version_num")))
+        if args.consumers:
+            cons = [c for c in cons if c.key in args.consumers]
         for c in cons:
             log(f"  consumer {report.LABELS[c.key]}" + (
                 f": {c.options}" if hasattr(c, "options") else ""))  # fmt: skip
-        results["floor options"] = {c.key: getattr(c, "options", None) for c in cons[:2]}
+        results["floor options"] = {c.key: c.options for c in cons if hasattr(c, "options")}
         for name in args.workloads:
             if name == "steady":
                 live = [c for c in cons if c.verifies]
@@ -208,6 +210,11 @@ def parse_args() -> argparse.Namespace:
         help="steady: window per consumer (x scale, at least 5; default 60)",
     )  # fmt: skip
     ap.add_argument("--big-mb", type=int, default=1024, help="big: MB of row data (x scale)")
+    ap.add_argument(
+        "--consumers", default="",
+        help="only these (keys: rb,ra floors, b built-in, p pglogical, a applier), "
+             "e.g. b,a to probe a change; the README's figures run them all",
+    )  # fmt: skip
     ap.add_argument("--json-out", type=Path, help="write every raw figure here")
     ap.add_argument(
         "--applier-apply", default="",
@@ -218,6 +225,7 @@ def parse_args() -> argparse.Namespace:
     if args.quick:
         args.scale = 0.05
     args.versions = [int(v) for v in args.versions.split(",")]
+    args.consumers = {c.strip() for c in args.consumers.split(",") if c.strip()}
     args.workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
     unknown = set(args.workloads) - set(ALL)
     if unknown:
