@@ -537,6 +537,8 @@ class Worker:
 
     def _dispatch(self, batch: list[tuple[Lsn, Any]], dispatch: Callable[[Lsn, Any], None]) -> None:
         until = self.until
+        if self.applier is not None and self.stream is not None:
+            self.applier.sent_at = self.stream.last_send_time
         for lsn, msg in batch if until is None else until.admit(batch, self.applier):
             dispatch(lsn, msg)
             if self.stopping:

@@ -12,10 +12,11 @@
  * decoder.decode(payload) when the table cannot index it (an empty payload).
  * The table is read per message: the handlers of Stream Start/Stop swap it.
  *
- * `state` is [count, nbytes, last, failed_lsn, other], carried across calls
- * and written back on every return, errors included: messages and bytes
+ * `state` is [count, nbytes, last, failed_lsn, other, sent], carried across
+ * calls and written back on every return, errors included: messages and bytes
  * taken, the highest wal_end seen, the wal_start of a message whose handler
- * raised, and the message returned for the caller.
+ * raised, the message returned for the caller, and the send_time of the last
+ * XLogData taken (the server's clock; what tells the worker it is behind).
  * Status 0: nothing more buffered, or `room` reached; 1: the COPY ended (get
  * returned -1); 2: state[4] is a CopyData that is not an XLogData with a full
  * header (a keepalive, or the error the caller names).
@@ -42,9 +43,12 @@
 static PyObject *table_name;
 
 static int
-put_state(PyObject *state, Py_ssize_t count, Py_ssize_t nbytes, unsigned long long last)
+put_state(PyObject *state, Py_ssize_t count, Py_ssize_t nbytes, unsigned long long last,
+          long long sent)
 {
     PyObject *v;
+    if ((v = PyLong_FromLongLong(sent)) == NULL || PyList_SetItem(state, 5, v) < 0)
+        return -1;
     if ((v = PyLong_FromSsize_t(count)) == NULL || PyList_SetItem(state, 0, v) < 0)
         return -1;
     if ((v = PyLong_FromSsize_t(nbytes)) == NULL || PyList_SetItem(state, 1, v) < 0)
@@ -178,8 +182,8 @@ spd_take_xlog(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
      * next Insert with the same head turns it into an InsertRun. */
     int lone_insert = 0;
     unsigned char lone_head[PLAIN_HEAD];
-    if (!PyList_Check(out) || !PyList_Check(state) || PyList_GET_SIZE(state) != 5) {
-        PyErr_SetString(PyExc_TypeError, "take_xlog: out must be a list, state a list of 5");
+    if (!PyList_Check(out) || !PyList_Check(state) || PyList_GET_SIZE(state) != 6) {
+        PyErr_SetString(PyExc_TypeError, "take_xlog: out must be a list, state a list of 6");
         return NULL;
     }
     Py_ssize_t room = PyLong_AsSsize_t(args[3]);
@@ -191,6 +195,9 @@ spd_take_xlog(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_ssize_t count = PyLong_AsSsize_t(PyList_GET_ITEM(state, 0));
     Py_ssize_t nbytes = PyLong_AsSsize_t(PyList_GET_ITEM(state, 1));
     if ((count == -1 || nbytes == -1) && PyErr_Occurred())
+        return NULL;
+    long long sent = PyLong_AsLongLong(PyList_GET_ITEM(state, 5));
+    if (sent == -1 && PyErr_Occurred())
         return NULL;
     long status = 0;
     PyObject *one = PyLong_FromLong(1);
@@ -234,6 +241,7 @@ spd_take_xlog(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             break;
         }
         unsigned long long start = read_u64(buf + 1), end = read_u64(buf + 9);
+        sent = (long long)read_u64(buf + 17);
         PyObject *payload = PyBytes_FromStringAndSize((const char *)buf + XLOG_HEADER,
                                                       view.len - XLOG_HEADER);
         PyBuffer_Release(&view);
@@ -315,7 +323,7 @@ spd_take_xlog(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             last = end;
     }
     Py_DECREF(one);
-    if (put_state(state, count, nbytes, last) < 0)
+    if (put_state(state, count, nbytes, last, sent) < 0)
         return NULL;
     return PyLong_FromLong(status);
 
@@ -324,7 +332,7 @@ error:
     {
         PyObject *exc_type, *exc_value, *exc_tb;
         PyErr_Fetch(&exc_type, &exc_value, &exc_tb);
-        if (put_state(state, count, nbytes, last) < 0)
+        if (put_state(state, count, nbytes, last, sent) < 0)
             PyErr_Clear();
         PyErr_Restore(exc_type, exc_value, exc_tb);
     }

@@ -146,6 +146,10 @@ class LogicalStream:
         self._last_heard = 0.0
         self._last_status = 0.0
         self._ping_at = 0.0  # when we last asked for a reply; 0: no ask outstanding
+        #: The send_time of the last XLogData received: the server's clock (microseconds
+        #: since 2000-01-01), as the commit timestamps are, so their difference says how
+        #: far behind the walsender is, whatever the two hosts' clocks say.
+        self.last_send_time = 0
         #: Counters (for logs and benchmarks).
         self.messages_received = 0
         self.bytes_received = 0
@@ -293,7 +297,7 @@ class LogicalStream:
         if take is None or decoder is None:
             return self._take_buffered_py(out, decoder)
         get = self._pgconn.get_copy_data
-        state: list[Any] = [0, 0, self.last_received, None, None]
+        state: list[Any] = [0, 0, self.last_received, None, None, self.last_send_time]
         try:
             while True:
                 status = take(get, decoder, out, MAX_BATCH - len(out), Lsn, state, self._group)
@@ -310,11 +314,12 @@ class LogicalStream:
                 e.context.setdefault("lsn", Lsn(state[3]))
             raise
         finally:
-            self._took(state[0], state[1], state[2])
+            self._took(state[0], state[1], state[2], state[5])
         return int(state[0])
 
-    def _took(self, count: int, nbytes: int, last: int) -> None:
+    def _took(self, count: int, nbytes: int, last: int, sent: int) -> None:
         if count:
+            self.last_send_time = sent
             self.last_received = Lsn(last)
             self._last_heard = time.monotonic()
             self._ping_at = 0.0
@@ -336,6 +341,7 @@ class LogicalStream:
         room = MAX_BATCH - len(out)
         count = nbytes = 0
         last: int = self.last_received
+        sent = self.last_send_time
         try:
             while room > 0:
                 n, data = get(1)
@@ -346,7 +352,7 @@ class LogicalStream:
                 count += 1
                 nbytes += n
                 if data[0] == _W:
-                    start, end, _ = unpack(data, 1)
+                    start, end, sent = unpack(data, 1)
                     lsn = Lsn(start)
                     if decoder is None:
                         append((lsn, data[_PAYLOAD_AT:]))
@@ -371,7 +377,7 @@ class LogicalStream:
             parse_copydata(data)  # a truncated 'w' header: raises the precise DecodeError
             raise
         finally:
-            self._took(count, nbytes, last)
+            self._took(count, nbytes, last, sent)
         return count
 
     def _keepalive(self, data: memoryview, last: int) -> int:

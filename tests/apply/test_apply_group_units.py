@@ -5,6 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
+from applier.apply import handlers
 from applier.apply.handlers import Applier
 from applier.apply.mapping import RelMap, TargetColumn, TargetTable
 from applier.config import config_from_dict
@@ -107,3 +108,27 @@ def test_no_group_until_applies_one_by_one() -> None:
     a.no_group_until = Lsn(210)
     _run(a, _txn(1) + _txn(2) + _txn(3) + _txn(4))
     assert s.commits == [(110, [b"1"]), (210, [b"2"]), (410, [b"3", b"4"])]
+
+
+def _clocked(monkeypatch: Any, step: float) -> None:
+    """Each look at the clock is ``step`` seconds after the one before."""
+    ticks = iter(range(1_000_000))
+    monkeypatch.setattr(handlers, "monotonic", lambda: next(ticks) * step)
+
+
+def test_a_live_group_closes_at_its_age(monkeypatch: Any) -> None:
+    a, s = _applier(100)
+    _clocked(monkeypatch, 0.003)  # each transaction ends 3 ms after the one before
+    a.sent_at = handlers.BEHIND_AFTER - 1  # sent right after its commit (commit_ts 0)
+    _run(a, _txn(1) + _txn(2) + _txn(3))
+    assert [end for end, _ in s.commits] == [210, 310]
+
+
+def test_a_group_from_a_backlog_stays_open_longer(monkeypatch: Any) -> None:
+    a, s = _applier(100)
+    _clocked(monkeypatch, 0.003)
+    a.sent_at = handlers.BEHIND_AFTER  # sent 100 ms after its commit: from a backlog
+    _run(a, [m for n in range(1, 21) for m in _txn(n)])
+    ends = [end for end, _ in s.commits]
+    # At 3 ms a transaction the 18th finds the group 51 ms old and commits it.
+    assert ends == [1810, 2010], ends

@@ -43,6 +43,10 @@ class FakePgConn:
             return 0, b""
         return len(data), memoryview(data)
 
+    def feed(self, copydata: list[bytes]) -> None:
+        """More CopyData for the next reads (what the server sent meanwhile)."""
+        self._items = iter([*self._items, *copydata])
+
 
 class _FakeConn:
     def __init__(self, proto: int, pgconn: FakePgConn) -> None:

@@ -163,3 +163,25 @@ def test_lines_refuse_a_start_past_the_end() -> None:
         assert lines is not None
         with pytest.raises(IndexError):
             lines([], 1, 10, 2, 100)
+
+
+@pytest.mark.parametrize("group", [False, True])
+def test_the_stream_keeps_the_last_send_time(group: bool) -> None:
+    """The worker judges how far behind the source sends by the last XLogData's
+    send_time (the source's clock): the C loop and its Python twin keep it, runs
+    and all, across reads; a keepalive's time does not count."""
+    frames = [
+        xlogdata(0x100, 0x108, 1_000, encode(Begin(Lsn(0x900), 0, 9), 2, False)),
+        *[
+            xlogdata(0x110 + i, 0x118 + i, 2_000 + i, encode(Insert(None, 1, _row(i)), 2, False))
+            for i in range(3)
+        ],
+        keepalive(0x200, 9_999),
+    ]
+    stream, pg = fake_stream(2, frames, defer_streamed=True, group_streamed=group)
+    assert stream.last_send_time == 0
+    got = stream.read(0)
+    assert got and stream.last_send_time == 2_002
+    pg.feed([xlogdata(0x300, 0x308, 3_000, encode(Commit(0, Lsn(0x900), Lsn(0x910), 0), 2, False))])
+    stream.read(0)
+    assert stream.last_send_time == 3_000
