@@ -36,8 +36,8 @@ from applier.protocol import Insert, TupleData, read_tuple
 
 from .copylane import copy_rows
 from .copyrun import TEXT, Run
-from .mergelane import LaneCtx
 from .planner import MAX_HELD_BYTES
+from .states import LaneCtx
 
 if TYPE_CHECKING:
     from applier.protocol import InsertRun

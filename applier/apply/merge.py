@@ -68,6 +68,7 @@ from applier.protocol import Delete, Update
 from .fullident import FullHold
 from .mapping import RelMap
 from .planner import MAX_HELD_BYTES, Formats, Params, Planner, Stmt, max_rows, param_formats
+from .states import lane_ctx
 
 #: Keys held per table before they are sent (also the largest chunk).
 MAX_HELD = 256
@@ -81,12 +82,29 @@ class MergedCtx:
     """What identifies a multi-row statement's rows: one change context per row, in order.
 
     Also for the multi-row INSERTs of :class:`~applier.apply.session.TargetSession`.
+    A row the merge lane held has a :data:`~applier.apply.states.LaneRef` in place
+    of its context until :attr:`ctxs` is first read (a row not found, an error):
+    most statements find all their rows, and never make one.
     """
 
-    __slots__ = ("ctxs",)
+    __slots__ = ("_ctxs", "_lazy", "rm")
 
-    def __init__(self, ctxs: list[Any]) -> None:
-        self.ctxs = ctxs
+    def __init__(self, ctxs: list[Any], rm: RelMap | None = None, lazy: bool = False) -> None:
+        self._ctxs = ctxs
+        #: Some items are LaneRefs of rows of ``rm``.
+        self._lazy = lazy
+        self.rm: RelMap = ctxs[0].rm if rm is None else rm
+
+    def __len__(self) -> int:
+        return len(self._ctxs)
+
+    @property
+    def ctxs(self) -> list[Any]:
+        if self._lazy:
+            rm = self.rm
+            self._ctxs = [lane_ctx(c, rm) if type(c) is tuple else c for c in self._ctxs]
+            self._lazy = False
+        return self._ctxs
 
     def describe(self) -> dict[str, Any]:
         lsns = [c.lsn for c in self.ctxs]
@@ -97,13 +115,8 @@ class MergedCtx:
         }
 
 
-class _Held:
-    __slots__ = ("ctx", "kinds", "values")
-
-    def __init__(self, values: Sequence[bytes | None], kinds: bytes, ctx: Any) -> None:
-        self.values = values
-        self.kinds = kinds
-        self.ctx = ctx
+#: A held row: its values, their kinds, and its context (or the lane's LaneRef).
+_Held = tuple[Sequence[bytes | None], bytes, Any]
 
 
 class HeldUpdates:
@@ -126,16 +139,16 @@ class HeldUpdates:
         rows = self.rows
         held = rows.get(key)
         if held is None or _U not in kinds:
-            rows[key] = _Held(values, kinds, ctx)
+            rows[key] = (values, kinds, ctx)
         else:
             # Unchanged TOAST values keep what an earlier UPDATE of the key set.
-            merged_values = list(held.values)
-            merged_kinds = bytearray(held.kinds)
+            merged_values = list(held[0])
+            merged_kinds = bytearray(held[1])
             for i, k in enumerate(kinds):
                 if k != _U:
                     merged_values[i] = values[i]
                     merged_kinds[i] = k
-            rows[key] = _Held(merged_values, bytes(merged_kinds), ctx)
+            rows[key] = (merged_values, bytes(merged_kinds), ctx)
         return len(rows) if self.size < MAX_HELD_BYTES else MAX_HELD
 
 
@@ -159,7 +172,7 @@ class HeldDeletes:
             return AGAIN
         keys.add(key)
         rows = self.rows
-        rows.append(_Held(values, kinds, ctx))
+        rows.append((values, kinds, ctx))
         return len(rows)
 
 
@@ -278,9 +291,10 @@ class UpdateMerger:
             shapes = self._shapes[rm.version] = {}
         by_shape: dict[bytes, list[_Held]] = {}
         for held in rows.values():
-            shape = shapes.get(held.kinds)
+            kinds = held[1]
+            shape = shapes.get(kinds)
             if shape is None:
-                shape = shapes[held.kinds] = Planner.set_shape(rm, held.kinds)
+                shape = shapes[kinds] = Planner.set_shape(rm, kinds)
             group = by_shape.get(shape)
             if group is None:
                 by_shape[shape] = [held]
@@ -297,7 +311,7 @@ class UpdateMerger:
 
     def _statement(self, rm: RelMap, shape: bytes, rows: list[_Held]) -> Batch:
         stmt = self.planner.update_many(rm, shape, len(rows))
-        return (stmt, *_params(stmt.new_idx + stmt.where_idx, rows))
+        return (stmt, *_params(rm, stmt.new_idx + stmt.where_idx, rows))
 
     def _plan_deletes(self, rm: RelMap, rows: list[_Held]) -> list[Batch]:
         out: list[Batch] = []
@@ -306,23 +320,26 @@ class UpdateMerger:
             part = rows[start : start + size]
             start += size
             stmt = self.planner.delete_many(rm, size)
-            out.append((stmt, *_params(rm.key, part)))
+            out.append((stmt, *_params(rm, rm.key, part)))
         return out
 
 
-def _params(cols: tuple[int, ...], rows: list[_Held]) -> tuple[Params, Formats, MergedCtx]:
+def _params(
+    rm: RelMap, cols: tuple[int, ...], rows: list[_Held]
+) -> tuple[Params, Formats, MergedCtx]:
     """The values at ``cols`` of each row in one parameter list, their formats
     (None when all are text), and the rows' contexts."""
     # itemgetter and one join: this runs per held row of every merged statement.
     pick = itemgetter(*cols)
     if len(cols) == 1:
-        params: Params = [pick(held.values) for held in rows]
+        params: Params = [pick(held[0]) for held in rows]
     else:
-        params = list(chain.from_iterable([pick(held.values) for held in rows]))
+        params = list(chain.from_iterable([pick(held[0]) for held in rows]))
     fmts: Formats = None
-    if b"b" in b"".join([held.kinds for held in rows]):
-        fmts = b"".join([param_formats(held.kinds, cols) for held in rows])
-    return params, fmts, MergedCtx([held.ctx for held in rows])
+    kinds = [held[1] for held in rows]
+    if b"b" in b"".join(kinds):
+        fmts = b"".join([param_formats(k, cols) for k in kinds])
+    return params, fmts, MergedCtx([held[2] for held in rows], rm, lazy=True)
 
 
 def chunks(n: int, limit: int) -> list[int]:

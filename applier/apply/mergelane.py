@@ -30,51 +30,20 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from applier.lsn import Lsn
-from applier.protocol import Delete, Update, decode_streamed, read_tuple
+from applier.protocol import Delete, Update, read_tuple, speedups
 
 from .merge import MAX_HELD, HeldDeletes, HeldUpdates
-from .states import ChangeCtx
+from .planner import MAX_HELD_BYTES
+from .states import LaneCtx
+
+#: An unchanged TOAST value's kind.
+_U = ord("u")
 
 if TYPE_CHECKING:
     from applier.protocol import StreamedRun
 
     from .mapping import RelMap
     from .states import Txn
-
-#: The slot of ChangeCtx.change, which LaneCtx fills on first use.
-_CHANGE: Any = ChangeCtx.__dict__["change"]
-
-
-class LaneCtx(ChangeCtx):
-    """A :class:`ChangeCtx` whose change is decoded from its bytes when first asked for."""
-
-    __slots__ = ("data",)
-    #: How its bytes decode (a streamed change's; applier.apply.insertlane: an Insert's).
-    decode: Any = staticmethod(decode_streamed)
-
-    def __init__(self, lsn: Lsn, txn: Txn, rm: RelMap, data: Any) -> None:
-        # ChangeCtx.__init__'s assignments but the change's: one call less per row.
-        self.lsn = lsn
-        self.txn = txn
-        self.xid = txn.xid
-        self.no = txn.n
-        self.rm = rm
-        self.data = data
-        self.check = None
-        self.key = None
-
-    @property
-    def change(self) -> Any:
-        try:
-            return _CHANGE.__get__(self, ChangeCtx)
-        except AttributeError:
-            change = self.decode(self.data)
-            _CHANGE.__set__(self, change)
-            return change
-
-    @change.setter
-    def change(self, value: Any) -> None:
-        _CHANGE.__set__(self, value)
 
 
 class MergeLane:
@@ -141,38 +110,114 @@ class MergeLane:
 
         One head check and one pass of :meth:`offer`'s other checks hold for the
         run's changes up to the next send of held rows, after which this returns
-        (the caller offers the rest again).
+        (the caller offers the rest again). The plain rows are held by
+        :func:`hold_rows` (C when built) with a :data:`~applier.apply.states.LaneRef`
+        for a context; the first it leaves (an unchanged TOAST value, a DELETE of a
+        key held already, a row that does not fit) goes through :meth:`offer`, which
+        holds it as the handlers would or hands it to them.
         """
-        datas = run.datas
+        datas, lsns = run.datas, run.lsns
         if not self._fits(applier, datas[i]):
             return 0
-        oid, rm = self.oid, self.rm
-        txn, kind, lsns = self.txn, self.kind, run.lsns
-        hold, width = applier.merger.hold_row, len(rm.columns)
-        took = 0
-        held = 0
-        for j in range(i, len(datas)):
-            data = datas[j]
-            got = read_tuple(data, 10)
-            if got is None:
+        oid, rm, txn, kind = self.oid, self.rm, self.txn, self.kind
+        tables = applier.merger.tables
+        width, n = len(rm.columns), len(datas)
+        took = fast = 0
+        full = False
+        while i + took < n:
+            entry = tables.get(oid)
+            if entry is None:
+                entry = tables[oid] = kind(rm)
+            elif type(entry) is not kind or entry.rm is not rm:
+                break  # another kind held: the ordinary path sends it first
+            j = i + took
+            if isinstance(entry, HeldUpdates):
+                got, entry.size = hold_rows(
+                    datas, lsns, j, width, rm.key, entry.rows, None, txn, txn.n + 1,
+                    entry.size, MAX_HELD, MAX_HELD_BYTES,
+                )  # fmt: skip
+                full = entry.size >= MAX_HELD_BYTES
+            else:
+                assert isinstance(entry, HeldDeletes)
+                got, _ = hold_rows(
+                    datas, lsns, j, width, rm.key, entry.rows, entry.keys, txn, txn.n + 1,
+                    0, MAX_HELD, MAX_HELD_BYTES,
+                )  # fmt: skip
+            txn.n += got
+            took += got
+            fast += got
+            if full or len(entry.rows) >= MAX_HELD:
+                full = True
                 break
-            kinds, values, end = got
-            if end != len(data) or len(kinds) != width:
+            j += got
+            if j == n:
                 break
-            txn.n += 1
-            held = hold(rm, kind, values, kinds, LaneCtx(Lsn(lsns[j]), txn, rm, data), len(data))
-            if held <= 0:
-                txn.n -= 1  # the ordinary path decides (see offer)
+            # The row hold_rows left: as a single change (held, maybe sending, or not).
+            if not self.offer(applier, Lsn(lsns[j]), datas[j]):
                 break
             took += 1
-            if held >= MAX_HELD:
+            if oid not in tables:  # offer sent the held rows: the caller offers again
                 break
-        if took:
-            applier.tally.sent(self.key, took)
-            applier.lane_rows += took
-            if held >= MAX_HELD:
-                applier._send_held(oid)
+        if fast:
+            applier.tally.sent(self.key, fast)
+            applier.lane_rows += fast
+        if full:
+            applier._send_held(oid)
         return took
+
+
+def _hold_rows_py(
+    datas: list[bytes],
+    lsns: list[int],
+    start: int,
+    width: int,
+    key: tuple[int, ...],
+    rows: Any,
+    keys: set[Any] | None,
+    txn: Txn,
+    no: int,
+    size: int,
+    max_rows: int,
+    max_bytes: int,
+) -> tuple[int, int]:
+    """Hold ``datas[start:]`` in the merger's ``rows`` (with ``keys``: a DELETE
+    holder's list and key set; without: an UPDATE holder's dict, newest values by
+    key) until a row this cannot hold plainly, or after the row that brings the
+    rows to ``max_rows`` or ``size`` to ``max_bytes``; how many, and the new size.
+
+    Each row is ``(values, kinds, (lsn, data, no, txn))``, ``no`` counting on.
+    Left to the caller: a malformed row or one not ``width`` wide, any unchanged
+    TOAST value (``u``), a DELETE of a key held already. The C twin
+    (``hold_rows`` in _holdrun.c) computes exactly this.
+    """
+    k0 = key[0] if len(key) == 1 else -1
+    j, n = start, len(datas)
+    while j < n:
+        data = datas[j]
+        got = read_tuple(data, 10)
+        if got is None:
+            break
+        kinds, values, end = got
+        if end != len(data) or len(kinds) != width or _U in kinds:
+            break
+        k = values[k0] if k0 >= 0 else tuple([values[c] for c in key])
+        ref = (lsns[j], data, no, txn)
+        if keys is None:
+            rows[k] = (values, kinds, ref)
+            size += len(data)
+        else:
+            if k in keys:
+                break
+            keys.add(k)
+            rows.append((values, kinds, ref))
+        no += 1
+        j += 1
+        if len(rows) >= max_rows or size >= max_bytes:
+            break
+    return j - start, size
+
+
+hold_rows = speedups.hold_rows or _hold_rows_py
 
 
 def open_merge_lane(applier: Any, msg: Update | Delete, data: bytes, txn: Txn) -> MergeLane | None:

@@ -236,7 +236,7 @@ class Pipeline:
                     if kind in _CHECKS:
                         self._checks -= 1
                     if kind in (_MANY, _MANY_LAZY):
-                        self._held_rows -= len(ctx.ctxs) - 1
+                        self._held_rows -= len(ctx) - 1
                 continue
             status = res.status
             if status == ExecStatus.PIPELINE_SYNC:
@@ -259,11 +259,10 @@ class Pipeline:
                 if res.command_tuples == 0:
                     self.on_missing(ctx)
             elif kind in (_MANY, _MANY_LAZY):
-                rows = ctx.ctxs
-                if res.ntuples < len(rows):
+                if res.ntuples < len(ctx):
                     # RETURNING gave the (1-based) ordinals of the rows found.
                     found = {int(res.get_value(i, 0) or 0) for i in range(res.ntuples)}
-                    for n, row in enumerate(rows, 1):
+                    for n, row in enumerate(ctx.ctxs, 1):
                         if n not in found:
                             self.on_missing(row)
             elif kind == _CHECK:

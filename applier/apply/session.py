@@ -218,7 +218,7 @@ class TargetSession(InsertRuns):
         kind = _CHECK if checked else _MANY if merged else _MOD if stmt.modifies else _ROW
         if kind in (_MOD, _MANY):
             # Without a policy a row not found is only recorded: no reason to wait.
-            rm = ctx.rm if kind == _MOD else ctx.ctxs[0].rm
+            rm = ctx.rm
             if rm.policy is None:
                 kind = _MOD_LAZY if kind == _MOD else _MANY_LAZY
         self._q.append((kind, ctx))
@@ -227,7 +227,7 @@ class TargetSession(InsertRuns):
         if merged:
             # A merged statement holds up to MAX_HELD changes until its result: bound
             # them (1,000,000 merged DELETEs reached 456 MB of RSS without this).
-            self._held_rows += len(ctx.ctxs) - 1
+            self._held_rows += len(ctx) - 1
             if len(self._q) + self._held_rows > MAX_INFLIGHT:
                 self._catch_up(until_empty=False)
         self._bytes_out += sum(map(len, filter(None, params)))

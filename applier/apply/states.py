@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from applier.lsn import Lsn
+from applier.protocol import decode_streamed
 
 from .mapping import RelMap
 from .planner import key_of
@@ -72,6 +73,55 @@ class ChangeCtx:
             "op": op_of(self.change),
             "key": key_of(self.rm, self.change),
         }
+
+
+#: The slot of ChangeCtx.change, which LaneCtx fills on first use.
+_CHANGE: Any = ChangeCtx.__dict__["change"]
+
+
+class LaneCtx(ChangeCtx):
+    """A :class:`ChangeCtx` whose change is decoded from its bytes when first asked for."""
+
+    __slots__ = ("data",)
+    #: How its bytes decode (a streamed change's; applier.apply.insertlane: an Insert's).
+    decode: Any = staticmethod(decode_streamed)
+
+    def __init__(self, lsn: Lsn, txn: Txn, rm: RelMap, data: Any) -> None:
+        # ChangeCtx.__init__'s assignments but the change's: one call less per row.
+        self.lsn = lsn
+        self.txn = txn
+        self.xid = txn.xid
+        self.no = txn.n
+        self.rm = rm
+        self.data = data
+        self.check = None
+        self.key = None
+
+    @property
+    def change(self) -> Any:
+        try:
+            return _CHANGE.__get__(self, ChangeCtx)
+        except AttributeError:
+            change = self.decode(self.data)
+            _CHANGE.__set__(self, change)
+            return change
+
+    @change.setter
+    def change(self, value: Any) -> None:
+        _CHANGE.__set__(self, value)
+
+
+#: What the merge lane holds for a row instead of its context, which is made only if
+#: something asks for it (a row not found, an error): ``(lsn, data, no, txn)``.
+LaneRef = tuple[int, bytes, int, Txn]
+
+
+def lane_ctx(ref: LaneRef, rm: RelMap) -> LaneCtx:
+    """The context a :data:`LaneRef` stands for."""
+    lsn, data, no, txn = ref
+    ctx = LaneCtx(Lsn(lsn), txn, rm, data)
+    ctx.no = no
+    return ctx
 
 
 _OPS = {"Insert": "insert", "Update": "update", "Delete": "delete", "Truncate": "truncate"}

@@ -37,6 +37,13 @@
  *                           back to the caller; with `group`, runs of streamed
  *                           row changes of one head as one item.
  *
+ * _holdrun.c, the merge lane's loop:
+ *
+ *   hold_rows(datas, lsns, start, width, key, rows, keys, txn, no, size,
+ *             max_rows, max_bytes)
+ *                           mergelane._hold_rows_py: a run of streamed UPDATEs
+ *                           or DELETEs held by key until one it leaves.
+ *
  * Only the stable C API is used and nothing is kept between calls but the
  * shared all-text kinds objects and an interned attribute name, made once at
  * import, so there is no state to reason about.
@@ -55,6 +62,9 @@ static PyMethodDef methods[] = {
      "take_xlog(get, decoder, out, room, lsn_type, state[, group]) -> status (see the source)"},
     {"tuple_text_lines", (PyCFunction)(void (*)(void))spd_tuple_text_lines, METH_FASTCALL,
      "tuple_text_lines(datas, start, pos, width, limit) -> (COPY text lines, count)"},
+    {"hold_rows", (PyCFunction)(void (*)(void))spd_hold_rows, METH_FASTCALL,
+     "hold_rows(datas, lsns, start, width, key, rows, keys, txn, no, size, max_rows, "
+     "max_bytes) -> (count, size)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -31,6 +31,8 @@ read_u32(const unsigned char *p)
 int spd_data_pos_args(PyObject *const *args, Py_ssize_t nargs, const char *name,
                       const unsigned char **buf, Py_ssize_t *size, Py_ssize_t *pos);
 PyObject *spd_tuple_data(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+int spd_read_tuple(const unsigned char *buf, Py_ssize_t size, Py_ssize_t pos, PyObject **kinds,
+                   PyObject **values, Py_ssize_t *end);
 int spd_tuples_init(void);
 
 /* _copyframe.c: COPY framing. */
@@ -42,6 +44,9 @@ PyObject *spd_tuple_text_lines(PyObject *module, PyObject *const *args, Py_ssize
 /* _readloop.c: the stream client's read loop. */
 PyObject *spd_take_xlog(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 int spd_readloop_init(void);
+
+/* _holdrun.c: the merge lane's loop. */
+PyObject *spd_hold_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 
 #if defined(__GNUC__)
 #pragma GCC visibility pop

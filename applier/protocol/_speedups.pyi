@@ -8,3 +8,28 @@ def tuple_text_line(data: bytes, pos: int, /) -> tuple[bytes | None, int]: ...
 def tuple_text_lines(
     datas: list[bytes], start: int, pos: int, width: int, limit: int, /
 ) -> tuple[bytes, int]: ...
+def take_xlog(
+    get: object,
+    decoder: object,
+    out: list[object],
+    room: int,
+    lsn_type: object,
+    state: list[object],
+    group: object = ...,
+    /,
+) -> int: ...
+def hold_rows(
+    datas: list[bytes],
+    lsns: list[int],
+    start: int,
+    width: int,
+    key: tuple[int, ...],
+    rows: object,
+    keys: set[object] | None,
+    txn: object,
+    no: int,
+    size: int,
+    max_rows: int,
+    max_bytes: int,
+    /,
+) -> tuple[int, int]: ...

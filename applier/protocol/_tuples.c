@@ -1,7 +1,8 @@
 /*
  * TupleData reading for applier.protocol._speedups (see _speedups.c):
- * tuple_data, the C twin of tuples._tuple_py, and the (data, pos) argument
- * parsing it shares with _copyframe.c's tuple_text_line.
+ * tuple_data, the C twin of tuples._tuple_py, its reader spd_read_tuple (which
+ * _holdrun.c shares), and the (data, pos) argument parsing it shares with
+ * _copyframe.c's tuple_text_line.
  */
 #include "_speedups.h"
 
@@ -32,15 +33,15 @@ spd_data_pos_args(PyObject *const *args, Py_ssize_t nargs, const char *name,
     return 0;
 }
 
-PyObject *
-spd_tuple_data(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+/* Read the TupleData at buf[pos:size]: 1 with new references in *kinds and
+ * *values and its end in *end; 0 when it is malformed (nothing allocated); -1
+ * with an exception set. */
+int
+spd_read_tuple(const unsigned char *buf, Py_ssize_t size, Py_ssize_t pos, PyObject **kinds_out,
+               PyObject **values_out, Py_ssize_t *end_out)
 {
-    const unsigned char *buf;
-    Py_ssize_t size, pos;
-    if (spd_data_pos_args(args, nargs, "tuple_data", &buf, &size, &pos) < 0)
-        return NULL;
     if (pos < 0 || size - pos < 2)
-        Py_RETURN_NONE;
+        return 0;
 
     Py_ssize_t n = (Py_ssize_t)buf[pos] << 8 | buf[pos + 1];
     Py_ssize_t p = pos + 2;
@@ -49,14 +50,14 @@ spd_tuple_data(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     int all_text = 1;
     for (Py_ssize_t i = 0; i < n; i++) {
         if (p >= size)
-            Py_RETURN_NONE;
+            return 0;
         unsigned char k = buf[p];
         if (k == 't' || k == 'b') {
             if (size - p < 5)
-                Py_RETURN_NONE;
+                return 0;
             uint32_t len = read_u32(buf + p + 1);
             if ((uint64_t)len > (uint64_t)(size - p - 5))
-                Py_RETURN_NONE;
+                return 0;
             p += 5 + (Py_ssize_t)len;
             if (k == 'b')
                 all_text = 0;
@@ -66,7 +67,7 @@ spd_tuple_data(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             all_text = 0;
         }
         else {
-            Py_RETURN_NONE;
+            return 0;
         }
     }
     Py_ssize_t end = p;
@@ -78,12 +79,12 @@ spd_tuple_data(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     else {
         kinds = PyBytes_FromStringAndSize(NULL, n);
         if (kinds == NULL)
-            return NULL;
+            return -1;
     }
     PyObject *values = PyTuple_New(n);
     if (values == NULL) {
         Py_DECREF(kinds);
-        return NULL;
+        return -1;
     }
     char *kbuf = all_text && n < ALL_TEXT_MAX ? NULL : PyBytes_AS_STRING(kinds);
     p = pos + 2;
@@ -96,7 +97,7 @@ spd_tuple_data(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             if (v == NULL) {
                 Py_DECREF(kinds);
                 Py_DECREF(values);
-                return NULL;
+                return -1;
             }
             p += 5 + len;
         }
@@ -108,6 +109,25 @@ spd_tuple_data(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             kbuf[i] = (char)k;
         PyTuple_SET_ITEM(values, i, v);
     }
+    *kinds_out = kinds;
+    *values_out = values;
+    *end_out = end;
+    return 1;
+}
+
+PyObject *
+spd_tuple_data(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    const unsigned char *buf;
+    Py_ssize_t size, pos, end;
+    PyObject *kinds, *values;
+    if (spd_data_pos_args(args, nargs, "tuple_data", &buf, &size, &pos) < 0)
+        return NULL;
+    int got = spd_read_tuple(buf, size, pos, &kinds, &values, &end);
+    if (got < 0)
+        return NULL;
+    if (got == 0)
+        Py_RETURN_NONE;
     PyObject *endobj = PyLong_FromSsize_t(end);
     if (endobj == NULL) {
         Py_DECREF(kinds);

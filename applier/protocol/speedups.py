@@ -58,9 +58,11 @@ tuple_text_line: Callable[[bytes, int], tuple[bytes | None, int]] | None
 tuple_text_lines: Callable[[list[bytes], int, int, int, int], tuple[bytes, int]] | None
 #: The stream client's read loop (applier.stream.client): see ``take_xlog`` in _readloop.c.
 take_xlog: Callable[..., int] | None
+#: The merge lane's loop over a run of plain rows (applier.apply.mergelane._hold_rows_py).
+hold_rows: Callable[..., tuple[int, int]] | None
 if _native is None:
     tuple_data = copy_text_row = copy_binary_row = tuple_text_line = take_xlog = None
-    tuple_text_lines = None
+    tuple_text_lines = hold_rows = None
 else:
     tuple_data = _native.tuple_data
     copy_text_row = _native.copy_text_row
@@ -68,6 +70,7 @@ else:
     tuple_text_line = _native.tuple_text_line
     tuple_text_lines = _native.tuple_text_lines
     take_xlog = _native.take_xlog
+    hold_rows = getattr(_native, "hold_rows", None)
 
 
 def describe() -> str:

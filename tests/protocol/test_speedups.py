@@ -17,6 +17,7 @@ import struct
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -254,6 +255,72 @@ def test_copy_row_edges() -> None:
             native.copy_text_row(bad)  # type: ignore[arg-type]
         with pytest.raises(TypeError):
             native.copy_binary_row(bad)  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------- the merge lane's loop
+
+#: Rows of a 3-column table keyed on (0,) or (0, 2): small key values so keys repeat.
+_CELL = st.one_of(st.sampled_from([b"1", b"2", b"3", b"x\t"]), st.binary(max_size=5))
+_ROW_KIND = st.sampled_from(b"ttttbnu")
+
+
+@st.composite
+def lane_runs(draw: st.DrawFn) -> list[bytes]:
+    """Streamed row messages of one head: mostly plain rows, some with an unchanged
+    TOAST value, another width, damage or trailing bytes (where the loop must stop)."""
+    head = b"U" + struct.pack(">II", 7, 16384) + b"N"
+    out = []
+    for _ in range(draw(st.integers(0, 12))):
+        width = draw(st.sampled_from([3, 3, 3, 3, 2]))
+        kinds = bytes(draw(st.lists(_ROW_KIND, min_size=width, max_size=width)))
+        values = tuple(None if k in b"nu" else draw(_CELL) for k in kinds)
+        data = head + encode_tuple(TupleData(kinds, values))
+        how = draw(st.sampled_from(["plain"] * 6 + ["cut", "tail"]))
+        if how == "cut":
+            data = data[: draw(st.integers(10, len(data) - 1))]
+        elif how == "tail":
+            data += b"\x00"
+        out.append(data)
+    return out
+
+
+@needs_native
+@SETTINGS
+@given(
+    datas=lane_runs(),
+    key=st.sampled_from([(0,), (0, 2)]),
+    delete=st.booleans(),
+    max_rows=st.integers(1, 8),
+    max_bytes=st.sampled_from([30, 60, 10**9]),
+    held=st.lists(st.sampled_from([b"1", b"2", None]), max_size=2),
+)
+def test_hold_rows_holds_what_its_python_twin_holds(
+    datas: list[bytes],
+    key: tuple[int, ...],
+    delete: bool,
+    max_rows: int,
+    max_bytes: int,
+    held: list[bytes | None],
+) -> None:
+    """Same count, size, rows (values, kinds, lane reference) and keys, from the same
+    start, whatever the rows: where one stops the other stops."""
+    from applier.apply.mergelane import _hold_rows_py
+
+    assert native is not None
+    lsns = [0x1000 + i for i in range(len(datas))]
+    txn = object()
+    out = []
+    for hold in (native.hold_rows, _hold_rows_py):
+        # A holder that holds something already (an earlier key; for DELETEs, keys
+        # the run may repeat).
+        rows: Any = [] if delete else {k: ((k,), b"t", None) for k in held}
+        keys = set(held) if delete else None
+        got = hold(datas, lsns, 0, 3, key, rows, keys, txn, 5, 0, max_rows, max_bytes)
+        out.append((got, rows, keys))
+    assert out[0] == out[1]
+    (count, size), rows, _ = out[0]
+    assert 0 <= count <= len(datas)
+    assert size == (0 if delete else sum(map(len, datas[:count])))
 
 
 # ------------------------------------------------- the protocol tests, pure Python

@@ -1,0 +1,155 @@
+/*
+ * The merge lane's loop for applier.protocol._speedups (see _speedups.c):
+ * hold_rows, the C twin of applier.apply.mergelane._hold_rows_py.
+ */
+#include "_speedups.h"
+
+/* What a streamed UPDATE's or DELETE's TupleData follows: 'U'|'D', the xid,
+ * the relation and the tuple's kind. */
+#define ROW_AT 10
+
+/* The key of a row: values[key[0]] for a one-column key, else the tuple of
+ * the key's values; a new reference, or NULL with an exception set. */
+static PyObject *
+row_key(PyObject *values, const Py_ssize_t *cols, Py_ssize_t ncols)
+{
+    if (ncols == 1)
+        return Py_NewRef(PyTuple_GET_ITEM(values, cols[0]));
+    PyObject *key = PyTuple_New(ncols);
+    if (key == NULL)
+        return NULL;
+    for (Py_ssize_t c = 0; c < ncols; c++)
+        PyTuple_SET_ITEM(key, c, Py_NewRef(PyTuple_GET_ITEM(values, cols[c])));
+    return key;
+}
+
+/* (values, kinds, (lsn, data, no, txn)), stealing values and kinds (also on
+ * failure); NULL with an exception set. */
+static PyObject *
+held_row(PyObject *values, PyObject *kinds, PyObject *lsn, PyObject *data, long long no,
+         PyObject *txn)
+{
+    PyObject *ref = NULL, *nobj = PyLong_FromLongLong(no);
+    if (nobj != NULL) {
+        ref = PyTuple_Pack(4, lsn, data, nobj, txn);
+        Py_DECREF(nobj);
+    }
+    PyObject *row = ref == NULL ? NULL : PyTuple_Pack(3, values, kinds, ref);
+    Py_XDECREF(ref);
+    Py_DECREF(values);
+    Py_DECREF(kinds);
+    return row;
+}
+
+/* hold_rows(datas, lsns, start, width, key, rows, keys, txn, no, size, max_rows,
+ * max_bytes) -> (count, size): see _hold_rows_py, whose every check this makes
+ * in the same order. */
+PyObject *
+spd_hold_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 12) {
+        PyErr_SetString(PyExc_TypeError,
+                        "hold_rows(datas, lsns, start, width, key, rows, keys, txn, no, size, "
+                        "max_rows, max_bytes) takes 12 arguments");
+        return NULL;
+    }
+    PyObject *datas = args[0], *lsns = args[1], *key = args[4], *rows = args[5];
+    PyObject *keys = args[6], *txn = args[7];
+    int updates = keys == Py_None;
+    if (!PyList_Check(datas) || !PyList_Check(lsns) || !PyTuple_Check(key) ||
+        PyTuple_GET_SIZE(key) < 1 || (updates ? !PyDict_Check(rows) : !PyList_Check(rows)) ||
+        (!updates && !PySet_Check(keys))) {
+        PyErr_SetString(PyExc_TypeError,
+                        "hold_rows: datas and lsns must be lists, key a non-empty tuple, and "
+                        "rows a dict (keys None) or a list (keys a set)");
+        return NULL;
+    }
+    Py_ssize_t start = PyLong_AsSsize_t(args[2]);
+    Py_ssize_t width = PyLong_AsSsize_t(args[3]);
+    long long no = PyLong_AsLongLong(args[8]);
+    Py_ssize_t size = PyLong_AsSsize_t(args[9]);
+    Py_ssize_t max_rows = PyLong_AsSsize_t(args[10]);
+    Py_ssize_t max_bytes = PyLong_AsSsize_t(args[11]);
+    if (PyErr_Occurred())
+        return NULL;
+    Py_ssize_t ncols = PyTuple_GET_SIZE(key);
+    Py_ssize_t cols[16];
+    if (ncols > (Py_ssize_t)(sizeof cols / sizeof cols[0])) {
+        PyErr_SetString(PyExc_ValueError, "hold_rows: a key of more than 16 columns");
+        return NULL;
+    }
+    for (Py_ssize_t c = 0; c < ncols; c++) {
+        cols[c] = PyLong_AsSsize_t(PyTuple_GET_ITEM(key, c));
+        if (cols[c] == -1 && PyErr_Occurred())
+            return NULL;
+        if (cols[c] < 0 || cols[c] >= width) {
+            PyErr_SetString(PyExc_ValueError, "hold_rows: a key column outside the width");
+            return NULL;
+        }
+    }
+    Py_ssize_t n = PyList_GET_SIZE(datas);
+    if (start < 0 || PyList_GET_SIZE(lsns) < n) {
+        PyErr_SetString(PyExc_ValueError, "hold_rows: start < 0, or fewer lsns than datas");
+        return NULL;
+    }
+    Py_ssize_t j = start;
+    while (j < n) {
+        PyObject *data = PyList_GET_ITEM(datas, j);
+        if (!PyBytes_Check(data)) {
+            PyErr_SetString(PyExc_TypeError, "hold_rows: datas must hold bytes");
+            return NULL;
+        }
+        const unsigned char *buf = (const unsigned char *)PyBytes_AS_STRING(data);
+        Py_ssize_t len = PyBytes_GET_SIZE(data), end;
+        PyObject *kinds, *values;
+        int got = spd_read_tuple(buf, len, ROW_AT, &kinds, &values, &end);
+        if (got < 0)
+            return NULL;
+        if (got == 0)
+            break;
+        if (end != len || PyBytes_GET_SIZE(kinds) != width ||
+            memchr(PyBytes_AS_STRING(kinds), 'u', (size_t)width) != NULL) {
+            Py_DECREF(kinds);
+            Py_DECREF(values);
+            break;
+        }
+        PyObject *k = row_key(values, cols, ncols);
+        if (k == NULL) {
+            Py_DECREF(kinds);
+            Py_DECREF(values);
+            return NULL;
+        }
+        if (!updates) {
+            int held = PySet_Contains(keys, k);
+            if (held != 0) {
+                Py_DECREF(k);
+                Py_DECREF(kinds);
+                Py_DECREF(values);
+                if (held < 0)
+                    return NULL;
+                break;
+            }
+            if (PySet_Add(keys, k) < 0) {
+                Py_DECREF(k);
+                Py_DECREF(kinds);
+                Py_DECREF(values);
+                return NULL;
+            }
+        }
+        PyObject *row = held_row(values, kinds, PyList_GET_ITEM(lsns, j), data, no, txn);
+        int failed = row == NULL ||
+                     (updates ? PyDict_SetItem(rows, k, row) : PyList_Append(rows, row)) < 0;
+        Py_XDECREF(row);
+        Py_DECREF(k);
+        if (failed)
+            return NULL;
+        if (updates)
+            size += len;
+        no += 1;
+        j += 1;
+        Py_ssize_t held = updates ? PyDict_GET_SIZE(rows) : PyList_GET_SIZE(rows);
+        if (held >= max_rows || size >= max_bytes)
+            break;
+    }
+    return Py_BuildValue("(nn)", j - start, size);
+}
