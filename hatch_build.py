@@ -32,7 +32,10 @@ ROOT = Path(__file__).resolve().parent
 PROTOCOL = ROOT / "applier" / "protocol"
 #: Every C file of the one module: _speedups.c defines it, the others hold its
 #: functions (see the list in _speedups.c); the wheel ships them and the header.
-SOURCES = [PROTOCOL / name for name in ("_speedups.c", "_tuples.c", "_copyframe.c", "_readloop.c", "_holdrun.c")]
+SOURCES = [
+    PROTOCOL / name
+    for name in ("_speedups.c", "_tuples.c", "_copyframe.c", "_readloop.c", "_holdrun.c")
+]
 MODULE = "applier/protocol/_speedups"
 
 
