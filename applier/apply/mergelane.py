@@ -38,6 +38,8 @@ from .states import LaneCtx
 
 #: An unchanged TOAST value's kind.
 _U = ord("u")
+#: Key columns :func:`hold_rows` holds at most (PostgreSQL's default INDEX_MAX_KEYS).
+MAX_KEY = 32
 
 if TYPE_CHECKING:
     from applier.protocol import StreamedRun
@@ -187,9 +189,12 @@ def _hold_rows_py(
 
     Each row is ``(values, kinds, (lsn, data, no, txn))``, ``no`` counting on.
     Left to the caller: a malformed row or one not ``width`` wide, any unchanged
-    TOAST value (``u``), a DELETE of a key held already. The C twin
-    (``hold_rows`` in _holdrun.c) computes exactly this.
+    TOAST value (``u``), a DELETE of a key held already, and every row of a key
+    of more than :data:`MAX_KEY` columns. The C twin (``hold_rows`` in
+    _holdrun.c) computes exactly this.
     """
+    if len(key) > MAX_KEY:
+        return 0, size
     k0 = key[0] if len(key) == 1 else -1
     j, n = start, len(datas)
     while j < n:

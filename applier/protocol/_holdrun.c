@@ -7,6 +7,8 @@
 /* What a streamed UPDATE's or DELETE's TupleData follows: 'U'|'D', the xid,
  * the relation and the tuple's kind. */
 #define ROW_AT 10
+/* Key columns held here at most: PostgreSQL's INDEX_MAX_KEYS as built by default. */
+#define MAX_KEY 32
 
 /* The key of a row: values[key[0]] for a one-column key, else the tuple of
  * the key's values; a new reference, or NULL with an exception set. */
@@ -73,11 +75,9 @@ spd_hold_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     if (PyErr_Occurred())
         return NULL;
     Py_ssize_t ncols = PyTuple_GET_SIZE(key);
-    Py_ssize_t cols[16];
-    if (ncols > (Py_ssize_t)(sizeof cols / sizeof cols[0])) {
-        PyErr_SetString(PyExc_ValueError, "hold_rows: a key of more than 16 columns");
-        return NULL;
-    }
+    Py_ssize_t cols[MAX_KEY];
+    if (ncols > MAX_KEY) /* left to the caller, as its twin leaves it */
+        return Py_BuildValue("(nn)", (Py_ssize_t)0, size);
     for (Py_ssize_t c = 0; c < ncols; c++) {
         cols[c] = PyLong_AsSsize_t(PyTuple_GET_ITEM(key, c));
         if (cols[c] == -1 && PyErr_Occurred())

@@ -323,6 +323,24 @@ def test_hold_rows_holds_what_its_python_twin_holds(
     assert size == (0 if delete else sum(map(len, datas[:count])))
 
 
+@needs_native
+def test_hold_rows_leaves_keys_wider_than_index_max_keys_to_the_caller() -> None:
+    """A key of 33 columns (PostgreSQL built with a larger INDEX_MAX_KEYS) is held
+    row by row by the caller: both twins take nothing."""
+    from applier.apply.mergelane import MAX_KEY, _hold_rows_py
+
+    assert native is not None
+    width = MAX_KEY + 1
+    data = b"U" + struct.pack(">II", 7, 16384) + b"N" + encode_tuple(
+        TupleData(b"t" * width, (b"1",) * width)
+    )
+    key = tuple(range(width))
+    for hold in (native.hold_rows, _hold_rows_py):
+        rows: dict[Any, Any] = {}
+        assert hold([data], [1], 0, width, key, rows, None, None, 1, 7, 256, 10**9) == (0, 7)
+        assert rows == {}
+
+
 # ------------------------------------------------- the protocol tests, pure Python
 
 
