@@ -331,8 +331,11 @@ def test_hold_rows_leaves_keys_wider_than_index_max_keys_to_the_caller() -> None
 
     assert native is not None
     width = MAX_KEY + 1
-    data = b"U" + struct.pack(">II", 7, 16384) + b"N" + encode_tuple(
-        TupleData(b"t" * width, (b"1",) * width)
+    data = (
+        b"U"
+        + struct.pack(">II", 7, 16384)
+        + b"N"
+        + encode_tuple(TupleData(b"t" * width, (b"1",) * width))
     )
     key = tuple(range(width))
     for hold in (native.hold_rows, _hold_rows_py):
