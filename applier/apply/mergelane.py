@@ -32,12 +32,10 @@ from typing import TYPE_CHECKING, Any
 from applier.lsn import Lsn
 from applier.protocol import Delete, Update, read_tuple, speedups
 
-from .merge import MAX_HELD, HeldDeletes, HeldUpdates
+from .merge import _U, MAX_HELD, HeldDeletes, HeldUpdates
 from .planner import MAX_HELD_BYTES
 from .states import LaneCtx
 
-#: An unchanged TOAST value's kind.
-_U = ord("u")
 #: Key columns :func:`hold_rows` holds at most (PostgreSQL's default INDEX_MAX_KEYS).
 MAX_KEY = 32
 
