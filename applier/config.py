@@ -263,9 +263,9 @@ class ApplyConfig(_Section):
         description="seconds a target socket may stay silent while results are owed "
         "before the server is asked whether our backend still executes",
     )
-    # 100: see "Group commit" in applier/apply/handlers.py and bench/README-apply.md.
+    # 1000: see "Group commit" in applier/apply/handlers.py and bench/README-apply.md.
     group_commit: int = Field(
-        default=100, ge=1, description="at most this many source txns per target txn; 1 = off"
+        default=1000, ge=1, description="at most this many source txns per target txn; 1 = off"
     )
     # See applier/apply/merge.py.
     merge_updates: bool = Field(
