@@ -25,19 +25,12 @@ import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, get_args, get_origin
 
+import msgspec
 import psycopg
+from msgspec import Meta
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    RootModel,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
 
 from . import configenv
 from .errors import ConfigError
@@ -59,39 +52,46 @@ def parse_size(value: int | str) -> int:
     return int(m.group(1)) * _UNITS[(m.group(2) or "b").lower()]
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+#: Bytes; the file may also say '64kB', '256MB', '1GB' (see _SIZE_KEYS).
+Size = Annotated[int, Meta(ge=0)]
 
 
-class Endpoint(_Section):
-    dsn: str = Field(description="libpq connection string")
+class _Invalid(ValueError):
+    """A key's value is wrong. Raised in ``__post_init__``, which msgspec places at
+    the struct: the key rides along so the message names it (:func:`_where`)."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(f"{key}{_KEY_SEP}{message}")
+
+
+_KEY_SEP = "\x1f"
+
+
+class _Section(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    pass
+
+
+class Endpoint(_Section, frozen=True):
+    #: A libpq connection string.
+    dsn: str
     password_file: Path | None = None
     #: A systemd credential's name (``LoadCredential=NAME:/path`` in the unit): the
     #: password is read from ``$CREDENTIALS_DIRECTORY/NAME``.
     password_credential: str | None = None
 
-    @field_validator("password_credential")
-    @classmethod
-    def _credential_name(cls, v: str | None) -> str | None:
-        if v is not None and (not v or "/" in v or v in (".", "..")):
-            raise ValueError("expected a credential name (as in LoadCredential=NAME:...)")
-        return v
-
-    @model_validator(mode="after")
-    def _one_password_source(self) -> Endpoint:
-        if self.password_file is not None and self.password_credential is not None:
-            raise ValueError("password_file and password_credential: set one of them")
-        return self
-
-    @field_validator("dsn")
-    @classmethod
-    def _valid_conninfo(cls, v: str) -> str:
+    def __post_init__(self) -> None:
         try:
-            conninfo_to_dict(v)
+            conninfo_to_dict(self.dsn)
         except psycopg.ProgrammingError as e:
             detail = redact_conninfo_error(str(e))
-            raise ValueError(f"not a valid libpq connection string ({detail})") from None
-        return v
+            raise _Invalid("dsn", f"not a valid libpq connection string ({detail})") from None
+        v = self.password_credential
+        if v is not None and (not v or "/" in v or v in (".", "..")):
+            raise _Invalid(
+                "password_credential", "expected a credential name (as in LoadCredential=NAME:...)"
+            )
+        if self.password_file is not None and v is not None:
+            raise ValueError("password_file and password_credential: set one of them")
 
     def conninfo(self, **overrides: Any) -> str:
         """The DSN to connect with: password from ``password_file`` if set."""
@@ -113,8 +113,8 @@ class Endpoint(_Section):
         return redact_dsn(self.dsn)
 
 
-class SourceConfig(Endpoint):
-    publications: list[str] = Field(min_length=1)
+class SourceConfig(Endpoint, kw_only=True, frozen=True):
+    publications: Annotated[list[str], Meta(min_length=1)]
     slot: str = "applier"
     #: Create the slot with FAILOVER (PostgreSQL 17+): synchronised to standbys
     #: that have sync_replication_slots on, so it survives a failover.
@@ -124,28 +124,35 @@ class SourceConfig(Endpoint):
     #: as PostgreSQL 16's subscription option ``origin``.
     origin: Literal["any", "none"] = "any"
 
-    @field_validator("slot")
-    @classmethod
-    def _slot_name(cls, v: str) -> str:
-        if not _NAME.match(v):
-            raise ValueError("expected a slot name of lower-case letters, digits and _ (max 63)")
-        return v
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not _NAME.match(self.slot):
+            raise _Invalid(
+                "slot", "expected a slot name of lower-case letters, digits and _ (max 63)"
+            )
 
 
-class TargetConfig(Endpoint):
+class TargetConfig(Endpoint, frozen=True):
+    #: None: the source's slot name (Config fills it in).
     origin: str | None = None
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.origin is not None and not _NAME.match(self.origin):
+            raise _Invalid("origin", "expected lower-case letters, digits and _ (max 63)")
 
-class TablesConfig(_Section):
-    include: list[str] = Field(default_factory=lambda: ["*.*"])
-    exclude: list[str] = Field(default_factory=list)
 
-    @field_validator("include", "exclude")
-    @classmethod
-    def _patterns(cls, v: list[str]) -> list[str]:
-        for p in v:
-            _check_table_pattern(p)
-        return v
+class TablesConfig(_Section, frozen=True):
+    include: list[str] = msgspec.field(default_factory=lambda: ["*.*"])
+    exclude: list[str] = msgspec.field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        for key in ("include", "exclude"):
+            for p in getattr(self, key):
+                try:
+                    _check_table_pattern(p)
+                except ValueError as e:
+                    raise _Invalid(key, str(e)) from None
 
     def includes(self, schema: str, table: str) -> bool:
         """True when ``schema.table`` matches an include pattern and no exclude pattern."""
@@ -193,15 +200,18 @@ def _check_table_pattern(p: str) -> str:
     return p
 
 
-class ConflictsConfig(RootModel[dict[str, dict[str, str]]]):
+class ConflictsConfig:
     """``[conflicts]``: ``default`` and table patterns, each a table of type = policy."""
 
-    root: dict[str, dict[str, str]] = Field(default_factory=dict)
+    __slots__ = ("root",)
 
-    @field_validator("root")
-    @classmethod
-    def _valid(cls, v: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
-        for key, policies in v.items():
+    def __init__(self, root: Mapping[str, Mapping[str, str]] | None = None) -> None:
+        root = {} if root is None else root
+        if not isinstance(root, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, Mapping) for k, v in root.items()
+        ):
+            raise TypeError("expected a table of tables (type = policy)")
+        for key, policies in root.items():
             if key != "default":
                 try:
                     _check_table_pattern(key)
@@ -218,7 +228,15 @@ class ConflictsConfig(RootModel[dict[str, dict[str, str]]]):
                     raise ValueError(
                         f"{key}.{kind} = {policy!r}: expected one of " + ", ".join(allowed)
                     )
-        return v
+        self.root: dict[str, dict[str, str]] = {k: dict(v) for k, v in root.items()}
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ConflictsConfig) and other.root == self.root
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"ConflictsConfig({self.root!r})"
 
     @property
     def default(self) -> dict[str, str]:
@@ -239,79 +257,59 @@ class ConflictsConfig(RootModel[dict[str, dict[str, str]]]):
         )
 
 
-class ApplyConfig(_Section):
+class ApplyConfig(_Section, frozen=True):
     streaming: Literal["on", "off", "parallel"] = "parallel"
     two_phase: bool = False
     binary: bool = False
-    memory_limit: int = Field(
-        default=64 * 1024**2, description="bytes of a streamed txn kept in memory"
-    )
+    #: Bytes of a streamed transaction kept in memory (a size: 65536, '64MB').
+    memory_limit: Size = 64 * 1024**2
     #: None: a private state directory (see applier.apply.spool.default_spool_dir).
     spool_dir: Path | None = None
-    spool_limit: int = Field(
-        default=0, description="bytes on disk a streamed txn's spool may take; 0 = no limit"
-    )
+    #: Bytes on disk a streamed transaction's spool may take; 0 = no limit.
+    spool_limit: Size = 0
     synchronous_commit: Literal["on", "off", "local", "remote_write", "remote_apply"] = "off"
-    status_interval: float = Field(default=10.0, gt=0)
-    timeout: float = Field(
-        default=60.0, gt=0, description="seconds of server silence before reconnecting"
-    )
-    # See applier/apply/targetconn.py, "A stalled connection".
-    target_timeout: float = Field(
-        default=60.0,
-        ge=1,
-        description="seconds a target socket may stay silent while results are owed "
-        "before the server is asked whether our backend still executes",
-    )
-    # 1000: see "Group commit" in applier/apply/handlers.py and bench/README-apply.md.
-    group_commit: int = Field(
-        default=1000, ge=1, description="at most this many source txns per target txn; 1 = off"
-    )
-    # See applier/apply/merge.py.
-    merge_updates: bool = Field(
-        default=True,
-        description="send only the final state of rows updated several times in a target txn",
-    )
-    # See applier/apply/copyrun.py: a run this long pays for leaving the pipeline
-    # (bench/README-apply.md: 1000-row transactions, 4096 against 1000: 3.4 s vs 4.2 s).
-    copy_threshold: int = Field(
-        default=4096, ge=0, description="runs of this many INSERTs into one table use COPY; 0 = off"
-    )
-
-    @field_validator("memory_limit", "spool_limit", mode="before")
-    @classmethod
-    def _size(cls, v: int | str) -> int:
-        return parse_size(v)
+    status_interval: Annotated[float, Meta(gt=0)] = 10.0
+    #: Seconds of server silence before reconnecting.
+    timeout: Annotated[float, Meta(gt=0)] = 60.0
+    #: Seconds a target socket may stay silent while results are owed before the
+    #: server is asked whether our backend still executes (applier/apply/targetconn.py,
+    #: "A stalled connection").
+    target_timeout: Annotated[float, Meta(ge=1)] = 60.0
+    #: At most this many source transactions per target transaction; 1 = off.
+    #: 1000: see "Group commit" in applier/apply/handlers.py and bench/README-apply.md.
+    group_commit: Annotated[int, Meta(ge=1)] = 1000
+    #: Send only the final state of rows updated several times in a target
+    #: transaction (applier/apply/merge.py).
+    merge_updates: bool = True
+    #: Runs of this many INSERTs into one table use COPY; 0 = off. See
+    #: applier/apply/copyrun.py: a run this long pays for leaving the pipeline
+    #: (bench/README-apply.md: 1000-row transactions, 4096 against 1000: 3.4 s vs 4.2 s).
+    copy_threshold: Annotated[int, Meta(ge=0)] = 4096
 
 
-class BootstrapConfig(_Section):
+class BootstrapConfig(_Section, frozen=True):
     spark_master: str = "local[*]"
-    spark_conf: dict[str, str] = Field(default_factory=dict)
-    slice_size: int = Field(default=256 * 1024**2)
+    spark_conf: dict[str, str] = msgspec.field(default_factory=dict)
+    slice_size: Size = 256 * 1024**2
     #: Copy tasks running at once, at most; None: as many as Spark runs
     #: (its task slots: the N of local[N], the executors' cores).
-    parallelism: int | None = Field(default=None, ge=1)
+    parallelism: Annotated[int, Meta(ge=1)] | None = None
     #: For the post-data index builds, unless the target's own setting is higher.
-    maintenance_work_mem: int = Field(default=2 * 1024**3)
+    maintenance_work_mem: Size = 2 * 1024**3
     #: The driver JVM's class archive (see applier.bootstrap.spark): "auto"
     #: (a per-user cache file, used when `applier spark-archive` wrote it),
     #: "off", or a file path.
-    class_archive: str = Field(default="auto", min_length=1)
-
-    @field_validator("slice_size", "maintenance_work_mem", mode="before")
-    @classmethod
-    def _size(cls, v: int | str) -> int:
-        return parse_size(v)
+    class_archive: Annotated[str, Meta(min_length=1)] = "auto"
 
 
-class LoggingConfig(_Section):
+class LoggingConfig(_Section, frozen=True):
     level: Literal["debug", "info", "warning", "error"] = "info"
     format: Literal["text", "json"] = "text"
     #: Prefix each line with its syslog priority (<3> <4> <6> <7>) for journald (sd-daemon(3)).
     journald: bool = False
 
 
-class StatusConfig(_Section):
+class StatusConfig(_Section, frozen=True):
     """``[status]``: when ``applier status`` calls the slot unhealthy (exit 5)."""
 
     # 16GB = 1024 WAL segments. PostgreSQL keeps a slot's WAL without bound by
@@ -321,16 +319,8 @@ class StatusConfig(_Section):
     # so 16GB does not trip on a healthy worker of a modest server or a long
     # source transaction, and still fires hours before a typical pg_wal volume
     # (100GB+) fills at a few MB/s. Set it to a fraction of the free space there.
-    max_retained_wal: int = Field(
-        default=16 * 1024**3,
-        ge=0,
-        description="WAL bytes the slot may retain before status exits 5; 0 = no check",
-    )
-
-    @field_validator("max_retained_wal", mode="before")
-    @classmethod
-    def _size(cls, v: int | str) -> int:
-        return parse_size(v)
+    #: WAL bytes the slot may retain before status exits 5; 0 = no check.
+    max_retained_wal: Size = 16 * 1024**3
 
 
 _LISTEN = re.compile(
@@ -350,68 +340,124 @@ def parse_listen(value: str) -> tuple[str, int]:
     return (m.group("v6") or m.group("host") or "0.0.0.0"), port
 
 
-class MetricsConfig(_Section):
+class MetricsConfig(_Section, frozen=True):
     """``[metrics]``: the Prometheus endpoint of ``applier run`` (applier.metrics)."""
 
     #: None: no endpoint.
     listen: str | None = None
 
-    @field_validator("listen")
-    @classmethod
-    def _listen(cls, v: str | None) -> str | None:
-        if v is not None:
-            parse_listen(v)
-        return v
+    def __post_init__(self) -> None:
+        if self.listen is not None:
+            try:
+                parse_listen(self.listen)
+            except ValueError as e:
+                raise _Invalid("listen", str(e)) from None
 
     @property
     def address(self) -> tuple[str, int] | None:
         return None if self.listen is None else parse_listen(self.listen)
 
 
-class VerifyConfig(_Section):
+class VerifyConfig(_Section, frozen=True):
     """``[verify]``: the load ``applier verify`` may put on both servers (applier.verify)."""
 
     #: Spark tasks hashing ranges at once (each holds one connection per server);
     #: None: as many as Spark runs at once (its task slots).
-    parallelism: int | None = Field(default=None, ge=1)
+    parallelism: Annotated[int, Meta(ge=1)] | None = None
     #: Rows per key range of the first pass (the --chunk-rows default).
-    chunk_rows: int = Field(default=100_000, ge=100)
+    chunk_rows: Annotated[int, Meta(ge=100)] = 100_000
     #: A differing range is cut until it holds at most this many rows, then its
     #: (key, row hash) pairs are read from both sides and compared.
-    fetch_rows: int = Field(default=500, ge=10)
+    fetch_rows: Annotated[int, Meta(ge=10)] = 500
     #: statement_timeout (and lock_timeout) of every verify query, seconds; 0 = none.
-    statement_timeout: float = Field(default=600.0, ge=0)
+    statement_timeout: Annotated[float, Meta(ge=0)] = 600.0
     #: Seconds a range waits for the target to apply up to its source snapshot.
-    catchup_timeout: float = Field(default=60.0, ge=0)
+    catchup_timeout: Annotated[float, Meta(ge=0)] = 60.0
 
 
-class Config(_Section):
+class Config(_Section, frozen=True):
     source: SourceConfig
     target: TargetConfig
-    tables: TablesConfig = Field(default_factory=TablesConfig)
-    apply: ApplyConfig = Field(default_factory=ApplyConfig)
-    conflicts: ConflictsConfig = Field(default_factory=ConflictsConfig)
-    bootstrap: BootstrapConfig = Field(default_factory=BootstrapConfig)
-    logging: LoggingConfig = Field(default_factory=LoggingConfig)
-    status: StatusConfig = Field(default_factory=StatusConfig)
-    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
-    verify: VerifyConfig = Field(default_factory=VerifyConfig)
-    path: Path | None = Field(default=None, exclude=True)
+    tables: TablesConfig = msgspec.field(default_factory=TablesConfig)
+    apply: ApplyConfig = msgspec.field(default_factory=ApplyConfig)
+    conflicts: ConflictsConfig = msgspec.field(default_factory=ConflictsConfig)
+    bootstrap: BootstrapConfig = msgspec.field(default_factory=BootstrapConfig)
+    logging: LoggingConfig = msgspec.field(default_factory=LoggingConfig)
+    status: StatusConfig = msgspec.field(default_factory=StatusConfig)
+    metrics: MetricsConfig = msgspec.field(default_factory=MetricsConfig)
+    verify: VerifyConfig = msgspec.field(default_factory=VerifyConfig)
+    #: The file it came from (set by load_config; not a key of the file).
+    path: Path | None = None
 
-    @model_validator(mode="after")
-    def _default_origin(self) -> Config:
+    def __post_init__(self) -> None:
         if self.target.origin is None:
-            object.__setattr__(
-                self, "target", self.target.model_copy(update={"origin": self.source.slot})
-            )
-        elif not _NAME.match(self.target.origin):
-            raise ValueError("target.origin: expected lower-case letters, digits and _ (max 63)")
-        return self
+            target = msgspec.structs.replace(self.target, origin=self.source.slot)
+            msgspec.structs.force_setattr(self, "target", target)
 
     @property
     def origin(self) -> str:
         assert self.target.origin is not None
         return self.target.origin
+
+
+#: Keys that take a size (a number of bytes, or '64kB', '256MB', '1GB').
+_SIZE_KEYS = (
+    ("apply", "memory_limit"),
+    ("apply", "spool_limit"),
+    ("bootstrap", "slice_size"),
+    ("bootstrap", "maintenance_work_mem"),
+    ("status", "max_retained_wal"),
+)
+#: The sections a config file has; ``path`` is not one (load_config sets it).
+SECTIONS = ("source", "target", "tables", "apply", "conflicts", "bootstrap", "logging",
+            "status", "metrics", "verify")  # fmt: skip
+
+
+def section_keys(section: str) -> tuple[str, ...] | None:
+    """The keys of ``[section]``; None for ``[conflicts]``, whose keys are table patterns."""
+    kind = _SECTION_TYPES[section]
+    return None if kind is ConflictsConfig else kind.__struct_fields__
+
+
+def is_table_key(section: str, key: str) -> bool:
+    """Whether ``section.key`` takes a table (a third level of its own)."""
+    return (section, key) == ("bootstrap", "spark_conf")
+
+
+def config_dict(cfg: Config) -> dict[str, Any]:
+    """Every key's value, section by section, as plain data (for comparing configs)."""
+    out: dict[str, Any] = msgspec.to_builtins(cfg, enc_hook=_encode)
+    out.pop("path", None)
+    return out
+
+
+def _encode(obj: Any) -> Any:
+    if isinstance(obj, ConflictsConfig):
+        return obj.root
+    if isinstance(obj, Path):
+        return str(obj)
+    raise NotImplementedError(type(obj).__name__)
+
+
+def _decode(kind: type, obj: Any) -> Any:
+    """msgspec's hook for types it does not know: the conflicts table, paths."""
+    if kind is ConflictsConfig:
+        return ConflictsConfig(obj)
+    if kind is Path:
+        if isinstance(obj, Path):
+            return obj
+        if isinstance(obj, str) and obj:
+            return Path(obj)
+        raise TypeError("expected a path (a non-empty string)")
+    raise NotImplementedError(kind.__name__)
+
+
+_SECTION_TYPES: dict[str, Any] = {
+    f.name: f.type for f in msgspec.structs.fields(Config) if f.name in SECTIONS
+}
+
+
+_KEYS = configenv.Keys(SECTIONS, section_keys, is_table_key)
 
 
 def load_config(path: str | Path | None, environ: Mapping[str, str] | None = None) -> Config:
@@ -421,7 +467,7 @@ def load_config(path: str | Path | None, environ: Mapping[str, str] | None = Non
     ``path`` None: the config comes from the environment alone. Errors are
     :class:`ConfigError` naming the key, and the variable when one set it.
     """
-    found = configenv.overrides(os.environ if environ is None else environ, Config)
+    found = configenv.overrides(os.environ if environ is None else environ, _KEYS)
     raw: dict[str, Any] = {}
     if path is not None:
         path = Path(path)
@@ -443,24 +489,102 @@ def config_from_dict(
 ) -> Config:
     where = str(path) if path else "config"
     try:
-        cfg = Config.model_validate({**raw, "path": path})
-    except ValidationError as e:
-        err = e.errors()[0]
-        loc = tuple(str(p) for p in err["loc"])
+        cfg = msgspec.convert(_sizes(raw), Config, dec_hook=_decode)
+    except (msgspec.ValidationError, _BadKey) as e:
+        loc, msg, missing = _where(e)
         key = ".".join(loc) or "(top level)"
-        msg = _explain(err)
-        more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
         var = configenv.var_for(loc, env or [])
         if var is not None:
-            raise ConfigError(f"{var} (sets {key}): {msg}{more}") from None
-        if err["type"] == "missing" and path is None and env:
+            raise ConfigError(f"{var} (sets {key}): {msg}") from None
+        if missing and path is None and env:
             alt = f"it as {configenv.env_name(loc)}" if len(loc) > 1 else "its keys as APPLIER_*"
             msg += f" (pass --config PATH or set APPLIER_CONFIG, or give {alt})"
         inside = configenv.vars_within(loc, env or []) if loc else []
         if inside:
-            more += f" (keys in it set by {', '.join(inside)})"
-        raise ConfigError(f"{where}: {key}: {msg}{more}") from None
+            msg += f" (keys in it set by {', '.join(inside)})"
+        raise ConfigError(f"{where}: {key}: {msg}") from None
+    msgspec.structs.force_setattr(cfg, "path", path)
     return cfg
+
+
+class _BadKey(Exception):
+    """A key's value that failed before msgspec saw it (a size)."""
+
+    def __init__(self, loc: tuple[str, ...], message: str) -> None:
+        super().__init__(message)
+        self.loc = loc
+
+
+def _sizes(raw: dict[str, Any]) -> dict[str, Any]:
+    """``raw`` with every size key's value in bytes ('64MB' -> 67108864)."""
+    out = {k: v for k, v in raw.items() if k != "path"}
+    for section, key in _SIZE_KEYS:
+        table = out.get(section)
+        if isinstance(table, dict) and key in table and isinstance(table[key], (int, str)):
+            if isinstance(table[key], bool):
+                continue  # msgspec names the type
+            try:
+                value = parse_size(table[key])
+            except ValueError as e:
+                raise _BadKey((section, key), str(e)) from None
+            out[section] = {**table, key: value}
+    return out
+
+
+_AT = re.compile(r"^(?P<msg>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.DOTALL)
+_PART = re.compile(r"\.([^.\[]+)|\[(?:'([^']*)'|([^\]]*))\]")
+_UNKNOWN = re.compile(r"^Object contains unknown field `(?P<key>[^`]+)`$")
+_MISSING = re.compile(r"^Object missing required field `(?P<key>[^`]+)`$")
+
+
+def _where(e: Exception) -> tuple[tuple[str, ...], str, bool]:
+    """(key path, what is wrong in words, whether a required key is missing)."""
+    if isinstance(e, _BadKey):
+        return e.loc, str(e), False
+    m = _AT.match(str(e))
+    assert m is not None
+    msg, path = m.group("msg"), m.group("path") or ""
+    # msgspec writes a dict's key as [...]: the path stops at the dict.
+    loc = tuple(p for a, b, c in _PART.findall(path) if (p := a or b or c) != "...")
+    if (u := _UNKNOWN.match(msg)) is not None:
+        return (*loc, u.group("key")), "unknown key (check its spelling and section)", False
+    if (u := _MISSING.match(msg)) is not None:
+        return (*loc, u.group("key")), "required key is missing", True
+    key, sep, rest = msg.partition(_KEY_SEP)
+    if sep:
+        loc, msg = (*loc, key), rest
+    elif msg.startswith("Invalid enum value "):
+        allowed = get_args(_key_type(loc))
+        msg = f"expected one of {', '.join(map(repr, allowed))}, got {msg[19:]}"
+    msg = " ".join(msg.split())  # one line, whatever the check said
+    msg = _TYPE_NAME.sub(lambda t: _TYPE_WORDS.get(t[1], t[1]), msg)
+    return loc, msg[:1].lower() + msg[1:], False
+
+
+_TYPE_NAME = re.compile(r"`([^`]*)`")
+#: msgspec's type names, as a TOML file says them.
+_TYPE_WORDS = {
+    "int": "an integer",
+    "float": "a number",
+    "str": "a string",
+    "bool": "a boolean (true or false)",
+    "array": "a list",
+    "object": "a table",
+    "null": "nothing",
+}
+
+
+def _key_type(loc: tuple[str, ...]) -> Any:
+    """The type a key path takes (a Literal's choices name what is allowed)."""
+    kind: Any = Config
+    for part in loc:
+        if not isinstance(kind, type) or not issubclass(kind, msgspec.Struct):
+            return None
+        types = {f.name: f.type for f in msgspec.structs.fields(kind)}
+        kind = types.get(part)
+    while get_origin(kind) is Annotated:
+        kind = get_args(kind)[0]
+    return kind
 
 
 def read_credential(name: str) -> str:
@@ -481,16 +605,6 @@ def read_credential(name: str) -> str:
             f"password_credential {name!r}: cannot read {Path(where) / name}: {e.strerror}",
             hint=hint,
         ) from None
-
-
-def _explain(err: Any) -> str:
-    kind = err["type"]
-    if kind == "missing":
-        return "required key is missing"
-    if kind == "extra_forbidden":
-        return "unknown key (check its spelling and section)"
-    msg = " ".join(str(err["msg"]).split())  # one line, whatever the validator said
-    return msg.removeprefix("Value error, ")
 
 
 #: libpq keywords whose values are secrets: libpq's own "password-like"

@@ -22,7 +22,7 @@ A variable with the prefix that names no key is an error (exit 2), never
 ignored: a typo must not leave a setting silently at its file value. The
 variables applier reads for itself (:data:`RESERVED`) are not overrides.
 
-Why not pydantic-settings: it decodes JSON rather than TOML, skips variables
+Why not a settings library (pydantic-settings): it decodes JSON rather than TOML, skips variables
 that match no field without a word, and its errors name the field path rather
 than the variable; what would remain of it here is splitting a name on
 ``__``. This module is that, plus the checks.
@@ -31,11 +31,9 @@ than the variable; what would remain of it here is splitting a name on
 from __future__ import annotations
 
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, get_origin
-
-from pydantic import BaseModel, RootModel
+from typing import Any
 
 from .errors import ConfigError
 
@@ -47,6 +45,17 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "APPLIER_SOURCE_DSN": ("source", "dsn"),
     "APPLIER_TARGET_DSN": ("target", "dsn"),
 }
+
+
+@dataclass(frozen=True)
+class Keys:
+    """What keys a config has (given by :mod:`applier.config`, which imports this module)."""
+
+    sections: tuple[str, ...]
+    #: A section's keys; None where any key goes (``[conflicts]``: table patterns).
+    keys_of: Callable[[str], tuple[str, ...] | None]
+    #: Whether ``section.key`` takes a table (so a third level reaches into it).
+    is_table: Callable[[str, str], bool]
 
 
 @dataclass(frozen=True)
@@ -74,14 +83,14 @@ def parse_value(text: str) -> Any:
     return doc["v"] if doc.keys() == {"v"} else text
 
 
-def overrides(environ: Mapping[str, str], model: type[BaseModel]) -> list[Override]:
-    """The ``APPLIER_*`` variables of ``environ`` as key overrides, checked against ``model``."""
+def overrides(environ: Mapping[str, str], schema: Keys) -> list[Override]:
+    """The ``APPLIER_*`` variables of ``environ`` as key overrides, checked against ``schema``."""
     out = []
     for var in sorted(environ):
         if not var.startswith(PREFIX) or var in RESERVED:
             continue
         path = ALIASES.get(var) or _split(var)
-        problem = _unknown(path, model)
+        problem = _unknown(path, schema)
         if problem:
             raise ConfigError(
                 f"{var}: {problem}",
@@ -123,22 +132,19 @@ def _split(var: str) -> tuple[str, ...]:
     return tuple(p.lower() for p in var[len(PREFIX) :].split("__"))
 
 
-def _unknown(path: tuple[str, ...], model: type[BaseModel]) -> str | None:
-    """Why ``path`` names no key of ``model`` (None when it does)."""
+def _unknown(path: tuple[str, ...], schema: Keys) -> str | None:
+    """Why ``path`` names no key of ``schema`` (None when it does)."""
     if any(not p for p in path) or len(path) < 2:
         return "not a key override (expected SECTION__KEY, upper case, '__' between levels)"
     section, key, rest = path[0], path[1], path[2:]
-    fields = {n: f for n, f in model.model_fields.items() if not f.exclude}
-    if section not in fields:
-        return f"no section [{section}] (sections: {', '.join(fields)})"
-    sub = fields[section].annotation
-    if isinstance(sub, type) and issubclass(sub, RootModel):
+    if section not in schema.sections:
+        return f"no section [{section}] (sections: {', '.join(schema.sections)})"
+    keys = schema.keys_of(section)
+    if keys is None:
         return None if len(path) <= 3 else f"too many levels for [{section}]"
-    assert isinstance(sub, type) and issubclass(sub, BaseModel)
-    keys = sub.model_fields
     if key not in keys:
         return f"no key {key!r} in [{section}] (keys: {', '.join(keys)})"
-    if rest and not (len(rest) == 1 and get_origin(keys[key].annotation) is dict):
+    if rest and not (len(rest) == 1 and schema.is_table(section, key)):
         return f"{section}.{key} is not a table"
     return None
 

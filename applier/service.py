@@ -34,7 +34,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from applier.config import Config, load_config
+from applier.config import Config, config_dict, load_config
 from applier.errors import ApplierError
 from applier.log import setup_logging
 
@@ -162,7 +162,7 @@ def reread_config(running: Config, log_level: str | None = None) -> Config | Non
 
 def changed_keys(old: Config, new: Config) -> list[str]:
     """``section.key`` of every value that differs between two configs."""
-    a, b = _flat(old.model_dump()), _flat(new.model_dump())
+    a, b = _flat(config_dict(old)), _flat(config_dict(new))
     return sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
 
 

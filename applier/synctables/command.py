@@ -14,6 +14,7 @@ import logging
 import re
 from typing import Any
 
+import msgspec
 import psycopg
 
 from ..apply.tablesync import _MARK_READY
@@ -36,12 +37,11 @@ def sync_tag(origin: str, name: Name) -> str:
 
 def table_config(cfg: Config, name: Name, tag: str) -> Config:
     """``cfg`` for the table's catch-up: its slot, its origin, only this table."""
-    return cfg.model_copy(
-        update={
-            "source": cfg.source.model_copy(update={"slot": tag}),
-            "target": cfg.target.model_copy(update={"origin": tag}),
-            "tables": TablesConfig(include=[f"{_literal(name[0])}.{_literal(name[1])}"]),
-        }
+    return msgspec.structs.replace(
+        cfg,
+        source=msgspec.structs.replace(cfg.source, slot=tag),
+        target=msgspec.structs.replace(cfg.target, origin=tag),
+        tables=TablesConfig(include=[f"{_literal(name[0])}.{_literal(name[1])}"]),
     )
 
 

@@ -64,7 +64,7 @@ def applier_defaults(server_version_num: int) -> dict[str, str]:
         messages=True,
         streaming=apply.streaming,
         two_phase=apply.two_phase,
-        origin=SourceConfig.model_fields["origin"].default,
+        origin=SourceConfig(dsn="", publications=["pub"]).origin,
     )
     return {
         k: v for k, v in negotiate(server_version_num, opts).options if k != "publication_names"

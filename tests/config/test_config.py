@@ -67,7 +67,7 @@ def test_contract_keys_and_defaults(tmp_path: Path) -> None:
         (lambda t: t + "\n[apply]\nstreaming = 'sometimes'\n", "apply.streaming"),
         (lambda t: t + "\n[apply]\nmemory_limit = 'lots'\n", "apply.memory_limit"),
         (lambda t: t + "\n[apply]\nstreamin = 'on'\n", "apply.streamin"),
-        (lambda t: t.replace("[target]", "[targt]"), "target"),
+        (lambda t: t.replace("[target]", "[targt]"), "targt: unknown key"),
     ],
 )
 def test_errors_name_file_and_key(tmp_path: Path, edit: object, key: str) -> None:
