@@ -34,7 +34,14 @@ PROTOCOL = ROOT / "applier" / "protocol"
 #: functions (see the list in _speedups.c); the wheel ships them and the header.
 SOURCES = [
     PROTOCOL / name
-    for name in ("_speedups.c", "_tuples.c", "_copyframe.c", "_readloop.c", "_holdrun.c")
+    for name in (
+        "_speedups.c",
+        "_tuples.c",
+        "_copyframe.c",
+        "_readloop.c",
+        "_holdrun.c",
+        "_rowmsgs.c",
+    )
 ]
 MODULE = "applier/protocol/_speedups"
 

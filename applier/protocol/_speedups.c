@@ -44,9 +44,18 @@
  *                           mergelane._hold_rows_py: a run of streamed UPDATEs
  *                           or DELETEs held by key until one it leaves.
  *
+ * _rowmsgs.c, transaction and row messages outside stream blocks:
+ *
+ *   bind_rows(Begin, Commit, Insert, Update, Delete, TupleData, Lsn, twins)
+ *                           once, by the decoder: the classes to build and the
+ *                           Python twins that take what C does not decode.
+ *   decode_begin(data), decode_commit(data), decode_insert(data),
+ *   decode_update(data), decode_delete(data)
+ *                           decoder._begin, _commit, _insert, _update, _delete.
+ *
  * Only the stable C API is used and nothing is kept between calls but the
- * shared all-text kinds objects and an interned attribute name, made once at
- * import, so there is no state to reason about.
+ * shared all-text kinds objects, an interned attribute name and what
+ * bind_rows gave, set once at import, so there is no state to reason about.
  */
 #include "_speedups.h"
 
@@ -65,6 +74,13 @@ static PyMethodDef methods[] = {
     {"hold_rows", (PyCFunction)(void (*)(void))spd_hold_rows, METH_FASTCALL,
      "hold_rows(datas, lsns, start, width, key, rows, keys, txn, no, size, max_rows, "
      "max_bytes) -> (count, size)"},
+    {"bind_rows", (PyCFunction)(void (*)(void))spd_bind_rows, METH_FASTCALL,
+     "bind_rows(Begin, Commit, Insert, Update, Delete, TupleData, Lsn, twins) -> None"},
+    {"decode_begin", spd_decode_begin, METH_O, "decode_begin(data) -> Begin"},
+    {"decode_commit", spd_decode_commit, METH_O, "decode_commit(data) -> Commit"},
+    {"decode_insert", spd_decode_insert, METH_O, "decode_insert(data) -> Insert"},
+    {"decode_update", spd_decode_update, METH_O, "decode_update(data) -> Update"},
+    {"decode_delete", spd_decode_delete, METH_O, "decode_delete(data) -> Delete"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -48,6 +48,14 @@ int spd_readloop_init(void);
 /* _holdrun.c: the merge lane's loop. */
 PyObject *spd_hold_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 
+/* _rowmsgs.c: transaction and row messages outside stream blocks. */
+PyObject *spd_bind_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *spd_decode_begin(PyObject *module, PyObject *data);
+PyObject *spd_decode_commit(PyObject *module, PyObject *data);
+PyObject *spd_decode_insert(PyObject *module, PyObject *data);
+PyObject *spd_decode_update(PyObject *module, PyObject *data);
+PyObject *spd_decode_delete(PyObject *module, PyObject *data);
+
 #if defined(__GNUC__)
 #pragma GCC visibility pop
 #endif

@@ -19,11 +19,14 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from types import ModuleType
+from typing import Any
 
 __all__ = [
+    "bind_rows",
     "copy_binary_row",
     "copy_text_row",
     "describe",
+    "row_decoders",
     "take_xlog",
     "tuple_data",
     "tuple_text_line",
@@ -60,9 +63,13 @@ tuple_text_lines: Callable[[list[bytes], int, int, int, int], tuple[bytes, int]]
 take_xlog: Callable[..., int] | None
 #: The merge lane's loop over a run of plain rows (applier.apply.mergelane._hold_rows_py).
 hold_rows: Callable[..., tuple[int, int]] | None
+#: Begin, Commit, Insert, Update and Delete outside stream blocks, by tag (the
+#: twins: applier.protocol.decoder._begin ...), once ``bind_rows`` was called.
+bind_rows: Callable[..., None] | None
+row_decoders: dict[str, Callable[[bytes], Any]] | None
 if _native is None:
     tuple_data = copy_text_row = copy_binary_row = tuple_text_line = take_xlog = None
-    tuple_text_lines = hold_rows = None
+    tuple_text_lines = hold_rows = bind_rows = row_decoders = None
 else:
     tuple_data = _native.tuple_data
     copy_text_row = _native.copy_text_row
@@ -71,6 +78,14 @@ else:
     tuple_text_lines = _native.tuple_text_lines
     take_xlog = _native.take_xlog
     hold_rows = getattr(_native, "hold_rows", None)
+    bind_rows = _native.bind_rows
+    row_decoders = {
+        "B": _native.decode_begin,
+        "C": _native.decode_commit,
+        "I": _native.decode_insert,
+        "U": _native.decode_update,
+        "D": _native.decode_delete,
+    }
 
 
 def describe() -> str:

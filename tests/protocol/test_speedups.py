@@ -381,3 +381,70 @@ def test_version_says_which_implementation_runs() -> None:
 
     assert version(pure=False) == f"applier, version {__version__} (C speedups)\n"
     assert "(pure Python (APPLIER_PURE_PYTHON is set))" in version(pure=True)
+
+
+# ------------------------------------------------- transaction and row messages
+
+
+@st.composite
+def plain_messages(draw: st.DrawFn) -> bytes:
+    """Begin, Commit, Insert, Update, Delete outside a stream block, valid or damaged."""
+    tag = draw(st.sampled_from(b"BCIUD"))
+    if tag == ord("B"):
+        data = b"B" + struct.pack(">QqI", draw(_U64), draw(_I64), draw(_U32))
+    elif tag == ord("C"):
+        flags = draw(st.sampled_from([0, 0, 0, 1, 255]))
+        data = b"C" + struct.pack(">BQQq", flags, draw(_U64), draw(_U64), draw(_I64))
+    else:
+        rel = struct.pack(">I", draw(_U32))
+        new = b"N" + encode_tuple(draw(tuples()))
+        old = draw(st.sampled_from([b"", b"K", b"O"]))
+        old += encode_tuple(draw(tuples())) if old else b""
+        body = {73: new, 85: old + new, 68: old or b"K" + encode_tuple(draw(tuples()))}[tag]
+        data = bytes([tag]) + rel + body
+    how = draw(st.sampled_from(["valid", "valid", "cut", "flip", "marker", "extra"]))
+    buf = bytearray(data)
+    if how == "marker" and len(buf) > 5:  # the tuple marker of a row message
+        buf[5] = draw(st.sampled_from(b"NKOX\x00"))
+    elif how == "cut":
+        del buf[draw(st.integers(1, len(buf) - 1)) :]
+    elif how == "flip" and len(buf) > 1:
+        buf[draw(st.integers(1, len(buf) - 1))] = draw(st.integers(0, 255))
+    elif how == "extra":
+        buf += draw(st.binary(min_size=1, max_size=3))
+    return bytes(buf)
+
+
+_U32 = st.integers(0, 2**32 - 1)
+_U64 = st.integers(0, 2**64 - 1)
+_I64 = st.integers(-(2**63), 2**63 - 1)
+
+
+def _outcome(decode: Any, data: bytes) -> str:
+    try:
+        msg = decode(data)
+    except DecodeError as exc:
+        return f"DecodeError({exc}, {exc.offset})"
+    lsns = [type(v).__name__ for v in vars_of(msg) if isinstance(v, int)]
+    return f"{msg!r} {lsns}"
+
+
+def vars_of(msg: Any) -> list[Any]:
+    return [getattr(msg, name) for name in msg.__slots__]
+
+
+@needs_native
+@SETTINGS
+@given(data=plain_messages())
+def test_plain_messages_decode_as_their_python_twins(data: bytes) -> None:
+    """The C decoders (_rowmsgs.c) give equal messages, with Lsn fields, or the same error."""
+    assert speedups.row_decoders is not None
+    twin = {66: decoder._begin, 67: decoder._commit, 73: decoder._insert}
+    twin |= {85: decoder._update, 68: decoder._delete}
+    saved, decoder._tuple = decoder._tuple, reader._tuple_py  # all Python
+    try:
+        expected = _outcome(twin[data[0]], data)
+    finally:
+        decoder._tuple = saved
+    assert _outcome(speedups.row_decoders[chr(data[0])], data) == expected
+    assert _outcome(decoder.PgOutputDecoder(2).decode, data) == expected
