@@ -42,6 +42,7 @@ from psycopg import pq
 
 from applier.errors import ApplierError, ApplyError, ConnectionLost
 from applier.lsn import Lsn
+from applier.stream.readahead import ReadAhead
 
 from .planner import Params
 from .targetconn import Watchdog
@@ -65,6 +66,9 @@ MAX_INFLIGHT = 20_000
 #: last emptied: each change awaiting its result holds its row, so wide rows must
 #: not fill the queue by count (20,000 rows of 1 MB each).
 MAX_INFLIGHT_BYTES = 32 * 1024 * 1024
+
+#: The selector key data of the stream's socket while it is read ahead.
+_AHEAD = "read ahead"
 
 #: SQLSTATE classes/codes that mean "the connection is gone", not "the change is bad".
 TRANSIENT_SQLSTATES = ("08", "57P01", "57P02", "57P03", "55006", "40P01", "40001", "53300")
@@ -127,6 +131,9 @@ class Pipeline:
         #: Bytes of parameter values sent since the queue was last emptied (an upper
         #: bound of what the changes in flight hold; see MAX_INFLIGHT_BYTES).
         self._bytes_out = 0
+        #: The stream to read ahead while waiting (applier.stream.readahead): what
+        #: says whether there is room, its socket, and what takes the data.
+        self.read_ahead: tuple[ReadAhead, int, Callable[[], bool]] | None = None
 
     def _error(self, e: psycopg.Error, where: str) -> ApplierError:
         state = e.sqlstate
@@ -168,16 +175,40 @@ class Pipeline:
 
     def _select(self, write: bool) -> list[tuple[selectors.SelectorKey, int]]:
         """Wait until the socket can be read (or written); a socket silent for
-        ``target_timeout`` is checked by the watchdog, which raises if it stalled."""
-        self._sel.modify(
-            self.pg.socket, selectors.EVENT_READ | (selectors.EVENT_WRITE if write else 0)
-        )
-        start = time.monotonic()
-        while True:
-            ready = self._sel.select(self.watchdog.timeout)
-            if ready:
-                return ready
-            self.watchdog.check(time.monotonic() - start)
+        ``target_timeout`` is checked by the watchdog, which raises if it stalled.
+
+        Meanwhile the stream is read ahead (:attr:`read_ahead`) whenever its socket
+        is readable and there is room: the walsender goes on while we wait.
+        """
+        sel = self._sel
+        sel.modify(self.pg.socket, selectors.EVENT_READ | (selectors.EVENT_WRITE if write else 0))
+        ahead = self.read_ahead
+        watching = ahead is not None and ahead[0].room
+        if watching:
+            assert ahead is not None
+            sel.register(ahead[1], selectors.EVENT_READ, _AHEAD)
+        try:
+            start = time.monotonic()
+            deadline = start + self.watchdog.timeout
+            while True:
+                ready = sel.select(max(deadline - time.monotonic(), 0.0))
+                ours = [kev for kev in ready if kev[0].data is not _AHEAD]
+                if ours:
+                    return ours
+                now = time.monotonic()
+                if ready:  # only the stream: take what it sent, then wait on
+                    assert ahead is not None
+                    if not ahead[2]():
+                        sel.unregister(ahead[1])
+                        watching = False
+                    if now < deadline:
+                        continue
+                self.watchdog.check(now - start)
+                deadline = time.monotonic() + self.watchdog.timeout
+        finally:
+            if watching:
+                assert ahead is not None
+                sel.unregister(ahead[1])
 
     def _reenter_pipeline(self) -> None:
         try:

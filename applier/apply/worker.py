@@ -118,10 +118,11 @@ from applier.schema import schema_at_head, upgrade_target
 from applier.service import Service, signal_wakeup
 
 from .beat import Beat
+from .confirm import Confirmer
 from .gcsched import collect_garbage_on_schedule
-from .handlers import IDLE, Applier
+from .handlers import Applier
 from .mapping import Catalog
-from .origin import ensure_origin, local_flush_lsn, origin_progress
+from .origin import ensure_origin, origin_progress
 from .preflight import check_before_streaming
 from .replan import Replan
 from .session import TargetSession, connect, is_transient_sqlstate
@@ -146,10 +147,6 @@ def source_conninfo(cfg: Config) -> str:
     # Keepalives and tcp_user_timeout (unless the DSN sets them): see targetconn.
     base = client_keepalives(base, cfg.apply.timeout)
     return make_conninfo(base, options=f"{opts} {ours}".strip(), client_encoding="UTF8")
-
-
-#: Seconds between two reads of the target's WAL flush position while applying.
-FLUSH_CHECK_INTERVAL = 0.1
 
 
 #: The longest wait between two reconnection attempts (tenacity's jittered
@@ -177,7 +174,7 @@ class Worker:
         self.service = Service(cfg, log_level)
         self.notify = self.service.notify
         self.stopping = False
-        self._flush_checked = 0.0
+        self.confirmer = Confirmer()
         self._stop_event = threading.Event()
         #: Readable once a signal was handled (see run_worker): ends the stream's wait.
         self.wakeup: socket.socket | None = None
@@ -190,6 +187,8 @@ class Worker:
         self._skipped = 0
         #: Rows that skipped the handlers (the lanes), over every session: logged at the end.
         self._lane_rows = 0
+        #: Bytes of the stream read ahead while the target was waited on, over every session.
+        self._read_ahead = 0
         self._retry_state: RetryCallState | None = None
         self.group_limit = cfg.apply.group_commit
         #: How the next sessions apply what failed (applier.apply.replan).
@@ -205,8 +204,16 @@ class Worker:
         self.apply_errors = 0
         #: time.time() when everything received was last applied and confirmed.
         self.caught_up_at = 0.0
-        #: ``run --until-lsn``/``--until-caught-up``: stop there (applier.apply.until).
-        self.until: Until | None = None
+
+    @property
+    def until(self) -> Until | None:
+        """``run --until-lsn``/``--until-caught-up``: stop there (applier.apply.until);
+        positions past it are never confirmed."""
+        return self.confirmer.until
+
+    @until.setter
+    def until(self, value: Until | None) -> None:
+        self.confirmer.until = value
 
     def _sleep(self, seconds: float) -> None:
         """The backoff: alive (watchdog fed, SIGHUP served) and stoppable."""
@@ -313,6 +320,7 @@ class Worker:
                     "applied_txns": self._applied,
                     "skipped_changes": self._skipped,
                     "lane_rows": self._lane_rows,
+                    "read_ahead_bytes": self._read_ahead,
                 }
             },
         )
@@ -396,6 +404,7 @@ class Worker:
                 stream.wake_on(self.wakeup)
             stream.start()
             self.stream = stream
+            session.read_ahead = (stream.ahead, stream.socket, stream.read_ahead)
             log.info(
                 "resumed from the origin's progress"
                 if progress
@@ -447,8 +456,9 @@ class Worker:
                 self._lane_rows = applier.lane_rows
             if stream is not None:
                 if applier is not None:
-                    self._confirm(stream, applier, catalog_conn, final=True)
+                    self.confirmer.confirm(stream, applier, catalog_conn, final=True)
                 stream.stop()
+                self._read_ahead += stream.ahead.taken
             if session is not None:
                 session.close()
             spools.close()
@@ -533,7 +543,7 @@ class Worker:
             applier.session.poll()
         else:
             applier.session.settle()  # idle: let the commits in flight be confirmed
-        self._confirm(stream, applier, catalog_conn)
+        self.confirmer.confirm(stream, applier, catalog_conn)
 
     def _dispatch(self, batch: list[tuple[Lsn, Any]], dispatch: Callable[[Lsn, Any], None]) -> None:
         until = self.until
@@ -543,39 +553,6 @@ class Worker:
             dispatch(lsn, msg)
             if self.stopping:
                 break
-
-    def _confirm(
-        self,
-        stream: Any,
-        applier: Applier,
-        catalog_conn: psycopg.Connection[Any],
-        final: bool = False,
-    ) -> None:
-        """Tell the slot the source position durably applied on the target."""
-        flush = applier.flush
-        try:
-            now = time.monotonic()
-            # The target's flush position costs a round trip: not after every batch
-            # (commits are pipelined, so some are nearly always pending).
-            if flush.pending and (final or now - self._flush_checked >= FLUSH_CHECK_INTERVAL):
-                self._flush_checked = now
-                flush.release(local_flush_lsn(catalog_conn))
-            position = flush.flushed_remote
-            # Only between fully processed batches: on the way out (stop, error) the
-            # last received position may lie inside a transaction we did not apply.
-            idle = not final and applier.state is IDLE and not applier.session.in_txn
-            received = stream.last_received
-            if self.until is not None:
-                received = self.until.confirmable(received)  # never past the position
-            if idle and not flush.pending and received > position:
-                position = received
-            stream.confirm(position)
-            if final:
-                stream.send_status()
-        except (ApplierError, psycopg.Error) as e:
-            if not final:
-                raise
-            log.debug("last status update failed: %s", e)
 
 
 def run_worker(cfg: Config, log_level: str | None = None, until: Lsn | None = None) -> int:

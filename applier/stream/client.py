@@ -76,6 +76,7 @@ from applier.protocol import (
 )
 from applier.protocol.speedups import take_xlog as _take_xlog
 from applier.stream.negotiate import StreamOptions, negotiate, start_replication_sql
+from applier.stream.readahead import ReadAhead
 from applier.stream.replconn import ReplicationConnection, map_server_error
 from applier.stream.versions import max_proto_version
 
@@ -138,6 +139,8 @@ class LogicalStream:
         self._confirm_lock = threading.Lock()
         self._io = threading.RLock()  # serialises libpq calls; never held while waiting
         self._pgconn = conn.conn.pgconn
+        #: What read_ahead() took while the worker waited on the target.
+        self.ahead = ReadAhead(self._pgconn)
         self._sel: selectors.BaseSelector | None = None
         #: Readable when read() should return at once (see wake_on).
         self._wakeup: socket.socket | None = None
@@ -296,7 +299,7 @@ class LogicalStream:
         take = _take_xlog
         if take is None or decoder is None:
             return self._take_buffered_py(out, decoder)
-        get = self._pgconn.get_copy_data
+        get = self.ahead.get if self.ahead else self._pgconn.get_copy_data
         state: list[Any] = [0, 0, self.last_received, None, None, self.last_send_time]
         try:
             while True:
@@ -335,7 +338,7 @@ class LogicalStream:
         minus a call and a type check; the table changes on Stream Start/Stop,
         so it is looked up per message).
         """
-        get = self._pgconn.get_copy_data
+        get = self.ahead.get if self.ahead else self._pgconn.get_copy_data
         unpack = _XLOG_HEADER.unpack_from
         append = out.append
         room = MAX_BATCH - len(out)
@@ -379,6 +382,17 @@ class LogicalStream:
         finally:
             self._took(count, nbytes, last, sent)
         return count
+
+    def read_ahead(self) -> bool:
+        """Take what the walsender sent into memory (applier.stream.readahead) while
+        the worker waits on the target; whether there is room for more."""
+        with self._io:
+            return self.ahead.fill()
+
+    @property
+    def socket(self) -> int:
+        """The replication connection's socket (to wait on it with others)."""
+        return int(self._pgconn.socket)
 
     def _keepalive(self, data: memoryview, last: int) -> int:
         ka = parse_copydata(data)  # not 'w': a keepalive, or DecodeError naming the tag
