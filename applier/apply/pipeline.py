@@ -186,7 +186,11 @@ class Pipeline:
         watching = ahead is not None and ahead[0].room
         if watching:
             assert ahead is not None
-            sel.register(ahead[1], selectors.EVENT_READ, _AHEAD)
+            try:
+                sel.register(ahead[1], selectors.EVENT_READ, _AHEAD)
+            except (OSError, ValueError):  # the stream's socket is gone: wait on the target
+                ahead[0].stopped = True
+                watching = False
         try:
             start = time.monotonic()
             deadline = start + self.watchdog.timeout

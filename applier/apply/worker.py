@@ -444,6 +444,7 @@ class Worker:
             raise TransientError(f"connection problem: {str(e).strip()}") from None
         finally:
             if session is not None:
+                session.read_ahead = None  # the stream is done with, or broken
                 try:
                     if applier is not None:
                         applier.abandon()  # also takes the results of commits in flight

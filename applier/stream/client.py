@@ -487,6 +487,7 @@ class LogicalStream:
         )
 
     def _lost(self, exc: BaseException) -> ConnectionLost:
+        self.ahead.stopped = True  # nothing more to take from this connection
         detail = str(exc).strip().replace("\n", " ")
         return ConnectionLost(
             f"lost the replication connection to the source: {detail}",
@@ -545,6 +546,7 @@ class LogicalStream:
         """Final status update, CopyDone, drain the server's end of the COPY, close. Idempotent."""
         if self._stopped:
             return
+        self.ahead.stopped = True
         if self._wakeup is not None and self._sel is not None and self._started:
             self._sel.unregister(self._wakeup)  # the drain below waits for the server only
         if self._started and not self.conn.closed:

@@ -46,7 +46,9 @@ def test_wide_rows_in_memory_are_bounded_in_bytes(pair: Pair, kind: str) -> None
     the stream's batch (10,000 messages), the rows held for a run's decision
     (copy_threshold: 1000; checked INSERTs: 256), the merged UPDATEs (256 keys;
     FULL identity: 256 changes) and the changes awaiting their results in the
-    pipeline (20,000)."""
+    pipeline (20,000). The stream read ahead while the pipeline waits holds
+    8 MB more at most (READ_AHEAD_BYTES; measured: +6 to +20 MB of peak RSS
+    here, with libpq's buffer), hence 90 MB, not 80."""
     pk = "" if kind == "full" else " PRIMARY KEY"  # FULL: held when the target has no key
     pair.both(f"CREATE TABLE w (id int{pk}, v text)")
     pair.pub_exec("CREATE PUBLICATION pub FOR ALL TABLES")
@@ -69,4 +71,4 @@ def test_wide_rows_in_memory_are_bounded_in_bytes(pair: Pair, kind: str) -> None
     wait_equal(pair, ["w"], runner=runner, timeout=120)
     grew = _rss_mb(pid, "VmHWM") - before
     assert runner.stop() == 0
-    assert grew < 80, f"peak RSS grew by {grew:.0f} MB for 250 rows of 1 MB"
+    assert grew < 90, f"peak RSS grew by {grew:.0f} MB for 250 rows of 1 MB"

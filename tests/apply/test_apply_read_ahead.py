@@ -14,6 +14,10 @@ import time
 from applykit import Runner, wait_equal
 from conftest import Pair
 
+from applier.apply.session import TargetSession
+from applier.schema import upgrade_target
+from applier.stream import LogicalStream, ReplicationConnection, StreamOptions
+
 
 def test_stream_read_ahead_while_the_target_waits_applies_exactly_once(pair: Pair) -> None:
     pair.both("CREATE TABLE t (id int PRIMARY KEY, v text)")
@@ -40,3 +44,30 @@ def test_stream_read_ahead_while_the_target_waits_applies_exactly_once(pair: Pai
     pair.pub_exec("INSERT INTO t VALUES (0, 'after')")
     wait_equal(pair, ["t"], runner=runner)
     assert runner.stop() == 0
+
+
+def test_a_stream_closed_under_the_read_ahead_leaves_the_target_wait_alone(pair: Pair) -> None:
+    """A lost stream is found by the reader; the worker's rollback then waits on the
+    target with the stream's socket closed. Found by test_connections_cut: the wait
+    tried to watch the closed socket and the worker exited 1 instead of reconnecting."""
+    origin = f"ra_{pair.sub_db}"  # origins are per cluster, shared by the tests
+    upgrade_target(pair.sub_dsn)
+    pair.sub_exec(f"SELECT pg_replication_origin_create('{origin}')")
+    pair.pub_exec("CREATE TABLE t (id int); CREATE PUBLICATION pub FOR ALL TABLES")
+    with ReplicationConnection.open(pair.pub_dsn) as rc:
+        rc.create_slot(origin)
+    stream = LogicalStream(
+        ReplicationConnection.open(pair.pub_dsn), StreamOptions(slot=origin, publications=["pub"])
+    )
+    stream.start()
+    session = TargetSession(pair.sub_dsn, origin, "on")
+    try:
+        session.read_ahead = (stream.ahead, stream.socket, stream.read_ahead)
+        stream.conn.close()  # as a lost connection leaves it
+        session.begin()
+        session.execute_sql(b"SELECT pg_catalog.pg_sleep(0.3)", "a statement still running")
+        session.rollback()  # waits for its result
+        assert not session.in_txn
+    finally:
+        session.close()
+        pair.sub_exec(f"SELECT pg_replication_origin_drop('{origin}')")
