@@ -177,42 +177,50 @@ class Pipeline:
         """Wait until the socket can be read (or written); a socket silent for
         ``target_timeout`` is checked by the watchdog, which raises if it stalled.
 
-        Meanwhile the stream is read ahead (:attr:`read_ahead`) whenever its socket
-        is readable and there is room: the walsender goes on while we wait.
+        Meanwhile the stream is read ahead (:attr:`read_ahead`) when it is due and
+        its socket readable: the walsender goes on while we wait.
         """
         sel = self._sel
         sel.modify(self.pg.socket, selectors.EVENT_READ | (selectors.EVENT_WRITE if write else 0))
         ahead = self.read_ahead
-        watching = ahead is not None and ahead[0].room
-        if watching:
-            assert ahead is not None
-            try:
-                sel.register(ahead[1], selectors.EVENT_READ, _AHEAD)
-            except (OSError, ValueError):  # the stream's socket is gone: wait on the target
-                ahead[0].stopped = True
-                watching = False
+        watching = False
         try:
             start = time.monotonic()
             deadline = start + self.watchdog.timeout
             while True:
-                ready = sel.select(max(deadline - time.monotonic(), 0.0))
+                now = time.monotonic()
+                wake = deadline
+                if ahead is not None and not watching and ahead[0].room:
+                    if now >= ahead[0].next_fill:
+                        watching = self._watch(ahead)
+                    else:
+                        wake = min(deadline, ahead[0].next_fill)  # due then
+                ready = sel.select(max(wake - now, 0.0))
                 ours = [kev for kev in ready if kev[0].data is not _AHEAD]
                 if ours:
                     return ours
-                now = time.monotonic()
                 if ready:  # only the stream: take what it sent, then wait on
                     assert ahead is not None
-                    if not ahead[2]():
-                        sel.unregister(ahead[1])
-                        watching = False
-                    if now < deadline:
-                        continue
-                self.watchdog.check(now - start)
-                deadline = time.monotonic() + self.watchdog.timeout
+                    ahead[2]()
+                    sel.unregister(ahead[1])
+                    watching = False
+                now = time.monotonic()
+                if now >= deadline:
+                    self.watchdog.check(now - start)
+                    deadline = time.monotonic() + self.watchdog.timeout
         finally:
             if watching:
                 assert ahead is not None
                 sel.unregister(ahead[1])
+
+    def _watch(self, ahead: tuple[ReadAhead, int, Callable[[], bool]]) -> bool:
+        """Watch the stream's socket too; False if it is gone (then only the target)."""
+        try:
+            self._sel.register(ahead[1], selectors.EVENT_READ, _AHEAD)
+        except (OSError, ValueError):
+            ahead[0].stopped = True
+            return False
+        return True
 
     def _reenter_pipeline(self) -> None:
         try:

@@ -1,7 +1,7 @@
 """The stream is read ahead while the worker waits on the target (applier.stream.readahead).
 
 The target's table is locked, so the worker's statements wait; meanwhile the
-source sends 100,000 rows. The worker must take them from the walsender while
+source streams 100,000 rows. The worker must take them from the walsender while
 it waits (the walsender goes on), and apply each row once, in order, after the
 lock goes.
 """
@@ -22,7 +22,10 @@ from applier.stream import LogicalStream, ReplicationConnection, StreamOptions
 def test_stream_read_ahead_while_the_target_waits_applies_exactly_once(pair: Pair) -> None:
     pair.both("CREATE TABLE t (id int PRIMARY KEY, v text)")
     pair.pub_exec("CREATE PUBLICATION pub FOR ALL TABLES")
-    runner = Runner(pair, pair.write_config())
+    # Streamed transactions (the read-ahead runs inside their blocks): 64kB of
+    # logical_decoding_work_mem for this walsender only.
+    dsn = f"{pair.pub_dsn} options='-c logical_decoding_work_mem=64kB'"
+    runner = Runner(pair, pair.write_config(source={"dsn": dsn}))
     runner.start().ready()
     with pair.sub_conn() as lock, lock.transaction():
         lock.execute("LOCK TABLE t IN ACCESS EXCLUSIVE MODE")  # held until the block ends
