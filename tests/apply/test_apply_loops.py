@@ -173,6 +173,9 @@ def _from_elsewhere(pair: Pair, elsewhere: str, sql: str) -> None:
         conn.execute("SELECT pg_replication_origin_session_setup(%s)", (elsewhere,))
         for statement in sql.split(";"):
             conn.execute(statement.encode())
+        # Released here, not when the backend exits: that comes after the close, and
+        # the next call's setup failed now and then ("already active for PID ...").
+        conn.execute("SELECT pg_replication_origin_session_reset()")
 
 
 def _cleanup_elsewhere(pair: Pair, elsewhere: str) -> None:
