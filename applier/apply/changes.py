@@ -184,10 +184,7 @@ class Changes:
             return
         if self.merging and (rm.merge or rm.full_batch):
             merger = self.merger
-            add = merger.add if rm.merge else merger.add_full
-            held = add(rm, m, ctx)
-            # _hold's common case inline: held, and the table not full yet.
-            if 0 < held < MAX_HELD or (held and self._hold_more(ctx, held, add)):
+            if self._hold(ctx, merger.add if rm.merge else merger.add_full):
                 return
         self._keyed_change(ctx, self.planner.update)
 
@@ -335,13 +332,8 @@ class Changes:
 
     def _hold(self, ctx: ChangeCtx, add: Callable[[RelMap, Any, Any], int]) -> bool:
         """Hold an UPDATE/DELETE in the merger; False when it goes out as usual."""
-        held = add(ctx.rm, ctx.change, ctx)
-        return 0 < held < MAX_HELD or (held != 0 and self._hold_more(ctx, held, add))
-
-    def _hold_more(self, ctx: ChangeCtx, held: int, add: Callable[[RelMap, Any, Any], int]) -> bool:
-        """What ``add`` returned when it was not plainly held: :data:`AGAIN` (send what
-        the table holds, then add again) or :data:`MAX_HELD` (send the table's rows)."""
         oid = ctx.rm.relation.oid
+        held = add(ctx.rm, ctx.change, ctx)
         if held == AGAIN:  # the table holds what must go first
             self._send_held(oid)
             held = add(ctx.rm, ctx.change, ctx)

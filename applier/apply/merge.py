@@ -210,24 +210,9 @@ class UpdateMerger:
         """
         if change.old is not None:
             return 0
-        values, kinds = change.new.values, change.new.kinds
-        size = sum(map(len, filter(None, values)))
-        if _U in kinds:  # merged with what an earlier UPDATE of the key set
-            return self.hold_row(rm, HeldUpdates, values, kinds, ctx, size)
-        # hold_row and HeldUpdates.put inlined: this runs for every merged UPDATE
-        # (pgbench: three per transaction).
-        oid = rm.relation.oid
-        entry = self.tables.get(oid)
-        if entry is None:
-            entry = self.tables[oid] = HeldUpdates(rm)
-        elif not isinstance(entry, HeldUpdates) or entry.rm is not rm:
-            return 0 if entry.rm is not rm else AGAIN
-        idx = rm.key
-        key = values[idx[0]] if len(idx) == 1 else tuple([values[i] for i in idx])
-        rows = entry.rows
-        rows[key] = (values, kinds, ctx)
-        entry.size += size
-        return len(rows) if entry.size < MAX_HELD_BYTES else MAX_HELD
+        new = change.new.values
+        size = sum(map(len, filter(None, new)))
+        return self.hold_row(rm, HeldUpdates, new, change.new.kinds, ctx, size)
 
     def add_delete(self, rm: RelMap, change: Delete, ctx: Any) -> int:
         """Hold a DELETE by key; as :meth:`add` (:data:`AGAIN` also when the key is
