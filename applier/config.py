@@ -409,19 +409,18 @@ _SIZE_KEYS = (
     ("status", "max_retained_wal"),
 )
 #: The sections a config file has; ``path`` is not one (load_config sets it).
-SECTIONS = ("source", "target", "tables", "apply", "conflicts", "bootstrap", "logging",
-            "status", "metrics", "verify")  # fmt: skip
+SECTIONS = tuple(name for name in Config.__struct_fields__ if name != "path")
 
 
 def section_keys(section: str) -> tuple[str, ...] | None:
     """The keys of ``[section]``; None for ``[conflicts]``, whose keys are table patterns."""
-    kind = _SECTION_TYPES[section]
+    kind = _key_type((section,))
     return None if kind is ConflictsConfig else kind.__struct_fields__
 
 
 def is_table_key(section: str, key: str) -> bool:
     """Whether ``section.key`` takes a table (a third level of its own)."""
-    return (section, key) == ("bootstrap", "spark_conf")
+    return get_origin(_key_type((section, key))) is dict
 
 
 def config_dict(cfg: Config) -> dict[str, Any]:
@@ -450,11 +449,6 @@ def _decode(kind: type, obj: Any) -> Any:
             return Path(obj)
         raise TypeError("expected a path (a non-empty string)")
     raise NotImplementedError(kind.__name__)
-
-
-_SECTION_TYPES: dict[str, Any] = {
-    f.name: f.type for f in msgspec.structs.fields(Config) if f.name in SECTIONS
-}
 
 
 _KEYS = configenv.Keys(SECTIONS, section_keys, is_table_key)

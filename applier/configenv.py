@@ -22,10 +22,10 @@ A variable with the prefix that names no key is an error (exit 2), never
 ignored: a typo must not leave a setting silently at its file value. The
 variables applier reads for itself (:data:`RESERVED`) are not overrides.
 
-Why not a settings library (pydantic-settings): it decodes JSON rather than TOML, skips variables
-that match no field without a word, and its errors name the field path rather
-than the variable; what would remain of it here is splitting a name on
-``__``. This module is that, plus the checks.
+Why not a settings library (pydantic-settings): it decodes JSON rather than
+TOML, skips variables that match no field without a word, and its errors name
+the field path rather than the variable; what would remain of it here is
+splitting a name on ``__``. This module is that, plus the checks.
 """
 
 from __future__ import annotations

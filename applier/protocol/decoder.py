@@ -55,10 +55,10 @@ with a pure-Python twin; the same slow validator names the error either way);
 the wording of every refusal is :mod:`.malformed`. Outside stream blocks,
 Begin, Commit, Insert, Update and Delete are decoded whole in C when it is
 built (``_rowmsgs.c``); the functions here are their twins, and take whatever
-the C does not decode (so every error is still raised, and worded, here). Offsets count from the tag
-byte (offset 0). A truncated field is reported at the offset where it starts; a
-bad value at the offset of the field holding it; trailing bytes at the offset
-where the message should have ended.
+the C does not decode (so every error is still raised, and worded, here).
+Offsets count from the tag byte (offset 0). A truncated field is reported at
+the offset where it starts; a bad value at the offset of the field holding it;
+trailing bytes at the offset where the message should have ended.
 
 The only state is what the protocol needs: whether we are inside a stream
 block (xid prefixes). It only changes when a Stream Start/Stop decodes fully.
