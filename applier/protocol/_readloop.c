@@ -1,12 +1,13 @@
 /*
  * The stream client's read loop for applier.protocol._speedups (see
- * _speedups.c): take_xlog, the C twin of LogicalStream._take_buffered_py.
+ * _speedups.c): take_xlog, the C twin of LogicalStream._take_py.
  */
 #include "_speedups.h"
 
 /* take_xlog(get, decoder, out, room, lsn_type, state) -> status
  *
- * Calls get(1) (psycopg's PGconn.get_copy_data) while it returns a message and
+ * Calls get() (psycopg's PGconn.get_copy_data with async=1 bound; or reads a
+ * fill of the stream's read-ahead in place, see Chunk) while it returns a message and
  * fewer than `room` XLogData went into `out`; each XLogData goes in as
  * (lsn_type(wal_start), decoder._table[payload[0]](payload)), or through
  * decoder.decode(payload) when the table cannot index it (an empty payload).
@@ -150,6 +151,86 @@ start_insert_run(PyObject *out, PyObject *payload, unsigned long long start,
     return PyList_SetItem(out, last_at, replaced); /* steals; drops the old item */
 }
 
+/* A fill of the stream's read-ahead (applier.stream.readahead), read in place:
+ * `get` is then the list [data, lens, i, pos] (the messages' bytes end to end,
+ * their lengths in an array('q'), the next one's index and offset), which is
+ * written back on return; no object is made per message but its payload. */
+typedef struct {
+    int on;
+    PyObject *cursor;
+    Py_buffer data, lens;
+    Py_ssize_t i, pos, count;
+} Chunk;
+
+static int
+chunk_open(Chunk *c, PyObject *get)
+{
+    c->on = 0;
+    if (!PyList_Check(get))
+        return 0;
+    if (PyList_GET_SIZE(get) != 4) {
+        PyErr_SetString(PyExc_TypeError, "take_xlog: a chunk is [data, lens, i, pos]");
+        return -1;
+    }
+    if (PyObject_GetBuffer(PyList_GET_ITEM(get, 0), &c->data, PyBUF_SIMPLE) < 0)
+        return -1;
+    if (PyObject_GetBuffer(PyList_GET_ITEM(get, 1), &c->lens, PyBUF_FORMAT) < 0) {
+        PyBuffer_Release(&c->data);
+        return -1;
+    }
+    c->i = PyLong_AsSsize_t(PyList_GET_ITEM(get, 2));
+    c->pos = PyLong_AsSsize_t(PyList_GET_ITEM(get, 3));
+    if (c->lens.itemsize != 8 || c->lens.format == NULL || strcmp(c->lens.format, "q") != 0 ||
+        c->i < 0 || c->pos < 0) {
+        PyBuffer_Release(&c->data);
+        PyBuffer_Release(&c->lens);
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "take_xlog: a chunk's lens must be an array('q')");
+        return -1;
+    }
+    c->count = c->lens.len / 8;
+    c->cursor = get;
+    c->on = 1;
+    return 0;
+}
+
+/* The next message of the chunk: its length (0 at the end, -1 with an error). */
+static Py_ssize_t
+chunk_next(Chunk *c, const unsigned char **buf)
+{
+    if (c->i >= c->count)
+        return 0;
+    long long n = ((const long long *)c->lens.buf)[c->i];
+    if (n <= 0 || n > c->data.len - c->pos) {
+        PyErr_SetString(PyExc_ValueError, "take_xlog: a chunk's lengths overrun its data");
+        return -1;
+    }
+    *buf = (const unsigned char *)c->data.buf + c->pos;
+    c->i += 1;
+    c->pos += (Py_ssize_t)n;
+    return (Py_ssize_t)n;
+}
+
+/* Write the chunk's position back and release it: 0, or -1 with an error. */
+static int
+chunk_close(Chunk *c)
+{
+    if (!c->on)
+        return 0;
+    c->on = 0;
+    PyBuffer_Release(&c->data);
+    PyBuffer_Release(&c->lens);
+    PyObject *i = PyLong_FromSsize_t(c->i), *pos = PyLong_FromSsize_t(c->pos);
+    if (i == NULL || pos == NULL) {
+        Py_XDECREF(i);
+        Py_XDECREF(pos);
+        return -1;
+    }
+    PyList_SetItem(c->cursor, 2, i); /* steal */
+    PyList_SetItem(c->cursor, 3, pos);
+    return 0;
+}
+
 PyObject *
 spd_take_xlog(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -200,41 +281,58 @@ spd_take_xlog(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     if (sent == -1 && PyErr_Occurred())
         return NULL;
     long status = 0;
-    PyObject *one = PyLong_FromLong(1);
-    if (one == NULL)
-        return NULL;
+    Chunk chunk;
+    if (chunk_open(&chunk, get) < 0)
+        goto error;
     while (room > 0) {
-        PyObject *got = PyObject_CallOneArg(get, one);
-        if (got == NULL)
-            goto error;
-        if (!PyTuple_Check(got) || PyTuple_GET_SIZE(got) != 2) {
-            Py_DECREF(got);
-            PyErr_SetString(PyExc_TypeError, "take_xlog: get(1) must return (n, data)");
-            goto error;
-        }
-        Py_ssize_t n = PyLong_AsSsize_t(PyTuple_GET_ITEM(got, 0));
-        if (n == -1 && PyErr_Occurred()) {
-            Py_DECREF(got);
-            goto error;
-        }
-        if (n <= 0) {
-            Py_DECREF(got);
-            status = n == -1 ? 1 : 0;
-            break;
-        }
-        PyObject *data = PyTuple_GET_ITEM(got, 1);
+        const unsigned char *buf;
+        Py_ssize_t n, len;
+        PyObject *got = NULL; /* get()'s (n, data), when not reading a chunk */
         Py_buffer view;
-        if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0) {
-            Py_DECREF(got);
-            goto error;
+        if (chunk.on) {
+            if ((n = chunk_next(&chunk, &buf)) < 0)
+                goto error;
+            if (n == 0)
+                break;
+            len = n;
+        } else {
+            got = PyObject_CallNoArgs(get);
+            if (got == NULL)
+                goto error;
+            if (!PyTuple_Check(got) || PyTuple_GET_SIZE(got) != 2) {
+                Py_DECREF(got);
+                PyErr_SetString(PyExc_TypeError, "take_xlog: get() must return (n, data)");
+                goto error;
+            }
+            n = PyLong_AsSsize_t(PyTuple_GET_ITEM(got, 0));
+            if (n == -1 && PyErr_Occurred()) {
+                Py_DECREF(got);
+                goto error;
+            }
+            if (n <= 0) {
+                Py_DECREF(got);
+                status = n == -1 ? 1 : 0;
+                break;
+            }
+            if (PyObject_GetBuffer(PyTuple_GET_ITEM(got, 1), &view, PyBUF_SIMPLE) < 0) {
+                Py_DECREF(got);
+                goto error;
+            }
+            buf = (const unsigned char *)view.buf;
+            len = view.len;
         }
         count += 1;
         nbytes += n;
-        const unsigned char *buf = (const unsigned char *)view.buf;
-        if (view.len < XLOG_HEADER || buf[0] != 'w') {
-            PyBuffer_Release(&view);
-            Py_INCREF(data);
-            Py_DECREF(got);
+        if (len < XLOG_HEADER || buf[0] != 'w') {
+            PyObject *data;
+            if (got != NULL) {
+                PyBuffer_Release(&view);
+                data = PyTuple_GET_ITEM(got, 1);
+                Py_INCREF(data);
+                Py_DECREF(got);
+            } else if ((data = PyBytes_FromStringAndSize((const char *)buf, len)) == NULL) {
+                goto error;
+            }
             if (PyList_SetItem(state, 4, data) < 0)
                 goto error;
             status = 2;
@@ -243,9 +341,11 @@ spd_take_xlog(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         unsigned long long start = read_u64(buf + 1), end = read_u64(buf + 9);
         sent = (long long)read_u64(buf + 17);
         PyObject *payload = PyBytes_FromStringAndSize((const char *)buf + XLOG_HEADER,
-                                                      view.len - XLOG_HEADER);
-        PyBuffer_Release(&view);
-        Py_DECREF(got);
+                                                      len - XLOG_HEADER);
+        if (got != NULL) {
+            PyBuffer_Release(&view);
+            Py_DECREF(got);
+        }
         if (payload == NULL)
             goto error;
         if (run_datas != NULL && PyBytes_GET_SIZE(payload) >= head_len &&
@@ -322,17 +422,15 @@ spd_take_xlog(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         if (end > last)
             last = end;
     }
-    Py_DECREF(one);
-    if (put_state(state, count, nbytes, last, sent) < 0)
+    if (chunk_close(&chunk) < 0 || put_state(state, count, nbytes, last, sent) < 0)
         return NULL;
     return PyLong_FromLong(status);
 
 error:
-    Py_DECREF(one);
     {
         PyObject *exc_type, *exc_value, *exc_tb;
         PyErr_Fetch(&exc_type, &exc_value, &exc_tb);
-        if (put_state(state, count, nbytes, last, sent) < 0)
+        if (chunk_close(&chunk) < 0 || put_state(state, count, nbytes, last, sent) < 0)
             PyErr_Clear();
         PyErr_Restore(exc_type, exc_value, exc_tb);
     }

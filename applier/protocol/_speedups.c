@@ -32,7 +32,7 @@
  *
  *   take_xlog(get, decoder, out, room, lsn_type, state[, group])
  *                           the stream client's loop over the CopyData libpq
- *                           has buffered (LogicalStream._take_buffered_py):
+ *                           has buffered (LogicalStream._take_py):
  *                           XLogData decoded into out, anything else handed
  *                           back to the caller; with `group`, runs of streamed
  *                           row changes of one head as one item.

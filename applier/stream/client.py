@@ -54,39 +54,32 @@ import selectors
 import socket
 import threading
 import time
-from struct import Struct
-from struct import error as StructError
+from functools import partial
 from typing import Any
 
 import psycopg
 from psycopg import pq
 
-from applier.errors import ApplierError, ConnectionLost, DecodeError, ProtocolError, ServerTimeout
+from applier.errors import ApplierError, ConnectionLost, ProtocolError, ServerTimeout
 from applier.lsn import Lsn, now_pg_timestamp
 from applier.protocol import (
     Insert,
     InsertRun,
-    Keepalive,
     PgOutputDecoder,
     PgOutputMessage,
     StreamedChange,
     StreamedRun,
-    parse_copydata,
     standby_status_update,
 )
-from applier.protocol.speedups import take_xlog as _take_xlog
 from applier.stream.negotiate import StreamOptions, negotiate, start_replication_sql
 from applier.stream.readahead import ReadAhead
 from applier.stream.replconn import ReplicationConnection, map_server_error
+from applier.stream.takeloop import TakeLoop
 from applier.stream.versions import max_proto_version
 
 __all__ = ["LogicalStream", "StreamOptions", "max_proto_version", "negotiate"]
 
 log = logging.getLogger("applier.stream")
-
-_XLOG_HEADER = Struct(">QQq")  # wal_start, wal_end, send_time after the 'w' tag
-_PAYLOAD_AT = 1 + _XLOG_HEADER.size
-_W = ord("w")
 
 #: How many messages one read() returns at most, so status updates and the
 #: liveness check still run while the server sends faster than we consume.
@@ -112,7 +105,7 @@ PAUSE_GC = True
 STOP_DRAIN_SECONDS = 5.0
 
 
-class LogicalStream:
+class LogicalStream(TakeLoop):
     """START_REPLICATION on a :class:`ReplicationConnection`; read messages, report progress."""
 
     def __init__(self, conn: ReplicationConnection, options: StreamOptions) -> None:
@@ -141,6 +134,8 @@ class LogicalStream:
         self._pgconn = conn.conn.pgconn
         #: What read_ahead() took while the worker waited on the target.
         self.ahead = ReadAhead(self._pgconn)
+        #: libpq's next CopyData without waiting, as the read loop calls it.
+        self._get = partial(self._pgconn.get_copy_data, 1)
         self._sel: selectors.BaseSelector | None = None
         #: Readable when read() should return at once (see wake_on).
         self._wakeup: socket.socket | None = None
@@ -281,107 +276,13 @@ class LogicalStream:
                 until = self.bytes_received + MAX_BATCH_BYTES
                 while len(out) < MAX_BATCH and self.bytes_received < until:
                     pgconn.consume_input()
-                    if not self._take_buffered(out, decoder):
+                    if not self._take_buffered(out, decoder, MAX_BATCH):
                         return
             except psycopg.OperationalError as e:
                 raise self._lost(e) from None
             finally:
                 if pause:
                     gc.enable()
-
-    def _take_buffered(self, out: list[Any], decoder: PgOutputDecoder | None) -> int:
-        """Move the complete CopyData messages libpq has buffered into ``out``, decoded.
-
-        The loop runs in C when the speedups are built (``take_xlog``, the same
-        steps as :meth:`_take_buffered_py`); a message that is not an XLogData
-        comes back here, to be handled or named as the Python loop does.
-        """
-        take = _take_xlog
-        if take is None or decoder is None:
-            return self._take_buffered_py(out, decoder)
-        get = self.ahead.get if self.ahead else self._pgconn.get_copy_data
-        state: list[Any] = [0, 0, self.last_received, None, None, self.last_send_time]
-        try:
-            while True:
-                status = take(get, decoder, out, MAX_BATCH - len(out), Lsn, state, self._group)
-                if status == 0:
-                    break
-                if status == 1:
-                    raise self._copy_ended()
-                data, state[4] = state[4], None
-                if data[0] == _W:
-                    parse_copydata(data)  # a truncated 'w' header: raises the precise DecodeError
-                state[2] = self._keepalive(data, state[2])
-        except DecodeError as e:
-            if state[3] is not None:
-                e.context.setdefault("lsn", Lsn(state[3]))
-            raise
-        finally:
-            self._took(state[0], state[1], state[2], state[5])
-        return int(state[0])
-
-    def _took(self, count: int, nbytes: int, last: int, sent: int) -> None:
-        if count:
-            self.last_send_time = sent
-            self.last_received = Lsn(last)
-            self._last_heard = time.monotonic()
-            self._ping_at = 0.0
-            self.messages_received += count
-            self.bytes_received += nbytes
-
-    def _take_buffered_py(self, out: list[Any], decoder: PgOutputDecoder | None) -> int:
-        """:meth:`_take_buffered` in Python (also for undecoded reads).
-
-        The hot loop of the stream, written for speed: one header unpack per
-        XLogData, the payload copied out of libpq's buffer once, the decoder's
-        handler called straight from its dispatch table (what decode() does,
-        minus a call and a type check; the table changes on Stream Start/Stop,
-        so it is looked up per message).
-        """
-        get = self.ahead.get if self.ahead else self._pgconn.get_copy_data
-        unpack = _XLOG_HEADER.unpack_from
-        append = out.append
-        room = MAX_BATCH - len(out)
-        count = nbytes = 0
-        last: int = self.last_received
-        sent = self.last_send_time
-        try:
-            while room > 0:
-                n, data = get(1)
-                if n <= 0:
-                    if n == -1:
-                        raise self._copy_ended()
-                    break
-                count += 1
-                nbytes += n
-                if data[0] == _W:
-                    start, end, sent = unpack(data, 1)
-                    lsn = Lsn(start)
-                    if decoder is None:
-                        append((lsn, data[_PAYLOAD_AT:]))
-                    else:
-                        # tobytes() then a bytes slice: half the cost of bytes(view[25:])
-                        payload = data.tobytes()[_PAYLOAD_AT:]
-                        try:
-                            try:
-                                handler = decoder._table[payload[0]]
-                            except IndexError:  # no pgoutput message in the XLogData
-                                handler = decoder.decode  # raises DecodeError("empty message")
-                            append((lsn, handler(payload)))
-                        except DecodeError as e:
-                            e.context.setdefault("lsn", lsn)
-                            raise
-                    room -= 1
-                    if end > last:
-                        last = end
-                else:
-                    last = self._keepalive(data, last)
-        except StructError:
-            parse_copydata(data)  # a truncated 'w' header: raises the precise DecodeError
-            raise
-        finally:
-            self._took(count, nbytes, last, sent)
-        return count
 
     def read_ahead(self) -> bool:
         """Take what the walsender sent into memory (applier.stream.readahead) while
@@ -393,18 +294,6 @@ class LogicalStream:
     def socket(self) -> int:
         """The replication connection's socket (to wait on it with others)."""
         return int(self._pgconn.socket)
-
-    def _keepalive(self, data: memoryview, last: int) -> int:
-        ka = parse_copydata(data)  # not 'w': a keepalive, or DecodeError naming the tag
-        if not isinstance(ka, Keepalive):
-            raise ProtocolError("unexpected CopyData message from the walsender")
-        self.keepalives_received += 1
-        if ka.wal_end > last:
-            last = ka.wal_end
-        if ka.reply_requested:
-            self.last_received = Lsn(last)
-            self._send_status_locked(reply_requested=False)
-        return last
 
     # -- feedback -------------------------------------------------------------------
 

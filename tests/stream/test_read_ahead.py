@@ -17,8 +17,8 @@ from streamkit import SMALL_WORK_MEM, emit_marker, open_stream, read_until_marke
 
 from applier.errors import ConnectionLost
 from applier.localpg import LocalCluster
-from applier.protocol import Message
-from applier.stream import LogicalStream, ReplicationConnection
+from applier.protocol import Message, speedups
+from applier.stream import LogicalStream, ReplicationConnection, client, takeloop
 
 Items = list[tuple[object, object]]
 
@@ -55,14 +55,14 @@ def _read_with_read_ahead(stream: LogicalStream, seen: dict[str, int]) -> Items:
     turn = 0
     while time.monotonic() < deadline:
         turn += 1
-        if sel.select(0.2):
+        if sel.select(0.01):  # (what libpq holds already does not wake it)
             # A little more each time: several fills (chunks) wait for one read.
             stream.ahead.limit = stream.ahead.nbytes + 1500
             if not stream.read_ahead():
                 seen["full"] += 1
             seen["chunks"] = max(seen["chunks"], len(stream.ahead._chunks))
-        if turn % 4:
-            continue  # more read ahead than read
+            if turn % 4:
+                continue  # more read ahead than read
         for lsn, msg in stream.read(0):
             if isinstance(msg, Message) and msg.prefix == "marker":
                 return out
@@ -71,7 +71,25 @@ def _read_with_read_ahead(stream: LogicalStream, seen: dict[str, int]) -> Items:
 
 
 @pytest.mark.parametrize("publisher", [15, 18], indirect=True)
-def test_what_is_read_ahead_is_read_as_from_libpq(publisher: tuple[LocalCluster, str]) -> None:
+@pytest.mark.parametrize(
+    ("loop", "batch"),
+    [("c", None), ("c", 7), ("python", 7)],
+    ids=["c", "c-small-batches", "python-small-batches"],
+)
+def test_what_is_read_ahead_is_read_as_from_libpq(
+    publisher: tuple[LocalCluster, str],
+    loop: str,
+    batch: int | None,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Small batches stop the reader inside a fill: the next read goes on from
+    the message after the last one taken, in C and in the Python loop alike."""
+    if loop == "c" and speedups.take_xlog is None:
+        pytest.skip("pure Python (APPLIER_PURE_PYTHON, or the speedups not built)")
+    if loop == "python":
+        monkeypatch.setattr(takeloop, "_take_xlog", None)
+    if batch is not None:
+        monkeypatch.setattr(client, "MAX_BATCH", batch)
     cluster, db = publisher
     _setup(cluster, db, ["plain", "ahead"])
     _workload(cluster, db)
@@ -119,3 +137,24 @@ def test_a_connection_lost_while_reading_ahead_is_the_readers_error(
                 stream.read(0.5)
     finally:
         stream.conn.close()
+
+
+@pytest.mark.parametrize("publisher", [18], indirect=True)
+def test_one_fill_takes_what_the_socket_holds(publisher: tuple[LocalCluster, str]) -> None:
+    """A fill reads until libpq gives no message, not one libpq buffer (16 kB at
+    first): the walsender's next block is decoded only once it sent this one."""
+    cluster, db = publisher
+    _setup(cluster, db, ["full"])
+    cluster.execute("INSERT INTO t SELECT g, md5(g::text) FROM generate_series(1, 20000) g", db)
+    stream = open_stream(cluster, db, "full")
+    try:
+        sel = selectors.DefaultSelector()
+        sel.register(stream.socket, selectors.EVENT_READ)
+        assert sel.select(10), "the walsender sent nothing in 10 s"
+        time.sleep(1.0)  # it decodes 20,000 rows and fills the socket meanwhile
+        stream.read_ahead()
+        held = stream.ahead.nbytes
+        assert held > 256 * 1024, held
+        assert len(stream.ahead._chunks) == 1
+    finally:
+        stream.stop()
