@@ -13,13 +13,12 @@ wins over the file (:mod:`applier.configenv`).
 
 DSNs may carry passwords (or take them from ``password_file``, a systemd
 credential named by ``password_credential``, PGPASSWORD, ~/.pgpass);
-:func:`redact_dsn` is the only way a DSN reaches a log.
+:func:`~applier.redact.redact_dsn` is the only way a DSN reaches a log.
 """
 
 from __future__ import annotations
 
 import fnmatch
-import functools
 import os
 import re
 import tomllib
@@ -33,7 +32,9 @@ from msgspec import Meta
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from . import configenv
+from .configenv import read_credential
 from .errors import ConfigError
+from .redact import redact_conninfo_error, redact_dsn
 
 _NAME = re.compile(r"^[a-z0-9_]{1,63}$")
 _SIZE = re.compile(r"^\s*(\d+)\s*(B|kB|KB|MB|GB|TB)?\s*$", re.IGNORECASE)
@@ -579,64 +580,3 @@ def _key_type(loc: tuple[str, ...]) -> Any:
     while get_origin(kind) is Annotated:
         kind = get_args(kind)[0]
     return kind
-
-
-def read_credential(name: str) -> str:
-    """A systemd credential's content (``LoadCredential=``), stripped of its newline."""
-    where = os.environ.get("CREDENTIALS_DIRECTORY")
-    hint = (
-        f"start applier from a systemd unit with LoadCredential={name}:/path/to/secret "
-        "(or use password_file)"
-    )
-    if not where:
-        raise ConfigError(
-            f"password_credential {name!r}: $CREDENTIALS_DIRECTORY is not set", hint=hint
-        )
-    try:
-        return (Path(where) / name).read_text().strip()
-    except OSError as e:
-        raise ConfigError(
-            f"password_credential {name!r}: cannot read {Path(where) / name}: {e.strerror}",
-            hint=hint,
-        ) from None
-
-
-#: libpq keywords whose values are secrets: libpq's own "password-like"
-#: ones (dispchar ``*``) plus the SCRAM keys, whatever libpq version is loaded.
-_SECRET_KEYS = frozenset(
-    {"password", "sslpassword", "oauth_client_secret", "scram_client_key", "scram_server_key"}
-)
-
-
-@functools.cache
-def secret_keys() -> frozenset[str]:
-    """Every libpq keyword whose value must never be shown."""
-    from psycopg import pq
-
-    try:
-        starred = {o.keyword.decode() for o in pq.Conninfo.get_defaults() if o.dispchar == b"*"}
-    except psycopg.Error:  # pragma: no cover - libpq without conninfo defaults
-        starred = set()
-    return _SECRET_KEYS | starred
-
-
-def redact_dsn(dsn: str) -> str:
-    """A DSN fit for logs: every secret (password, sslpassword, ...) replaced by ``***``."""
-    try:
-        params = conninfo_to_dict(dsn)
-    except psycopg.ProgrammingError:
-        return "<unparsable dsn>"
-    hidden = secret_keys()
-    return " ".join(f"{k}={'***' if k in hidden else v}" for k, v in params.items())
-
-
-_QUOTED = re.compile(r'"[^"]*"')
-
-
-def redact_conninfo_error(message: str) -> str:
-    """libpq's complaint about a DSN, one line, without the text it quotes.
-
-    libpq quotes the piece it choked on (``missing "=" after "..."``,
-    ``invalid percent-encoded token: "..."``), which can be part of a password.
-    """
-    return _QUOTED.sub('"***"', " ".join(message.split())).replace('missing "***"', 'missing "="')

@@ -25,14 +25,18 @@ variables applier reads for itself (:data:`RESERVED`) are not overrides.
 Why not a settings library (pydantic-settings): it decodes JSON rather than
 TOML, skips variables that match no field without a word, and its errors name
 the field path rather than the variable; what would remain of it here is
-splitting a name on ``__``. This module is that, plus the checks.
+splitting a name on ``__``. This module is that, plus the checks; and
+:func:`read_credential`, a systemd credential (``$CREDENTIALS_DIRECTORY``)
+named by ``password_credential``.
 """
 
 from __future__ import annotations
 
+import os
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
@@ -151,3 +155,23 @@ def _unknown(path: tuple[str, ...], schema: Keys) -> str | None:
 
 def _copy(d: dict[str, Any]) -> dict[str, Any]:
     return {k: _copy(v) if isinstance(v, dict) else v for k, v in d.items()}
+
+
+def read_credential(name: str) -> str:
+    """A systemd credential's content (``LoadCredential=``), stripped of its newline."""
+    where = os.environ.get("CREDENTIALS_DIRECTORY")
+    hint = (
+        f"start applier from a systemd unit with LoadCredential={name}:/path/to/secret "
+        "(or use password_file)"
+    )
+    if not where:
+        raise ConfigError(
+            f"password_credential {name!r}: $CREDENTIALS_DIRECTORY is not set", hint=hint
+        )
+    try:
+        return (Path(where) / name).read_text().strip()
+    except OSError as e:
+        raise ConfigError(
+            f"password_credential {name!r}: cannot read {Path(where) / name}: {e.strerror}",
+            hint=hint,
+        ) from None

@@ -48,9 +48,10 @@ from typing import Any, TextIO
 import psycopg
 from psycopg import sql
 
-from .config import Config, redact_dsn
+from .config import Config
 from .errors import PermanentError, TransientError
 from .health import STALE_INTERVALS
+from .redact import redact_dsn
 
 Conn = psycopg.Connection[Any]
 

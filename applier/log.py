@@ -2,7 +2,7 @@
 
 Context (lsn, xid, table...) goes in ``extra={"ctx": {...}}`` and is rendered
 as ``key=value`` pairs or JSON fields; DSNs are logged only through
-``applier.config.redact_dsn``.
+``applier.redact.redact_dsn``.
 
 Timestamps are ISO 8601 in UTC with the zone written out
 (``2026-11-22T10:11:12.345+00:00``), in both forms. With ``[logging]

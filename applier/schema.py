@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
-from .config import Config, redact_dsn
+from .config import Config
 from .errors import ApplierError, ConfigError, PermanentError
+from .redact import redact_dsn
 
 if TYPE_CHECKING:
     from alembic.config import Config as AlembicConfig

@@ -40,9 +40,10 @@ from typing import Any, TextIO
 import psycopg
 from psycopg.rows import dict_row
 
-from .config import Config, _check_table_pattern, redact_dsn
+from .config import Config, _check_table_pattern
 from .errors import ConfigError, PermanentError, TransientError
 from .lsn import Lsn
+from .redact import redact_dsn
 
 KINDS = ("object", "txn", "error")
 OPS = ("insert", "update", "delete", "truncate")

@@ -32,10 +32,11 @@ from typing import Any, TextIO
 import psycopg
 from psycopg.rows import dict_row
 
-from .config import Config, redact_dsn
+from .config import Config
 from .errors import ApplierError
 from .health import assess
 from .lsn import Lsn
+from .redact import redact_dsn
 
 SLOT_SQL = """
 SELECT s.slot_name, s.plugin, s.active, s.active_pid, s.wal_status,

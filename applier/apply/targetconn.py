@@ -60,8 +60,8 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from applier.config import redact_dsn
 from applier.errors import ConnectionLost
+from applier.redact import redact_dsn
 
 log = logging.getLogger("applier.apply")
 

@@ -105,7 +105,7 @@ from tenacity import (
     wait_random_exponential,
 )
 
-from applier.config import Config, redact_dsn
+from applier.config import Config
 from applier.errors import (
     ApplierError,
     ApplyError,
@@ -114,6 +114,7 @@ from applier.errors import (
     TransientError,
 )
 from applier.lsn import Lsn
+from applier.redact import redact_dsn
 from applier.schema import schema_at_head, upgrade_target
 from applier.service import Service, signal_wakeup
 

@@ -18,8 +18,9 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from ..config import Config, redact_dsn
+from ..config import Config
 from ..errors import BootstrapError, SourceError
+from ..redact import redact_dsn
 from .plan import discover, quote_qual
 from .sessions import pin_target
 

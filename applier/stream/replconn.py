@@ -35,7 +35,6 @@ from typing import Any, Literal
 
 import psycopg
 
-from applier.config import redact_dsn
 from applier.errors import (
     ApplierError,
     ConnectionLost,
@@ -44,6 +43,7 @@ from applier.errors import (
     SourceError,
 )
 from applier.lsn import Lsn
+from applier.redact import redact_dsn
 from applier.stream import versions
 
 __all__ = [

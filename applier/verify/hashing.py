@@ -60,9 +60,9 @@ from psycopg import sql
 
 from ..apply.targetconn import pin
 from ..bootstrap.sessions import FORMAT_SETTINGS
-from ..config import redact_dsn
 from ..errors import PermanentError
 from ..lsn import Lsn
+from ..redact import redact_dsn
 from .ranges import Bound, KeyRange, VTable, bucket_of, key_text, range_where, relation
 
 Conn = psycopg.Connection[Any]

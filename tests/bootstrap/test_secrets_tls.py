@@ -18,8 +18,9 @@ from conftest import Pair
 
 from applier.bootstrap import schema as ddl
 from applier.bootstrap.copy_task import SliceTask, copy_slice
-from applier.config import load_config, redact_dsn
+from applier.config import load_config
 from applier.errors import BootstrapError, ConfigError
+from applier.redact import redact_dsn
 from applier.schema import upgrade_target
 
 PASSWORD = "tls-S3cret-pw-4b1d"

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from applier.config import load_config, redact_dsn
+from applier.config import load_config
 from applier.errors import ConfigError
+from applier.redact import redact_dsn
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "conf" / "applier.example.toml"
