@@ -15,10 +15,10 @@ spooling what its worker cannot take yet ("partial serialize").
 the apply pipeline waits on the target (:class:`~applier.apply.pipeline.Pipeline`
 calls :meth:`ReadAhead.fill` when the replication socket is readable during
 its wait, at most every :data:`FILL_EVERY` seconds). The stream's reader takes
-them back first, in order: :meth:`ReadAhead.getter` gives each fill's messages
-as a ``get()`` like ``PGconn.get_copy_data`` (async) for the read loop, made of
-C iterators over the fill's bytes, so that a message costs the loop no more
-taken ahead than from libpq. Nothing is decoded or acknowledged ahead:
+them back first, in order: :meth:`ReadAhead.getter` gives the first fill not
+read to its end as a cursor over its bytes, which the read loop reads in place
+(``take_xlog``), so that a message costs the loop no more taken ahead than
+from libpq. Nothing is decoded or acknowledged ahead:
 positions, keepalive replies and errors are handled when the reader takes the
 messages, as before.
 """
@@ -65,7 +65,7 @@ class ReadAhead:
     """CopyData taken from libpq ahead of the reader (see the module docstring)."""
 
     __slots__ = (
-        "_chunks", "_ended", "_get", "_left", "_pgconn", "_size", "limit", "nbytes",
+        "_chunks", "_cursor", "_ended", "_left", "_pgconn", "_size", "limit", "nbytes",
         "next_fill", "stopped", "taken",
     )  # fmt: skip
 
@@ -76,7 +76,7 @@ class ReadAhead:
         #: Each fill's messages: their bytes end to end, and their lengths.
         self._chunks: deque[tuple[bytearray, array[int]]] = deque()
         #: The fill being read: its cursor, its messages not read yet, its bytes.
-        self._get: list[Any] | None = None
+        self._cursor: list[Any] | None = None
         self._left = 0
         self._size = 0
         #: The COPY ended after the fills held (the reader gets -1 after them).
@@ -90,7 +90,7 @@ class ReadAhead:
         self.taken = 0
 
     def __bool__(self) -> bool:
-        return self._get is not None or bool(self._chunks) or self._ended
+        return self._cursor is not None or bool(self._chunks) or self._ended
 
     @property
     def room(self) -> bool:
@@ -140,15 +140,15 @@ class ReadAhead:
 
         Call only while the read-ahead holds something (``bool(self)``).
         """
-        if self._get is None:
+        if self._cursor is None:
             if not self._chunks:
                 assert self._ended, "getter() of an empty read-ahead"
                 self._ended = False
                 return partial(next, iter((_ENDED,)), NOTHING)
             buf, lens = self._chunks.popleft()
-            self._get = [buf, lens, 0, 0]
+            self._cursor = [buf, lens, 0, 0]
             self._left, self._size = len(lens), len(buf)
-        return self._get
+        return self._cursor
 
     def took(self, count: int) -> bool:
         """The reader took ``count`` messages from :meth:`getter`'s get; whether that
@@ -156,7 +156,7 @@ class ReadAhead:
         self._left -= count
         if self._left > 0:
             return False
-        self._get = None
+        self._cursor = None
         self.nbytes -= self._size
         return True
 
@@ -167,6 +167,6 @@ def chunk_get(cursor: list[Any]) -> Get:
     buf, lens, i, pos = cursor
     view = memoryview(buf)[pos:]
     rest = lens[i:]
-    ends = accumulate(rest)
-    slices = map(view.__getitem__, map(slice, chain((0,), accumulate(rest)), ends))
+    ends = list(accumulate(rest))
+    slices = map(view.__getitem__, map(slice, chain((0,), ends), ends))
     return partial(next, zip(rest, slices, strict=True), NOTHING)
