@@ -28,7 +28,7 @@
  *                           copyrun._tuple_text_lines_py: the same for a run
  *                           of such messages, joined.
  *
- * _readloop.c, the stream client's read loop:
+ * _readloop.c, the stream client's read loops:
  *
  *   take_xlog(get, decoder, out, room, lsn_type, state[, group])
  *                           the stream client's loop over the CopyData libpq
@@ -36,6 +36,9 @@
  *                           XLogData decoded into out, anything else handed
  *                           back to the caller; with `group`, runs of streamed
  *                           row changes of one head as one item.
+ *   fill_copy(consume, get, data, lens, room)
+ *                           readahead.ReadAhead._fill_py: what libpq can
+ *                           read from the socket, packed into two bytearrays.
  *
  * _holdrun.c, the merge lane's loop:
  *
@@ -69,6 +72,8 @@ static PyMethodDef methods[] = {
      "copy_binary_row(values) -> one COPY binary tuple"},
     {"take_xlog", (PyCFunction)(void (*)(void))spd_take_xlog, METH_FASTCALL,
      "take_xlog(get, decoder, out, room, lsn_type, state[, group]) -> status (see the source)"},
+    {"fill_copy", (PyCFunction)(void (*)(void))spd_fill_copy, METH_FASTCALL,
+     "fill_copy(consume, get, data, lens, room) -> status (see the source)"},
     {"tuple_text_lines", (PyCFunction)(void (*)(void))spd_tuple_text_lines, METH_FASTCALL,
      "tuple_text_lines(datas, start, pos, width, limit) -> (COPY text lines, count)"},
     {"hold_rows", (PyCFunction)(void (*)(void))spd_hold_rows, METH_FASTCALL,

@@ -43,6 +43,7 @@ PyObject *spd_tuple_text_lines(PyObject *module, PyObject *const *args, Py_ssize
 
 /* _readloop.c: the stream client's read loop. */
 PyObject *spd_take_xlog(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *spd_fill_copy(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 int spd_readloop_init(void);
 
 /* _holdrun.c: the merge lane's loop. */

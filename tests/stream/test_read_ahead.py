@@ -18,7 +18,7 @@ from streamkit import SMALL_WORK_MEM, emit_marker, open_stream, read_until_marke
 from applier.errors import ConnectionLost
 from applier.localpg import LocalCluster
 from applier.protocol import Message, speedups
-from applier.stream import LogicalStream, ReplicationConnection, client, takeloop
+from applier.stream import LogicalStream, ReplicationConnection, client, readahead, takeloop
 
 Items = list[tuple[object, object]]
 
@@ -86,8 +86,9 @@ def test_what_is_read_ahead_is_read_as_from_libpq(
     the message after the last one taken, in C and in the Python loop alike."""
     if loop == "c" and speedups.take_xlog is None:
         pytest.skip("pure Python (APPLIER_PURE_PYTHON, or the speedups not built)")
-    if loop == "python":
+    if loop == "python":  # both loops: the reader's and the fill's
         monkeypatch.setattr(takeloop, "_take_xlog", None)
+        monkeypatch.setattr(readahead, "_fill_copy", None)
     if batch is not None:
         monkeypatch.setattr(client, "MAX_BATCH", batch)
     cluster, db = publisher
@@ -114,10 +115,20 @@ def test_what_is_read_ahead_is_read_as_from_libpq(
     assert not ahead.ahead  # everything taken ahead was read
 
 
+def _fill_loop(loop: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fill's loop: "c" (fill_copy) or "python" (ReadAhead._fill_py)."""
+    if loop == "c" and speedups.fill_copy is None:
+        pytest.skip("pure Python (APPLIER_PURE_PYTHON, or the speedups not built)")
+    if loop == "python":
+        monkeypatch.setattr(readahead, "_fill_copy", None)
+
+
 @pytest.mark.parametrize("publisher", [15], indirect=True)
+@pytest.mark.parametrize("loop", ["c", "python"])
 def test_a_connection_lost_while_reading_ahead_is_the_readers_error(
-    publisher: tuple[LocalCluster, str],
+    publisher: tuple[LocalCluster, str], loop: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    _fill_loop(loop, monkeypatch)
     cluster, db = publisher
     _setup(cluster, db, ["gone"])
     stream = open_stream(cluster, db, "gone")
@@ -140,9 +151,13 @@ def test_a_connection_lost_while_reading_ahead_is_the_readers_error(
 
 
 @pytest.mark.parametrize("publisher", [18], indirect=True)
-def test_one_fill_takes_what_the_socket_holds(publisher: tuple[LocalCluster, str]) -> None:
+@pytest.mark.parametrize("loop", ["c", "python"])
+def test_one_fill_takes_what_the_socket_holds(
+    publisher: tuple[LocalCluster, str], loop: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A fill reads until libpq gives no message, not one libpq buffer (16 kB at
     first): the walsender's next block is decoded only once it sent this one."""
+    _fill_loop(loop, monkeypatch)
     cluster, db = publisher
     _setup(cluster, db, ["full"])
     cluster.execute("INSERT INTO t SELECT g, md5(g::text) FROM generate_series(1, 20000) g", db)
