@@ -41,6 +41,7 @@ SOURCES = [
         "_readloop.c",
         "_holdrun.c",
         "_rowmsgs.c",
+        "_dispatch.c",
     )
 ]
 MODULE = "applier/protocol/_speedups"

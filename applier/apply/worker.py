@@ -114,6 +114,7 @@ from applier.errors import (
     TransientError,
 )
 from applier.lsn import Lsn
+from applier.protocol.speedups import dispatch_batch as _dispatch_batch
 from applier.redact import redact_dsn
 from applier.schema import schema_at_head, upgrade_target
 from applier.service import Service, signal_wakeup
@@ -548,9 +549,21 @@ class Worker:
         self.confirmer.confirm(stream, applier, catalog_conn)
 
     def _dispatch(self, batch: list[tuple[Lsn, Any]], dispatch: Callable[[Lsn, Any], None]) -> None:
+        applier = self.applier
+        if applier is not None and self.stream is not None:
+            applier.sent_at = self.stream.last_send_time
+        if self.until is None and _dispatch_batch is not None and applier is not None:
+            # Applier.dispatch's common path in C, the rest through it (_dispatch.c).
+            _dispatch_batch(batch, applier.handlers, applier, dispatch, self)
+        else:
+            self._dispatch_py(batch, dispatch)
+
+    def _dispatch_py(
+        self, batch: list[tuple[Lsn, Any]], dispatch: Callable[[Lsn, Any], None]
+    ) -> None:
+        """Each message of ``batch`` to ``dispatch`` (``dispatch_batch`` in C); stop
+        after the one during which a stop was asked for."""
         until = self.until
-        if self.applier is not None and self.stream is not None:
-            self.applier.sent_at = self.stream.last_send_time
         for lsn, msg in batch if until is None else until.admit(batch, self.applier):
             dispatch(lsn, msg)
             if self.stopping:

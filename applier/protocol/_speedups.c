@@ -56,8 +56,14 @@
  *   decode_update(data), decode_delete(data)
  *                           decoder._begin, _commit, _insert, _update, _delete.
  *
+ * _dispatch.c, the apply worker's loop over a batch:
+ *
+ *   dispatch_batch(batch, handlers, applier, fallback, worker)
+ *                           worker.Worker._dispatch_py with the common path of
+ *                           handlers.Applier.dispatch (the rest: fallback).
+ *
  * Only the stable C API is used and nothing is kept between calls but the
- * shared all-text kinds objects, an interned attribute name and what
+ * shared all-text kinds objects, interned attribute names and what
  * bind_rows gave, set once at import, so there is no state to reason about.
  */
 #include "_speedups.h"
@@ -72,6 +78,8 @@ static PyMethodDef methods[] = {
      "copy_binary_row(values) -> one COPY binary tuple"},
     {"take_xlog", (PyCFunction)(void (*)(void))spd_take_xlog, METH_FASTCALL,
      "take_xlog(get, decoder, out, room, lsn_type, state[, group]) -> status (see the source)"},
+    {"dispatch_batch", (PyCFunction)(void (*)(void))spd_dispatch_batch, METH_FASTCALL,
+     "dispatch_batch(batch, handlers, applier, fallback, worker) -> None (see the source)"},
     {"fill_copy", (PyCFunction)(void (*)(void))spd_fill_copy, METH_FASTCALL,
      "fill_copy(consume, get, data, lens, room) -> status (see the source)"},
     {"tuple_text_lines", (PyCFunction)(void (*)(void))spd_tuple_text_lines, METH_FASTCALL,
@@ -104,7 +112,7 @@ static struct PyModuleDef module_def = {
 PyMODINIT_FUNC
 PyInit__speedups(void)
 {
-    if (spd_tuples_init() < 0 || spd_readloop_init() < 0)
+    if (spd_tuples_init() < 0 || spd_readloop_init() < 0 || spd_dispatch_init() < 0)
         return NULL;
     return PyModule_Create(&module_def);
 }

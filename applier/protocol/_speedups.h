@@ -46,6 +46,10 @@ PyObject *spd_take_xlog(PyObject *module, PyObject *const *args, Py_ssize_t narg
 PyObject *spd_fill_copy(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 int spd_readloop_init(void);
 
+/* _dispatch.c: the apply worker's loop over a batch. */
+PyObject *spd_dispatch_batch(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+int spd_dispatch_init(void);
+
 /* _holdrun.c: the merge lane's loop. */
 PyObject *spd_hold_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 

@@ -26,6 +26,7 @@ __all__ = [
     "copy_binary_row",
     "copy_text_row",
     "describe",
+    "dispatch_batch",
     "fill_copy",
     "row_decoders",
     "take_xlog",
@@ -62,6 +63,9 @@ tuple_text_line: Callable[[bytes, int], tuple[bytes | None, int]] | None
 tuple_text_lines: Callable[[list[bytes], int, int, int, int], tuple[bytes, int]] | None
 #: The stream client's read loop (applier.stream.client): see ``take_xlog`` in _readloop.c.
 take_xlog: Callable[..., int] | None
+#: The apply worker's loop over a batch (applier.apply.worker): see ``dispatch_batch``
+#: in _dispatch.c.
+dispatch_batch: Callable[[list[Any], dict[type, Any], Any, Any, Any], None] | None
 #: The read-ahead's fill (applier.stream.readahead): see ``fill_copy`` in _readloop.c.
 fill_copy: Callable[[Any, Any, bytearray, bytearray, int], int] | None
 #: The merge lane's loop over a run of plain rows (applier.apply.mergelane._hold_rows_py).
@@ -72,6 +76,7 @@ bind_rows: Callable[..., None] | None
 row_decoders: dict[str, Callable[[bytes], Any]] | None
 if _native is None:
     tuple_data = copy_text_row = copy_binary_row = tuple_text_line = take_xlog = fill_copy = None
+    dispatch_batch = None
     tuple_text_lines = hold_rows = bind_rows = row_decoders = None
 else:
     tuple_data = _native.tuple_data
@@ -81,6 +86,7 @@ else:
     tuple_text_lines = _native.tuple_text_lines
     take_xlog = _native.take_xlog
     fill_copy = _native.fill_copy
+    dispatch_batch = _native.dispatch_batch
     hold_rows = getattr(_native, "hold_rows", None)
     bind_rows = _native.bind_rows
     row_decoders = {

@@ -2,23 +2,32 @@
 
 from __future__ import annotations
 
+import pytest
 from applykit import Runner, origin_lsn, wait_equal
 from conftest import Pair
 
+#: The C speedups (read loop, fill, dispatch loop) or their Python twins in the worker.
+SPEEDUPS = pytest.mark.parametrize("pure", [False, True], ids=["c", "python"])
 
-def _backlog(pair: Pair, group_commit: int | None = None) -> Runner:
+
+def _backlog(pair: Pair, group_commit: int | None = None, pure: bool = False) -> Runner:
     """Start once (creates the slot), stop, so what follows is a backlog read in batches."""
     pair.both("CREATE TABLE t (id int PRIMARY KEY, v text)")
     pair.pub_exec("CREATE PUBLICATION pub FOR ALL TABLES")
     apply = {} if group_commit is None else {"group_commit": group_commit}
-    runner = Runner(pair, pair.write_config(apply=apply) if apply else pair.write_config())
+    runner = Runner(
+        pair,
+        pair.write_config(apply=apply) if apply else pair.write_config(),
+        env={"APPLIER_PURE_PYTHON": "1"} if pure else None,
+    )
     runner.start().ready()
     assert runner.stop() == 0
     return runner
 
 
-def test_group_commit_default_groups_backlog_exactly_once(pair: Pair) -> None:
-    runner = _backlog(pair)
+@SPEEDUPS
+def test_group_commit_default_groups_backlog_exactly_once(pair: Pair, pure: bool) -> None:
+    runner = _backlog(pair, pure=pure)
     for i in range(1, 301):
         pair.pub_exec(f"INSERT INTO t VALUES ({i}, 'v{i}')")
     pair.pub_exec("UPDATE t SET v = v || '!' WHERE id % 7 = 0")
@@ -51,8 +60,11 @@ def test_group_commit_off_applies_one_by_one(pair: Pair) -> None:
     assert runner.stop() == 0
 
 
-def test_failed_group_is_replayed_one_by_one_and_names_the_transaction(pair: Pair) -> None:
-    runner = _backlog(pair)
+@SPEEDUPS
+def test_failed_group_is_replayed_one_by_one_and_names_the_transaction(
+    pair: Pair, pure: bool
+) -> None:
+    runner = _backlog(pair, pure=pure)
     pair.sub_exec("INSERT INTO t VALUES (1000, 'diverged')")
     for i in range(1, 41):
         pair.pub_exec(f"INSERT INTO t VALUES ({i}, 'v{i}')")

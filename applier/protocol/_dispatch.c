@@ -1,0 +1,101 @@
+/*
+ * The apply worker's dispatch loop for applier.protocol._speedups (see
+ * _speedups.c): dispatch_batch, the C twin of Worker._dispatch_py with the
+ * common path of Applier.dispatch inlined.
+ */
+#include "_speedups.h"
+
+static PyObject *state_name, *live_name, *stopping_name;
+
+/* The callable for (lsn, msg): the handler when handlers[type(msg)] is
+ * (states, handler), applier.state is in states and applier.live is None;
+ * else `fallback`. A borrowed reference (the handlers dict and the fallback
+ * outlive the call), or NULL with an exception set. */
+static PyObject *
+callee(PyObject *msg, PyObject *handlers, PyObject *applier, PyObject *fallback)
+{
+    PyObject *entry = PyDict_GetItemWithError(handlers, (PyObject *)Py_TYPE(msg));
+    if (entry == NULL)
+        return PyErr_Occurred() ? NULL : fallback;
+    if (!PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != 2)
+        return fallback;
+    PyObject *state = PyObject_GetAttr(applier, state_name);
+    if (state == NULL)
+        return NULL;
+    int ok = PySet_Contains(PyTuple_GET_ITEM(entry, 0), state);
+    Py_DECREF(state);
+    if (ok <= 0)
+        return ok < 0 ? NULL : fallback;
+    PyObject *live = PyObject_GetAttr(applier, live_name);
+    if (live == NULL)
+        return NULL;
+    Py_DECREF(live);
+    return live == Py_None ? PyTuple_GET_ITEM(entry, 1) : fallback;
+}
+
+/* dispatch_batch(batch, handlers, applier, fallback, worker) -> None
+ *
+ * For each (lsn, msg) of the list `batch`, in order, calls handler(lsn, msg)
+ * when handlers[type(msg)] is (states, handler), applier.state is in states
+ * and applier.live is None: the path of Applier.dispatch that raises nothing
+ * and drops no live transaction. Any other message goes to fallback(lsn, msg)
+ * (Applier.dispatch itself), which raises the ProtocolError or drops the live
+ * transaction as it does. After each message, stops when worker.stopping is
+ * true. An exception of a call propagates at once.
+ */
+PyObject *
+spd_dispatch_batch(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5 || !PyList_Check(args[0]) || !PyDict_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "dispatch_batch(batch: list, handlers: dict, applier, fallback, worker)");
+        return NULL;
+    }
+    PyObject *batch = args[0], *handlers = args[1], *applier = args[2];
+    PyObject *fallback = args[3], *worker = args[4];
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(batch); i++) {
+        PyObject *item = PyList_GET_ITEM(batch, i);
+        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 2) {
+            PyErr_SetString(PyExc_TypeError, "dispatch_batch: an item is not (lsn, msg)");
+            return NULL;
+        }
+        Py_INCREF(item); /* a handler may drop the batch's last reference */
+        PyObject *argv[2] = {PyTuple_GET_ITEM(item, 0), PyTuple_GET_ITEM(item, 1)};
+        PyObject *call = callee(argv[1], handlers, applier, fallback);
+        PyObject *r = NULL;
+        if (call != NULL) {
+            Py_INCREF(call);
+            r = PyObject_Vectorcall(call, argv, 2, NULL);
+            Py_DECREF(call);
+        }
+        Py_DECREF(item);
+        if (r == NULL)
+            return NULL;
+        Py_DECREF(r);
+        PyObject *stop = PyObject_GetAttr(worker, stopping_name);
+        if (stop == NULL)
+            return NULL;
+        int stopping = PyObject_IsTrue(stop);
+        Py_DECREF(stop);
+        if (stopping < 0)
+            return NULL;
+        if (stopping)
+            break;
+    }
+    Py_RETURN_NONE;
+}
+
+/* The interned attribute names, made once when the module is imported: 0, or
+ * -1 with an exception set. */
+int
+spd_dispatch_init(void)
+{
+    if (state_name == NULL && (state_name = PyUnicode_InternFromString("state")) == NULL)
+        return -1;
+    if (live_name == NULL && (live_name = PyUnicode_InternFromString("live")) == NULL)
+        return -1;
+    if (stopping_name == NULL &&
+        (stopping_name = PyUnicode_InternFromString("stopping")) == NULL)
+        return -1;
+    return 0;
+}
