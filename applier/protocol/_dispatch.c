@@ -9,28 +9,30 @@ static PyObject *state_name, *live_name, *stopping_name;
 
 /* The callable for (lsn, msg): the handler when handlers[type(msg)] is
  * (states, handler), applier.state is in states and applier.live is None;
- * else `fallback`. A borrowed reference (the handlers dict and the fallback
- * outlive the call), or NULL with an exception set. */
+ * else `fallback`. A new reference, or NULL with an exception set. */
 static PyObject *
 callee(PyObject *msg, PyObject *handlers, PyObject *applier, PyObject *fallback)
 {
     PyObject *entry = PyDict_GetItemWithError(handlers, (PyObject *)Py_TYPE(msg));
     if (entry == NULL)
-        return PyErr_Occurred() ? NULL : fallback;
+        return PyErr_Occurred() ? NULL : Py_NewRef(fallback);
     if (!PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != 2)
-        return fallback;
-    PyObject *state = PyObject_GetAttr(applier, state_name);
-    if (state == NULL)
-        return NULL;
-    int ok = PySet_Contains(PyTuple_GET_ITEM(entry, 0), state);
-    Py_DECREF(state);
-    if (ok <= 0)
-        return ok < 0 ? NULL : fallback;
-    PyObject *live = PyObject_GetAttr(applier, live_name);
-    if (live == NULL)
-        return NULL;
-    Py_DECREF(live);
-    return live == Py_None ? PyTuple_GET_ITEM(entry, 1) : fallback;
+        return Py_NewRef(fallback);
+    Py_INCREF(entry); /* the attribute reads below run no code of ours, but may */
+    PyObject *call = NULL, *state = PyObject_GetAttr(applier, state_name);
+    int ok = state == NULL ? -1 : PySet_Contains(PyTuple_GET_ITEM(entry, 0), state);
+    Py_XDECREF(state);
+    if (ok == 0)
+        call = Py_NewRef(fallback);
+    else if (ok > 0) {
+        PyObject *live = PyObject_GetAttr(applier, live_name);
+        if (live != NULL) {
+            call = Py_NewRef(live == Py_None ? PyTuple_GET_ITEM(entry, 1) : fallback);
+            Py_DECREF(live);
+        }
+    }
+    Py_DECREF(entry);
+    return call;
 }
 
 /* dispatch_batch(batch, handlers, applier, fallback, worker) -> None
@@ -64,7 +66,6 @@ spd_dispatch_batch(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyObject *call = callee(argv[1], handlers, applier, fallback);
         PyObject *r = NULL;
         if (call != NULL) {
-            Py_INCREF(call);
             r = PyObject_Vectorcall(call, argv, 2, NULL);
             Py_DECREF(call);
         }

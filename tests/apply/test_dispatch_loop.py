@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from applier.apply.handlers import Applier
@@ -122,6 +122,12 @@ def _run(loop: str, batch: list[tuple[int, Any]], actions: dict[str, list[str]])
     b=st.lists(st.sampled_from(ACTIONS), max_size=30),
     begin=st.lists(st.sampled_from(ACTIONS), max_size=30),
 )
+# A Begin while a transaction is live: dispatch drops it first (not the fast path).
+@example(kinds=[A, _begin, B], a=["live"], b=[], begin=["txn"])
+# A stop asked for inside a handler: both loops end after that message.
+@example(kinds=[A, A, A], a=["none", "stop"], b=[], begin=[])
+# A handler that raises: the same error, nothing after it.
+@example(kinds=[A, B, A], a=["txn", "raise"], b=["none"], begin=[])
 def test_the_c_loop_makes_the_python_loops_calls(
     kinds: list[Any], a: list[str], b: list[str], begin: list[str]
 ) -> None:
