@@ -22,12 +22,14 @@ from types import ModuleType
 from typing import Any
 
 __all__ = [
+    "FUNCTIONS",
     "bind_rows",
     "copy_binary_row",
     "copy_text_row",
     "describe",
     "dispatch_batch",
     "fill_copy",
+    "missing",
     "row_decoders",
     "take_xlog",
     "tuple_data",
@@ -40,6 +42,19 @@ Row = Sequence[bytes | None]
 ReadTuple = Callable[[bytes, int], tuple[bytes, tuple[bytes | None, ...], int] | None]
 
 
+#: Every function the module must have: one built from older sources lacks some.
+FUNCTIONS = (
+    "tuple_data", "copy_text_row", "copy_binary_row", "tuple_text_line", "tuple_text_lines",
+    "take_xlog", "fill_copy", "dispatch_batch", "hold_rows", "bind_rows",
+    "decode_begin", "decode_commit", "decode_insert", "decode_update", "decode_delete",
+)  # fmt: skip
+
+
+def missing(module: ModuleType) -> list[str]:
+    """The :data:`FUNCTIONS` that ``module`` lacks."""
+    return [name for name in FUNCTIONS if not hasattr(module, name)]
+
+
 def _load() -> tuple[ModuleType | None, str]:
     if os.environ.get("APPLIER_PURE_PYTHON"):
         return None, "pure Python (APPLIER_PURE_PYTHON is set)"
@@ -47,6 +62,12 @@ def _load() -> tuple[ModuleType | None, str]:
         from applier.protocol import _speedups
     except ImportError as exc:
         return None, f"pure Python (the C speedups are not built: {exc})"
+    gone = missing(_speedups)
+    if gone:  # a development tree updated without rebuilding: run, but say so
+        return None, (
+            f"pure Python (the C speedups were built from older sources, without "
+            f"{', '.join(gone)}: rebuild them with scripts/setup or python hatch_build.py)"
+        )
     return _speedups, "C speedups"
 
 
@@ -87,7 +108,7 @@ else:
     take_xlog = _native.take_xlog
     fill_copy = _native.fill_copy
     dispatch_batch = _native.dispatch_batch
-    hold_rows = getattr(_native, "hold_rows", None)
+    hold_rows = _native.hold_rows
     bind_rows = _native.bind_rows
     row_decoders = {
         "B": _native.decode_begin,

@@ -16,6 +16,7 @@ import os
 import struct
 import subprocess
 import sys
+import types
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,20 @@ def test_the_c_speedups_are_built_and_chosen() -> None:
         assert decoder._tuple is reader._tuple  # what the row messages call
         assert copyrun.text_row is native.copy_text_row
         assert copyrun.binary_row is native.copy_binary_row
+
+
+def test_a_build_from_older_sources_is_named_not_a_crash() -> None:
+    """A development tree updated without rebuilding has a module that lacks the
+    newer functions: speedups.missing names them (the import then runs pure Python
+    and --version says to rebuild), and the module built here lacks none."""
+    stale = types.ModuleType("stale")
+    for name in speedups.FUNCTIONS:
+        if name != "dispatch_batch":
+            setattr(stale, name, len)
+    assert speedups.missing(stale) == ["dispatch_batch"]
+    assert speedups.missing(types.ModuleType("empty")) == list(speedups.FUNCTIONS)
+    if native is not None:
+        assert speedups.missing(native) == []
 
 
 # ------------------------------------------------------------------ TupleData
