@@ -96,7 +96,7 @@ from .pipeline import (
 )
 from .planner import Formats, Params, Stmt
 from .stamp import PREPARE_STAMP, STAMP, check_stamp, literal, stamp_params
-from .targetconn import DEFAULT_TIMEOUT, close_quietly, connect
+from .targetconn import DEFAULT_TIMEOUT, close_quietly, connect, pin
 
 __all__ = ["TargetSession", "connect", "is_transient_sqlstate", "session_settings"]
 
@@ -151,8 +151,7 @@ class TargetSession(InsertRuns):
         super().__init__(conn, conn.watchdog)
         self.flush_wait = synchronous_commit == "off"
         try:
-            for name, value in session_settings(synchronous_commit):
-                self.conn.execute("SELECT pg_catalog.set_config(%s, %s, false)", (name, value))
+            pin(self.conn, session_settings(synchronous_commit))  # one round trip
             check_stamp(self.conn)
             self.conn.execute(
                 "SELECT pg_catalog.pg_replication_origin_session_setup(%s)", (origin,)
