@@ -72,9 +72,23 @@ def drop_slot(src: Conn, slot: str, wait: float = 30.0) -> None:
         time.sleep(0.2)
 
 
-def drop_origin(tgt: Conn, origin: str) -> None:
-    if tgt.execute("SELECT 1 FROM pg_replication_origin WHERE roname = %s", (origin,)).fetchone():
-        tgt.execute("SELECT pg_replication_origin_drop(%s)", (origin,))
+def drop_origin(tgt: Conn, origin: str, wait: float = 30.0) -> None:
+    """Drop ``origin`` if it exists. The catch-up's apply backend lets go of it only
+    when it exits, a moment after its connection closed: wait for that (55006)."""
+    deadline = time.monotonic() + wait
+    while tgt.execute(
+        "SELECT 1 FROM pg_replication_origin WHERE roname = %s", (origin,)
+    ).fetchone():
+        try:
+            tgt.execute("SELECT pg_replication_origin_drop(%s)", (origin,))
+            return
+        except psycopg.errors.ObjectInUse:
+            if time.monotonic() > deadline:
+                raise BootstrapError(
+                    f"replication origin {origin} is in use",
+                    hint="another sync-tables may be running for this table; stop it and rerun",
+                ) from None
+            time.sleep(0.1)
 
 
 def copy_table(
