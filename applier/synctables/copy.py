@@ -50,45 +50,37 @@ def set_state(tgt: Conn, origin: str, name: Name, state: str, **cols: Any) -> No
 
 def drop_slot(src: Conn, slot: str, wait: float = 30.0) -> None:
     """Drop ``slot`` if it exists; a walsender of a killed run may hold it for a moment."""
-    deadline = time.monotonic() + wait
-    while True:
-        row = src.execute(
-            "SELECT active FROM pg_replication_slots WHERE slot_name = %s", (slot,)
-        ).fetchone()
-        if row is None:
-            return
-        if not row[0]:
-            try:
-                src.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
-                log.info("replication slot dropped", extra={"ctx": {"slot": slot}})
-                return
-            except psycopg.errors.ObjectInUse:
-                pass
-        if time.monotonic() > deadline:
-            raise BootstrapError(
-                f"replication slot {slot} is in use",
-                hint="another sync-tables may be running for this table; stop it and rerun",
-            )
-        time.sleep(0.2)
+    found = "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s"
+    drop = "SELECT pg_drop_replication_slot(%s)"
+    if _drop_when_free(src, "replication slot", slot, found, drop, wait):
+        log.info("replication slot dropped", extra={"ctx": {"slot": slot}})
 
 
 def drop_origin(tgt: Conn, origin: str, wait: float = 30.0) -> None:
     """Drop ``origin`` if it exists. The catch-up's apply backend lets go of it only
-    when it exits, a moment after its connection closed: wait for that (55006)."""
+    when it exits, a moment after its connection closed."""
+    found = "SELECT 1 FROM pg_replication_origin WHERE roname = %s"
+    drop = "SELECT pg_replication_origin_drop(%s)"
+    _drop_when_free(tgt, "replication origin", origin, found, drop, wait)
+
+
+def _drop_when_free(conn: Conn, what: str, name: str, found: str, drop: str, wait: float) -> bool:
+    """Run ``drop`` while ``found`` finds ``name``, until it is no longer in use
+    (55006: a walsender or backend holds it); whether it dropped it. In use after
+    ``wait`` seconds: an error that says what to do."""
     deadline = time.monotonic() + wait
-    while tgt.execute(
-        "SELECT 1 FROM pg_replication_origin WHERE roname = %s", (origin,)
-    ).fetchone():
+    while conn.execute(found, (name,)).fetchone():
         try:
-            tgt.execute("SELECT pg_replication_origin_drop(%s)", (origin,))
-            return
+            conn.execute(drop, (name,))
+            return True
         except psycopg.errors.ObjectInUse:
             if time.monotonic() > deadline:
                 raise BootstrapError(
-                    f"replication origin {origin} is in use",
+                    f"{what} {name} is in use",
                     hint="another sync-tables may be running for this table; stop it and rerun",
                 ) from None
             time.sleep(0.1)
+    return False
 
 
 def copy_table(
