@@ -116,6 +116,9 @@ class Pipeline:
         self._guard_committed: bytes | None = None
         self.committed = Lsn(0)
         self._local_lsn = Lsn(0)
+        #: The target's WAL flush position as the last commit's result saw it: the
+        #: confirmer releases commits with it, without a round trip of its own.
+        self.flushed_seen = Lsn(0)
         #: Context added to every error (lsn, xid) by the worker.
         self.txn_context: dict[str, Any] = {}
         #: Statements whose Parse the server has, or will have (it is queued); one
@@ -311,9 +314,11 @@ class Pipeline:
             elif kind == _CHECK:
                 ctx.check(ctx, res)
             elif kind == _LSN and status == ExecStatus.TUPLES_OK:
-                value = res.get_value(0, 0)
+                value, flushed = res.get_value(0, 0), res.get_value(0, 1)
                 if value:
                     self._local_lsn = Lsn.parse(value.decode())
+                if flushed:
+                    self.flushed_seen = Lsn(max(self.flushed_seen, Lsn.parse(flushed.decode())))
         if not q:
             self._bytes_out = 0
 

@@ -110,6 +110,12 @@ _GUARD = (
     b"IS NOT DISTINCT FROM $1)::pg_catalog.int4, "
     b"pg_catalog.set_config('applier.txn', $2, false)"
 )
+#: After each commit (``synchronous_commit = off``): the target position to wait for,
+#: and the target's flush position, which releases earlier commits (confirm.py).
+LOCAL_LSNS = (
+    b"SELECT pg_catalog.pg_current_wal_insert_lsn()::text, "
+    b"pg_catalog.pg_current_wal_flush_lsn()::text"
+)
 
 
 def session_settings(synchronous_commit: str) -> list[tuple[str, str]]:
@@ -309,9 +315,7 @@ class TargetSession(InsertRuns):
         self._send_ctl(b"COMMIT", "COMMIT")
         try:
             if self.flush_wait:
-                self.pg.send_query_params(
-                    b"SELECT pg_catalog.pg_current_wal_insert_lsn()::text", None
-                )
+                self.pg.send_query_params(LOCAL_LSNS, None)
                 self._q.append((_LSN, None))
             self.pg.pipeline_sync()
         except psycopg.OperationalError as e:
@@ -332,7 +336,7 @@ class TargetSession(InsertRuns):
         self._send_ctl(PREPARE_STAMP, "origin stamp", stamp_params(end_lsn, prepare_ts))
         self._send_ctl(b"PREPARE TRANSACTION " + literal(gid), "PREPARE TRANSACTION")
         if self.flush_wait:
-            self.pg.send_query_params(b"SELECT pg_catalog.pg_current_wal_insert_lsn()::text", None)
+            self.pg.send_query_params(LOCAL_LSNS, None)
             self._q.append((_LSN, None))
         self._local_lsn = Lsn(0)
         self._finish()

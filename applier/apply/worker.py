@@ -546,7 +546,7 @@ class Worker:
             applier.session.poll()
         else:
             applier.session.settle()  # idle: let the commits in flight be confirmed
-        self.confirmer.confirm(stream, applier, catalog_conn)
+        self.confirmer.confirm(stream, applier, catalog_conn, busy=busy)
 
     def _dispatch(self, batch: list[tuple[Lsn, Any]], dispatch: Callable[[Lsn, Any], None]) -> None:
         applier = self.applier
