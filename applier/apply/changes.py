@@ -88,6 +88,8 @@ class Changes:
             self.skipped_changes += 1
             self.tally.skip(rm.qualname, "excluded")
             return None
+        if op != "truncate":  # before any rule: a corrupt stream is an error, kept or not
+            self._check_width(lsn, rm, m)
         txn.n += 1
         ctx = ChangeCtx(lsn, txn, rm, m)
         if txn.rule is not None:
@@ -110,6 +112,17 @@ class Changes:
             self.session.begin()
         return ctx
 
+    def _check_width(self, lsn: Lsn, rm: RelMap, m: Insert | Update | Delete) -> None:
+        """The change's tuples have as many values as its Relation message has columns."""
+        width = len(rm.columns)
+        if isinstance(m, Update):
+            tuples = (m.new, m.old)
+        else:
+            tuples = (m.new, None) if isinstance(m, Insert) else (m.old, None)
+        for tup in tuples:
+            if tup is not None and len(tup.kinds) != width:
+                raise self._width_error(lsn, rm, len(tup.kinds))
+
     def _width_error(self, lsn: Lsn, rm: RelMap, got: int) -> ProtocolError:
         want = len(rm.relation.columns)
         return ProtocolError(
@@ -127,8 +140,6 @@ class Changes:
         if ctx is None:
             return
         rm = ctx.rm
-        if len(m.new.kinds) != len(rm.columns):
-            raise self._width_error(lsn, rm, len(m.new.kinds))
         if self.merger.tables:
             self._before_change(rm)
         session = self.session
@@ -176,10 +187,6 @@ class Changes:
         if ctx is None:
             return
         rm = ctx.rm
-        width = len(rm.columns)
-        if len(m.new.kinds) != width or (m.old is not None and len(m.old.kinds) != width):
-            bad = m.new if len(m.new.kinds) != width else m.old
-            raise self._width_error(lsn, rm, len(bad.kinds) if bad is not None else 0)
         if rm.policy is not None and self._policy_change(ctx):
             return
         if self.merging and (rm.merge or rm.full_batch):
@@ -192,8 +199,6 @@ class Changes:
         ctx = self._target(lsn, m.relation_oid, m, "delete")
         if ctx is None:
             return
-        if len(m.old.kinds) != len(ctx.rm.columns):
-            raise self._width_error(lsn, ctx.rm, len(m.old.kinds))
         rm = ctx.rm
         if rm.policy is not None and self._policy_change(ctx):
             return

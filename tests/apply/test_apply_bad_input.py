@@ -32,6 +32,7 @@ from applier.protocol import (
     Relation,
     StreamStart,
     TupleData,
+    Update,
 )
 from applier.protocol.decoder import PgOutputDecoder
 from applier.protocol.encoder import encode
@@ -110,6 +111,28 @@ def test_tuple_not_matching_its_relation(kit: Kit, values: tuple[bytes, ...]) ->
     assert "lsn" in err.context and "column" in str(err)
     kit.applier.abandon()
     assert kit.pair.sub_exec("SELECT count(*) FROM t") == [(0,)]
+    assert kit.progress() == Lsn(0)
+
+
+@pytest.mark.parametrize("dump", ["skipped", "none"])
+def test_tuple_not_matching_its_relation_on_a_skipped_table(kit: Kit, dump: str) -> None:
+    """A skip rule does not hide a corrupt stream: the rule's check came before the
+    width's, and a kept change wider than its relation failed with an IndexError at
+    the transaction's end, when its row was written to applier.skipped_changes."""
+    kit.catalog_conn.execute(
+        "INSERT INTO applier.skip_rules (origin, kind, table_pattern, ops, dump) "
+        "VALUES (%s, 'object', 'public.t', '{update}', %s)",
+        (kit.cfg.origin, dump),
+    )
+    kit.applier.rules.load(kit.catalog_conn)
+    bad = Update(None, REL.oid, None, None, TupleData.text(b"1", b"a", b"extra"))
+    with pytest.raises(ProtocolError) as info:
+        kit.feed(*_txn(702, Insert(None, REL.oid, TupleData.text(b"2", b"b")), bad))
+    err = info.value
+    assert err.context["table"] == "public.t" and err.context["xid"] == 702, err
+    kit.applier.abandon()
+    assert kit.pair.sub_exec("SELECT count(*) FROM t") == [(0,)]
+    assert kit.pair.sub_exec("SELECT count(*) FROM applier.skipped_changes") == [(0,)]
     assert kit.progress() == Lsn(0)
 
 
