@@ -28,6 +28,7 @@ from .copylane import plain_insert
 from .insertlane import offer_insert_run
 from .mapping import Catalog, RelMap
 from .merge import AGAIN, MAX_HELD, UpdateMerger
+from .mergelane import SEND, hold_update
 from .planner import Planner
 from .session import TargetSession
 from .skiprules import SkipRules
@@ -183,6 +184,12 @@ class Changes:
             i += 1
 
     def on_update(self, lsn: Lsn, m: Update) -> None:
+        # The common case in one step: the table holds merged UPDATEs already.
+        held = hold_update(self, lsn, m)
+        if held:
+            if held == SEND:
+                self._send_held(m.relation_oid)
+            return
         ctx = self._target(lsn, m.relation_oid, m, "update")
         if ctx is None:
             return

@@ -112,14 +112,20 @@ class LaneCtx(ChangeCtx):
 
 
 #: What the merge lane holds for a row instead of its context, which is made only if
-#: something asks for it (a row not found, an error): ``(lsn, data, no, txn)``.
-LaneRef = tuple[int, bytes, int, Txn]
+#: something asks for it (a row not found, an error): ``(lsn, data, no, txn)``, where
+#: ``data`` is the streamed change's bytes, or the Update message itself
+#: (:func:`applier.apply.mergelane.hold_update`).
+LaneRef = tuple[int, Any, int, Txn]
 
 
-def lane_ctx(ref: LaneRef, rm: RelMap) -> LaneCtx:
+def lane_ctx(ref: LaneRef, rm: RelMap) -> ChangeCtx:
     """The context a :data:`LaneRef` stands for."""
     lsn, data, no, txn = ref
-    ctx = LaneCtx(Lsn(lsn), txn, rm, data)
+    ctx = (
+        LaneCtx(Lsn(lsn), txn, rm, data)
+        if type(data) is bytes
+        else ChangeCtx(Lsn(lsn), txn, rm, data)
+    )
     ctx.no = no
     return ctx
 
