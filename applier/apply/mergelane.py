@@ -275,10 +275,10 @@ def hold_update(applier: Any, lsn: Lsn, m: Update) -> int:
         return NOT_HELD
     key = rm.key
     k = values[key[0]] if len(key) == 1 else tuple([values[c] for c in key])
-    txn.n += 1
+    txn.n = no = txn.n + 1
     rows = entry.rows
-    rows[k] = (values, kinds, (lsn, m, txn.n, txn))
-    entry.size += sum([len(v) for v in values if v is not None])
+    rows[k] = (values, kinds, (lsn, m, no, txn))
+    entry.size += sum(map(len, filter(None, values)))
     counts, ck = applier.tally.changes, (oid, "update")
     counts[ck] = counts.get(ck, 0) + 1
     return SEND if len(rows) >= MAX_HELD or entry.size >= MAX_HELD_BYTES else HELD
