@@ -161,12 +161,30 @@ def _writer(pair: Pair, seed: int, w: int, txns: int, errors: list[BaseException
         errors.append(e)
 
 
+#: ``[apply]`` settings besides the defaults: each path the defaults do not take.
+MODES: dict[str, dict[str, object]] = {
+    "defaults": {},
+    "spooled": {"streaming": "on", "memory_limit": "64kB"},
+    "whole": {"streaming": "off", "binary": True},
+    "one_by_one": {"group_commit": 1, "merge_updates": False, "copy_threshold": 0},
+}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [1, 2])
 def test_random_mix_with_a_kill_converges(any_pair: Pair, seed: int) -> None:
-    pair = any_pair
+    _run_mix(any_pair, seed, MODES["defaults"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["spooled", "whole", "one_by_one"])
+def test_random_mix_other_modes(pair: Pair, mode: str) -> None:
+    _run_mix(pair, 3, MODES[mode])
+
+
+def _run_mix(pair: Pair, seed: int, apply: dict[str, object]) -> None:
     _schema(pair)
-    runner = Runner(pair, pair.write_config()).start().ready()
+    runner = Runner(pair, pair.write_config(apply=apply)).start().ready()
     errors: list[BaseException] = []
     writers = [threading.Thread(target=_writer, args=(pair, seed, w, 250, errors)) for w in (1, 2)]
     for t in writers:
