@@ -151,12 +151,32 @@ class _Rollback(Exception):
     pass
 
 
-def _writer(pair: Pair, seed: int, w: int, txns: int, errors: list[BaseException]) -> None:
+def _prepared(conn: psycopg.Connection[object], rng: random.Random, w: int, n: int) -> None:
+    """A two-phase transaction, committed or rolled back once prepared."""
+    conn.autocommit = False  # psycopg's two-phase API needs it off
+    conn.tpc_begin(f"mix-{w}-{n}")
+    for _ in range(rng.randint(1, 6)):
+        for query, params in _statements(rng, w):
+            conn.execute(query, params)
+    conn.tpc_prepare()
+    if rng.random() < 0.7:
+        conn.tpc_commit()
+    else:
+        conn.tpc_rollback()
+    conn.autocommit = True
+
+
+def _writer(
+    pair: Pair, seed: int, w: int, txns: int, two_phase: bool, errors: list[BaseException]
+) -> None:
     rng = random.Random(seed * 10 + w)
     try:
         with pair.pub_conn() as conn:
-            for _ in range(txns):
-                _transaction(conn, rng, w)
+            for n in range(txns):
+                if two_phase and rng.random() < 0.25:
+                    _prepared(conn, rng, w, n)
+                else:
+                    _transaction(conn, rng, w)
     except BaseException as e:  # the test thread reports it
         errors.append(e)
 
@@ -167,6 +187,7 @@ MODES: dict[str, dict[str, object]] = {
     "spooled": {"streaming": "on", "memory_limit": "64kB"},
     "whole": {"streaming": "off", "binary": True},
     "one_by_one": {"group_commit": 1, "merge_updates": False, "copy_threshold": 0},
+    "two_phase": {"two_phase": True},  # a quarter of the transactions prepared first
 }
 
 
@@ -177,7 +198,7 @@ def test_random_mix_with_a_kill_converges(any_pair: Pair, seed: int) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["spooled", "whole", "one_by_one"])
+@pytest.mark.parametrize("mode", ["spooled", "whole", "one_by_one", "two_phase"])
 def test_random_mix_other_modes(pair: Pair, mode: str) -> None:
     _run_mix(pair, 3, MODES[mode])
 
@@ -186,7 +207,11 @@ def _run_mix(pair: Pair, seed: int, apply: dict[str, object]) -> None:
     _schema(pair)
     runner = Runner(pair, pair.write_config(apply=apply)).start().ready()
     errors: list[BaseException] = []
-    writers = [threading.Thread(target=_writer, args=(pair, seed, w, 250, errors)) for w in (1, 2)]
+    two_phase = bool(apply.get("two_phase"))
+    writers = [
+        threading.Thread(target=_writer, args=(pair, seed, w, 250, two_phase, errors))
+        for w in (1, 2)
+    ]
     for t in writers:
         t.start()
     time.sleep(random.Random(seed).uniform(0.5, 2.0))
