@@ -26,7 +26,7 @@ import time
 
 import psycopg
 import pytest
-from applykit import Runner, wait_equal
+from applykit import Runner, wait_equal, wait_for
 from conftest import Pair
 
 TABLES = ["k1", "k2", "f", "h"]
@@ -173,10 +173,17 @@ def _writer(
     try:
         with pair.pub_conn() as conn:
             for n in range(txns):
-                if two_phase and rng.random() < 0.25:
-                    _prepared(conn, rng, w, n)
-                else:
-                    _transaction(conn, rng, w)
+                try:
+                    if two_phase and rng.random() < 0.25:
+                        _prepared(conn, rng, w, n)
+                    else:
+                        _transaction(conn, rng, w)
+                except psycopg.errors.DeadlockDetected:
+                    # TRUNCATE k1 against the other writer's rows: the source rolled
+                    # one back, so there is nothing of it to replicate.
+                    if not conn.autocommit:
+                        conn.tpc_rollback()  # a prepared one, before its PREPARE
+                        conn.autocommit = True
     except BaseException as e:  # the test thread reports it
         errors.append(e)
 
@@ -223,4 +230,74 @@ def _run_mix(pair: Pair, seed: int, apply: dict[str, object]) -> None:
     assert not errors, errors
     for table in TABLES:
         wait_equal(pair, [table], timeout=120, runner=runner, order=ORDER[table])
+    assert runner.stop() == 0
+
+
+#: Policies under which every source row of k1 ends on the target, whatever the
+#: target's own rows were: the source's row wins, a missing row is inserted.
+POLICIES = (
+    '"public.k1" = { insert_exists = "apply_remote", update_missing = "apply_remote", '
+    'delete_missing = "skip", update_exists = "skip" }\n'
+)
+
+
+def _chaos(pair: Pair, seed: int, stop: threading.Event, errors: list[BaseException]) -> None:
+    """A target user who deletes and inserts k1 rows in the writers' key ranges."""
+    rng = random.Random(seed)
+    try:
+        with pair.sub_conn(autocommit=True) as conn:
+            while not stop.is_set():
+                k = rng.choice((1, 2)) * 1000 + rng.randint(1, 160)
+                if rng.random() < 0.5:
+                    conn.execute("DELETE FROM k1 WHERE id = %s", (k,))
+                else:
+                    conn.execute(
+                        "INSERT INTO k1 VALUES (%s, 'chaos', -1) ON CONFLICT DO NOTHING", (k,)
+                    )
+                time.sleep(0.002)
+    except BaseException as e:  # the test thread reports it
+        errors.append(e)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [4])
+def test_random_mix_with_conflicts_converges(pair: Pair, seed: int) -> None:
+    """The same mix while a target user deletes and inserts k1's rows, under policies
+    that let the source win: once the source touches every k1 row, each is on the
+    target as on the source (the target may keep rows of its own)."""
+    _schema(pair)
+    path = pair.write_config()
+    path.write_text(path.read_text() + "\n[conflicts]\n" + POLICIES)
+    runner = Runner(pair, path).start().ready()
+    errors: list[BaseException] = []
+    stop = threading.Event()
+    chaos = threading.Thread(target=_chaos, args=(pair, seed, stop, errors))
+    writers = [
+        threading.Thread(target=_writer, args=(pair, seed, w, 250, False, errors)) for w in (1, 2)
+    ]
+    for t in [*writers, chaos]:
+        t.start()
+    time.sleep(random.Random(seed).uniform(0.5, 2.0))
+    runner.signal(signal.SIGKILL)
+    runner.wait(30)
+    runner = Runner(pair, runner.config, log_name="applier-2.log").start().ready()
+    for t in writers:
+        t.join(300)
+    stop.set()
+    chaos.join(30)
+    assert not errors, errors
+    pair.pub_exec("UPDATE k1 SET n = n")  # every source row once more, over the chaos
+    for table in ("k2", "f", "h"):
+        wait_equal(pair, [table], timeout=120, runner=runner, order=ORDER[table])
+
+    def source_rows_on_target() -> bool:
+        src = pair.pub_exec("SELECT id, v, n FROM k1 ORDER BY id")
+        ids = ",".join(str(r[0]) for r in src) or "NULL"
+        dst = pair.sub_exec(f"SELECT id, v, n FROM k1 WHERE id IN ({ids}) ORDER BY id")
+        return src == dst
+
+    wait_for(source_rows_on_target, 120, "every source row of k1 on the target")
+    kinds = dict(pair.sub_exec("SELECT conflict, count(*) FROM applier.conflict_log GROUP BY 1"))
+    assert kinds.get("insert_exists") and kinds.get("update_missing"), kinds  # it met them
+    assert runner.alive(), runner.log()[-4000:]
     assert runner.stop() == 0
