@@ -210,7 +210,25 @@ def test_random_mix_other_modes(pair: Pair, mode: str) -> None:
     _run_mix(pair, 3, MODES[mode])
 
 
-def _run_mix(pair: Pair, seed: int, apply: dict[str, object]) -> None:
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [5])
+def test_random_mix_with_a_column_added_converges(pair: Pair, seed: int) -> None:
+    """A column added mid-mix (on the target first, as a user must): Relation messages
+    that differ from the ones in hand, with rows held and a transaction live."""
+    _run_mix(pair, seed, MODES["defaults"], add_column=True)
+
+
+def _add_column(pair: Pair, seed: int, errors: list[BaseException]) -> None:
+    time.sleep(random.Random(seed).uniform(1.0, 3.0))
+    ddl = "ALTER TABLE k1 ADD COLUMN extra text DEFAULT 'x'"
+    try:
+        pair.sub_exec(ddl)
+        pair.pub_exec(ddl)
+    except BaseException as e:  # the test thread reports it
+        errors.append(e)
+
+
+def _run_mix(pair: Pair, seed: int, apply: dict[str, object], add_column: bool = False) -> None:
     _schema(pair)
     runner = Runner(pair, pair.write_config(apply=apply)).start().ready()
     errors: list[BaseException] = []
@@ -219,6 +237,8 @@ def _run_mix(pair: Pair, seed: int, apply: dict[str, object]) -> None:
         threading.Thread(target=_writer, args=(pair, seed, w, 250, two_phase, errors))
         for w in (1, 2)
     ]
+    if add_column:
+        writers.append(threading.Thread(target=_add_column, args=(pair, seed, errors)))
     for t in writers:
         t.start()
     time.sleep(random.Random(seed).uniform(0.5, 2.0))
