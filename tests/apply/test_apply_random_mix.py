@@ -321,3 +321,41 @@ def test_random_mix_with_conflicts_converges(pair: Pair, seed: int) -> None:
     assert kinds.get("insert_exists") and kinds.get("update_missing"), kinds  # it met them
     assert runner.alive(), runner.log()[-4000:]
     assert runner.stop() == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pair", ["15-18"], indirect=True)  # the client's network handling
+@pytest.mark.parametrize("seed", [6])
+def test_random_mix_with_connections_cut_converges(pair: Pair, seed: int) -> None:
+    """The same mix with the source's and the target's connections reset by the
+    network, alternately, four times, instead of a kill: the worker retries and
+    resumes from the origin."""
+    from faultproxy import FaultProxy
+    from test_apply_net_faults import _via
+
+    _schema(pair)
+    src, dst = FaultProxy(pair.pub.port), FaultProxy(pair.sub.port)
+    pair.cleanup.extend([src.close, dst.close])
+    cfg = pair.write_config(
+        source={"dsn": _via(pair.pub_dsn, src, "-c wal_sender_timeout=3s")},
+        target={"dsn": _via(pair.sub_dsn, dst)},
+        apply={"target_timeout": 3.0, "timeout": 3.0},
+    )
+    runner = Runner(pair, cfg).start().ready()
+    errors: list[BaseException] = []
+    writers = [
+        threading.Thread(target=_writer, args=(pair, seed, w, 250, False, errors)) for w in (1, 2)
+    ]
+    for t in writers:
+        t.start()
+    rng = random.Random(seed)
+    for i in range(4):
+        time.sleep(rng.uniform(0.3, 1.2))
+        (src if i % 2 else dst).cut()
+    for t in writers:
+        t.join(300)
+    assert not errors, errors
+    for table in TABLES:
+        wait_equal(pair, [table], timeout=120, runner=runner, order=ORDER[table])
+    assert "retrying after a transient error" in runner.log()
+    assert runner.stop() == 0
