@@ -125,6 +125,20 @@ def _transaction(conn: psycopg.Connection[object], rng: random.Random, w: int) -
                 (base, base + 3000),
             )
             conn.execute("UPDATE k1 SET n = n + 1 WHERE id BETWEEN %s AND %s", (base, base + 3000))
+            if rng.random() < 0.4:  # rolled back inside the streamed transaction
+                try:
+                    with conn.transaction():
+                        gone = "UPDATE k1 SET v = 'gone' WHERE id BETWEEN %s AND %s"
+                        conn.execute(gone, (base, base + 800))
+                        raise _Rollback
+                except _Rollback:
+                    pass
+            if rng.random() < 0.4:  # many keys change (negative ones are free)
+                conn.execute(
+                    "UPDATE k1 SET id = -id WHERE id BETWEEN %s AND %s "
+                    "AND NOT EXISTS (SELECT FROM k1 x WHERE x.id = -k1.id)",
+                    (base + 1000, base + 2000),
+                )
             if rng.random() < 0.5:
                 conn.execute("DELETE FROM k1 WHERE id BETWEEN %s AND %s", (base, base + 1500))
             return
