@@ -216,19 +216,23 @@ MODES: dict[str, dict[str, object]] = {
 }
 
 
+# A seed each, most on one pair: the suite stays within its time in CI. More seeds
+# and pairs are a parametrize away when hunting.
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize("seed", [1])
 def test_random_mix_with_a_kill_converges(any_pair: Pair, seed: int) -> None:
     _run_mix(any_pair, seed, MODES["defaults"], kills=2)
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("pair", ["15-18"], indirect=True)
 @pytest.mark.parametrize("mode", ["spooled", "whole", "one_by_one", "two_phase"])
 def test_random_mix_other_modes(pair: Pair, mode: str) -> None:
     _run_mix(pair, 3, MODES[mode])
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("pair", ["15-15"], indirect=True)
 @pytest.mark.parametrize("seed", [5])
 def test_random_mix_with_a_column_added_converges(pair: Pair, seed: int) -> None:
     """A column added mid-mix (on the target first, as a user must): Relation messages
@@ -302,6 +306,7 @@ def _chaos(pair: Pair, seed: int, stop: threading.Event, errors: list[BaseExcept
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("pair", ["15-18"], indirect=True)
 @pytest.mark.parametrize("seed", [4])
 def test_random_mix_with_conflicts_converges(pair: Pair, seed: int) -> None:
     """The same mix while a target user deletes and inserts k1's rows, under policies
