@@ -215,6 +215,23 @@ def _run(msgs: list[Any], setting: str, small: str, fast: bool) -> Any:
     "object_rule",
     "default",
 )
+@example(  # sync-tables starts on table 2 in the middle of a transaction updating it
+    [
+        (False, [("update", 1, k, 1, -1, -1) for k in range(4)]),
+        (False, [("update", 1, k % 6, 2, -1, -1) for k in range(12)]),
+    ],
+    "sync",
+    "default",
+)
+@example(  # the skipped transaction comes while the group holds the table's rows
+    [
+        (False, [("update", 0, k % 6, 1, -1, -1) for k in range(6)]),
+        (False, [("update", 0, k % 6, 2, -1, -1) for k in range(6)]),
+        (False, [("update", 0, 1, 3, -1, -1)]),
+    ],
+    "txn_rule",
+    "default",
+)
 @example(
     [(False, [("update", 0, k, 1, -1, -1) for k in range(2)])] * 2
     + [(False, [("update", 0, 3, 1, -1, -1)])] * 2,
