@@ -184,6 +184,11 @@ def summary(all_results: dict[int, dict[str, Any]]) -> None:
         print(f"drain floor options: {results['floor options']}\n")
         if drains:
             print("\n".join(report.drain_table(version, drains)))
+            print(
+                "\nThe same, split where each consumer's walsender connected "
+                "(start-up + drain, medians):\n"
+            )
+            print("\n".join(report.split_table(version, drains)))
         if "steady" in results:
             print()
             print("\n".join(report.steady_table(results["steady"]["describe"],

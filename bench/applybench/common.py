@@ -114,6 +114,18 @@ def slot_pid(pub: LocalCluster, slot: str) -> int | None:
     return int(pid) if pid else None
 
 
+def walsender_up(pub: LocalCluster, slot: str, wall0: float) -> dict[str, float]:
+    """When the slot's walsender connected, in seconds after the consumer was
+    started (``wall0``, time.time()): its start-up. The rest of its ``time`` is
+    the drain proper. Empty if no walsender holds the slot now."""
+    at = one(
+        pub,
+        "SELECT extract(epoch FROM a.backend_start) FROM pg_replication_slots s "
+        f"JOIN pg_stat_activity a ON a.pid = s.active_pid WHERE s.slot_name = '{slot}'",
+    )
+    return {} if at is None else {"walsender up": float(at) - wall0}
+
+
 def server_figures(prefix: str, *pids: int | None) -> dict[str, float]:
     """CPU seconds (summed) and peak RSS (the largest, with and without shared
     memory) of server processes, read while they still run."""

@@ -33,6 +33,7 @@ from .common import (
     slot_pid,
     wait_marker,
     wait_until,
+    walsender_up,
 )  # fmt: skip
 from .workloads import Workload
 
@@ -136,7 +137,7 @@ class RecvLogical(Consumer):
         opts = [a for k, v in {**self.options, "publication_names": "pub"}.items()
                 for a in ("-o", f"{k}={v}")]  # fmt: skip
         pub = ctx.pub
-        t0 = time.monotonic()
+        t0, wall0 = time.monotonic(), time.time()
         proc = subprocess.Popen(
             [pub.bin("pg_recvlogical"), "-h", "127.0.0.1", "-p", str(pub.port), "-U", "postgres",
              "-d", DB, "-S", self.slot, "--start", "-E", end_lsn, "-f", "/dev/null",
@@ -146,7 +147,8 @@ class RecvLogical(Consumer):
         out: Figures = {}
         usage, wal = None, None
         while usage is None:  # read the walsender (from /proc) while it still runs
-            wal = wal or slot_pid(pub, self.slot)
+            if not wal and (wal := slot_pid(pub, self.slot)):
+                out.update(walsender_up(pub, self.slot, wall0))
             figs = server_figures("walsender", wal)
             if wal and not math.isnan(figs["cpu walsender"]):
                 out.update(figs)
@@ -169,10 +171,11 @@ class Builtin(Consumer):
                     f"PUBLICATION pub WITH ({opts})")  # fmt: skip
 
     def drain(self, ctx: Ctx, marker: int, end_lsn: str, timeout: float) -> Figures:
-        t0 = time.monotonic()
+        t0, wall0 = time.monotonic(), time.time()
         self.subscribe(ctx)
         wait_marker(ctx.sub, marker, timeout)
         out: Figures = {"time": time.monotonic() - t0}
+        out.update(walsender_up(ctx.pub, self.slot, wall0))
         # The leader and any parallel apply workers (16+), read before they stop.
         sql = "SELECT pid FROM pg_stat_subscription WHERE subname = 'bsub' AND pid IS NOT NULL"
         pids = [p for (p,) in sh(ctx.sub, sql)]
@@ -258,6 +261,7 @@ class Applier(Consumer):
             raise
         elapsed = time.monotonic() - t0
         out = self.figures_before_stop(ctx)
+        out.update(walsender_up(ctx.pub, self.slot, wall0))
         out.update(self.stop(wall0))
         out["time"] = elapsed
         return out

@@ -26,6 +26,7 @@ from .common import (
     slot_pid,
     wait_marker,
     wait_until,
+    walsender_up,
 )  # fmt: skip
 from .consumers import Consumer, Figures
 from .workloads import Workload
@@ -92,10 +93,11 @@ class Pglogical(Consumer):
         wait_until(lambda: slot_pid(ctx.pub, self.slot) is None, 30, "pglogical's slot released")
 
     def drain(self, ctx: Ctx, marker: int, end_lsn: str, timeout: float) -> Figures:
-        t0 = time.monotonic()
+        t0, wall0 = time.monotonic(), time.time()
         sh(ctx.sub, f"SELECT pglogical.alter_subscription_enable('{SUB}', true)")
         wait_marker(ctx.sub, marker, timeout)
         out: Figures = {"time": time.monotonic() - t0}
+        out.update(walsender_up(ctx.pub, self.slot, wall0))
         pids = [p for (p,) in sh(ctx.sub, "SELECT pid FROM pg_stat_activity WHERE backend_type "
                                           "LIKE 'pglogical apply%'")]  # fmt: skip
         out.update(server_figures("apply workers", *pids))

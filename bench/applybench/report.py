@@ -71,6 +71,48 @@ def drain_table(version: int, results: dict[str, dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _drained(rounds: list[Round], key: str) -> list[float]:
+    """Per round: the time after the walsender connected (the drain without start-up)."""
+    out = []
+    for r in rounds:
+        f = r.get(key, {})
+        if isinstance(f.get("time"), float) and isinstance(f.get("walsender up"), float):
+            out.append(f["time"] - f["walsender up"])
+    return out
+
+
+def start_drain(rounds: list[Round], key: str) -> str:
+    """``start-up + drain`` (medians) for one consumer, or what kept it from running."""
+    s = status(rounds, key)
+    if s:
+        return "n/a" if s == "-" and key == "p" else s
+    up, drained = median_of(rounds, key, "walsender up"), _drained(rounds, key)
+    if up is None or not drained:
+        return "-"
+    return f"{up:.2f} + {statistics.median(drained):.2f} s"
+
+
+def split_table(version: int, results: dict[str, dict[str, Any]]) -> list[str]:
+    """Each consumer's time split at the moment its walsender connected: its own
+    start-up (a process exec'd, a worker forked by the launcher) and the drain."""
+    lines = [
+        f"| workload | {builtin_header(version)} | pglogical | applier "
+        "| drain only: applier/built-in |",
+        "|---|---|---|---|---|",
+    ]
+    for res in results.values():
+        rounds: list[Round] = res["rounds"]
+        a, b = _drained(rounds, "a"), _drained(rounds, "b")
+        r = "-"
+        if a and b and not status(rounds, "a") and not status(rounds, "b"):
+            r = f"{statistics.median(a) / statistics.median(b):.2f}"
+        lines.append(
+            f"| {res['describe']} | {start_drain(rounds, 'b')} | {start_drain(rounds, 'p')} "
+            f"| {start_drain(rounds, 'a')} | {r} |"
+        )
+    return lines
+
+
 def per_consumer(res: dict[str, Any]) -> list[str]:
     """Every figure's median per consumer (CPU seconds, peak RSS MB, start-up)."""
     rounds: list[Round] = res["rounds"]
