@@ -47,3 +47,53 @@ def test_known_table_dropped_on_target_stops_the_worker(pair: Pair) -> None:
     wait_for(lambda: not runner.alive(), 30, "the worker to stop")
     assert runner.wait() == 3
     assert "table public.b does not exist on the target" in runner.log()
+
+
+@pytest.mark.parametrize("pair", ["15-18"], indirect=True)
+def test_table_renamed_on_the_source_stops_until_the_target_follows(pair: Pair) -> None:
+    """A renamed table is not a new one: its changes are not skipped. The worker
+    stops, at every restart, until the target's table has the new name too."""
+    pair.both("CREATE TABLE a (id int PRIMARY KEY, n int)")
+    pair.pub_exec("CREATE PUBLICATION pub FOR TABLE a")
+    cfg = pair.write_config()
+    runner = Runner(pair, cfg).start().ready()
+    pair.pub_exec("INSERT INTO a VALUES (1, 0)")
+    wait_equal(pair, ["a"], runner=runner)
+    pair.pub_exec("ALTER TABLE a RENAME TO b")
+    pair.pub_exec("INSERT INTO b VALUES (2, 0); UPDATE b SET n = 1 WHERE id = 1")
+    wait_for(lambda: not runner.alive(), 30, "the worker to stop")
+    assert runner.wait() == 3
+    log = runner.log()
+    assert "table public.a was renamed on the source to public.b" in log, log[-3000:]
+    assert "ALTER TABLE public.a RENAME TO b" in log
+    assert pair.sub_exec("SELECT id, n FROM a") == [(1, 0)]
+    assert pair.sub_exec("SELECT count(*) FROM applier.table_sync WHERE state = 'skipped'") == [
+        (0,)
+    ]
+    # A new process knows it from the target, not from the session that saw the rename.
+    again = Runner(pair, cfg).start()
+    wait_for(lambda: not again.alive(), 30, "the restarted worker to stop")
+    assert again.wait() == 3
+    assert "was renamed on the source" in again.log()
+    pair.sub_exec("ALTER TABLE a RENAME TO b")
+    runner = Runner(pair, cfg).start().ready()
+    pair.pub_exec("INSERT INTO b VALUES (3, 3)")
+    wait_equal(pair, ["b"], runner=runner)
+    assert pair.sub_exec("SELECT id, n FROM b ORDER BY id") == [(1, 1), (2, 0), (3, 3)]
+    assert runner.stop() == 0
+
+
+@pytest.mark.parametrize("pair", ["15-15"], indirect=True)
+def test_table_moved_to_another_schema_on_the_source_stops_the_worker(pair: Pair) -> None:
+    pair.both("CREATE SCHEMA s2; CREATE TABLE a (id int PRIMARY KEY)")
+    pair.pub_exec("CREATE PUBLICATION pub FOR TABLE a")
+    runner = Runner(pair, pair.write_config()).start().ready()
+    pair.pub_exec("INSERT INTO a VALUES (1)")
+    wait_equal(pair, ["a"], runner=runner)
+    pair.pub_exec("ALTER TABLE a SET SCHEMA s2; INSERT INTO s2.a VALUES (2)")
+    wait_for(lambda: not runner.alive(), 30, "the worker to stop")
+    assert runner.wait() == 3
+    log = runner.log()
+    assert "table public.a was renamed on the source to s2.a" in log, log[-3000:]
+    assert "ALTER TABLE public.a SET SCHEMA s2" in log
+    assert pair.sub_exec("SELECT id FROM a") == [(1,)]
