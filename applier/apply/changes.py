@@ -78,7 +78,11 @@ class Changes:
         # the decision by name only at a relation's first change (a mapping miss).
         rm = self.relmaps.get(oid)
         syncs = self.syncs
-        cut = syncs.cut.get(oid) if rm is not None else syncs.classify(oid, self.relations.get(oid))
+        cut = (
+            syncs.cut.get(oid)
+            if rm is not None
+            else syncs.classify(oid, self.relations.get(oid), lsn, txn.xid)
+        )
         if cut is not None and txn.commit_lsn < cut:
             self.skipped_changes += 1
             self.tally.skip(rm.qualname if rm is not None else syncs.qualname(oid), "table_sync")
@@ -271,7 +275,7 @@ class Changes:
         assert txn is not None
         if txn.skip:
             return
-        oids = [o for o in m.relation_oids if not self._held(o, txn.commit_lsn)]
+        oids = [o for o in m.relation_oids if not self._held(o, lsn, txn)]
         rms = [self.relmap(oid, lsn) for oid in oids]
         included = [rm for rm in rms if rm.included]
         self.skipped_changes += len(rms) - len(included)
@@ -293,15 +297,15 @@ class Changes:
         session = self.session
         self._send(ctx, lambda: session.execute_sql(query, ctx))
 
-    def _held(self, oid: int, commit_lsn: Lsn) -> bool:
+    def _held(self, oid: int, lsn: Lsn, txn: Txn) -> bool:
         """A TRUNCATE's relation that sync-tables holds back (counted as skipped)."""
         syncs = self.syncs
         cut = (
             syncs.cut.get(oid)
             if oid in self.relmaps
-            else syncs.classify(oid, self.relations.get(oid))
+            else syncs.classify(oid, self.relations.get(oid), lsn, txn.xid)
         )
-        if cut is None or commit_lsn >= cut:
+        if cut is None or txn.commit_lsn >= cut:
             return False
         self.skipped_changes += 1
         self.tally.skip(syncs.qualname(oid), "table_sync")

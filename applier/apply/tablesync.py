@@ -14,7 +14,13 @@ The protocol, and why each step is safe, is in :mod:`applier.synctables`. Here:
   target, is recorded as ``skipped`` with one warning (run ``sync-tables``); one
   that applier copied (a ``ready`` row, or the bootstrap's ``bootstrap_table``)
   and the target lacks is not held: its mapping fails as before (the worker
-  stops), because skipping it would lose its changes silently.
+  stops), because skipping it would lose its changes silently. Nor is a table
+  renamed (or moved to another schema) on the source: the worker records the
+  name under which it applies each source relation OID
+  (``applier.source_relation``), and an OID known under another name stops it
+  with the ``ALTER TABLE`` the target needs, at every restart until the target
+  follows (taken for a new table, its changes would be skipped, and stay
+  skipped after the target's rename, until a full copy).
 * :meth:`TableSyncs.start` (every session start, before streaming): records the
   tables the target has as ``ready`` when the origin has no row yet (the first
   start after migration 0008), and settles a ``handover`` a previous session or
@@ -37,8 +43,10 @@ import time
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
 from applier.config import Config
+from applier.errors import SchemaMismatch
 from applier.lsn import Lsn
 
 log = logging.getLogger("applier.apply")
@@ -129,6 +137,8 @@ class TableSyncs:
         self.booted: set[Name] = set()
         #: OIDs classified in this session (their cut is recomputed on each read).
         self.names: dict[int, Name] = {}
+        #: Source relation OID -> the name the worker last applied it under.
+        self.relids: dict[int, Name] = {}
         self.conn: Conn | None = None
         self._read = 0.0
         self._answer = False  # a syncwait to answer at the next transaction boundary
@@ -151,6 +161,14 @@ class TableSyncs:
             ).fetchall()
         }
         self._baseline(conn)
+        self.relids = {
+            int(r[0]): (r[1], r[2])
+            for r in conn.execute(
+                "SELECT relid, schema_name, table_name FROM applier.source_relation "
+                "WHERE origin = %s",
+                (self.origin,),
+            ).fetchall()
+        }
         self._load(conn)
         left = [n for n, (st, _) in self.states.items() if st == "handover"]
         if left:
@@ -185,20 +203,64 @@ class TableSyncs:
 
     # -- the cold path -----------------------------------------------------------------
 
-    def classify(self, oid: int, rel: Any) -> Lsn | None:
-        """The cut of relation ``oid`` (its first change in this session)."""
+    def classify(
+        self, oid: int, rel: Any, lsn: Lsn | None = None, xid: int | None = None
+    ) -> Lsn | None:
+        """The cut of relation ``oid`` (its first change in this session, at ``lsn``
+        in transaction ``xid``); SchemaMismatch if it is a table renamed on the source."""
         if not self.enabled or rel is None:
             return None
         name = (rel.namespace, rel.name)
         if not self.cfg.tables.includes(*name):
             return None
         self.names[oid] = name
-        cut = self._cut_of(name)
+        try:
+            cut = self._cut_of(name, oid)
+        except SchemaMismatch as e:
+            e.context.update({"lsn": None if lsn is None else str(Lsn(lsn)), "xid": xid})
+            raise
         if cut is None:
             self.cut.pop(oid, None)
         else:
             self.cut[oid] = cut
+        if cut != INF:
+            self._remember(oid, name)
         return cut
+
+    def _remember(self, oid: int, name: Name) -> None:
+        """Record that source relation ``oid`` is applied as ``name`` (once per change)."""
+        if self.relids.get(oid) == name or self.conn is None:
+            return
+        self.conn.execute(
+            "INSERT INTO applier.source_relation (origin, relid, schema_name, table_name) "
+            "VALUES (%s, %s, %s, %s) ON CONFLICT (origin, relid) DO UPDATE SET "
+            "schema_name = EXCLUDED.schema_name, table_name = EXCLUDED.table_name, "
+            "updated_at = pg_catalog.now()",
+            (self.origin, oid, *name),
+        )
+        self.relids[oid] = name
+
+    def _check_renamed(self, oid: int, name: Name) -> None:
+        """Before ``name`` is taken for a new table: is it one renamed on the source?"""
+        was = self.relids.get(oid)
+        if was is None or was == name or self.conn is None:
+            return
+        old, new = f"{was[0]}.{was[1]}", f"{name[0]}.{name[1]}"
+        steps = []
+        if was[1] != name[1]:
+            steps.append(sql.SQL("ALTER TABLE {} RENAME TO {}").format(
+                sql.Identifier(*was), sql.Identifier(name[1])))  # fmt: skip
+        if was[0] != name[0]:
+            steps.append(sql.SQL("ALTER TABLE {} SET SCHEMA {}").format(
+                sql.Identifier(was[0], name[1]), sql.Identifier(name[0])))  # fmt: skip
+        todo = "; ".join(st.as_string(self.conn) for st in steps)
+        raise SchemaMismatch(
+            f"table {old} was renamed on the source to {new}, which the target does not have",
+            table=new,
+            hint=f"do the same on the target ({todo}) and restart applier run: none of its "
+            f"changes since the rename were applied. If {old} was dropped and {new} is a new "
+            f"table that took its OID, copy it: applier sync-tables --config F --tables {new}",
+        )
 
     def commit_dependent(self) -> bool:
         """Whether a change's fate may depend on its transaction's commit LSN (a cut
@@ -210,7 +272,7 @@ class TableSyncs:
         s, n = self.names.get(oid, ("?", str(oid)))
         return f"{s}.{n}"
 
-    def _cut_of(self, name: Name) -> Lsn | None:
+    def _cut_of(self, name: Name, oid: int) -> Lsn | None:
         st = self.states.get(name)
         if st is not None:
             state, lsn = st
@@ -230,12 +292,13 @@ class TableSyncs:
         row = conn.execute(_ONE, {**args, "schema": name[0], "name": name[1]}).fetchone()
         if row is not None:
             self.states[name] = (str(row[2]), None if row[3] is None else Lsn.parse(row[3]))
-            return self._cut_of(name)
+            return self._cut_of(name, oid)
         if exists:
             return None
-        return self._record_skipped(conn, name)
+        self._check_renamed(oid, name)
+        return self._record_skipped(conn, name, oid)
 
-    def _record_skipped(self, conn: Conn, name: Name) -> Lsn | None:
+    def _record_skipped(self, conn: Conn, name: Name, oid: int) -> Lsn | None:
         cur = conn.execute(
             "INSERT INTO applier.table_sync (origin, schema_name, table_name, state) "
             "VALUES (%s, %s, %s, 'skipped') ON CONFLICT DO NOTHING",
@@ -243,7 +306,7 @@ class TableSyncs:
         )
         if cur.rowcount != 1:  # sync-tables got there first
             self._load(conn)
-            return self._cut_of(name) if name in self.states else INF
+            return self._cut_of(name, oid) if name in self.states else INF
         self.states[name] = ("skipped", None)
         table = f"{name[0]}.{name[1]}"
         log.warning(
@@ -286,7 +349,7 @@ class TableSyncs:
 
     def _recut(self) -> None:
         for oid, name in self.names.items():
-            cut = self._cut_of(name)
+            cut = self._cut_of(name, oid)
             if cut is None:
                 self.cut.pop(oid, None)
             else:
@@ -371,7 +434,9 @@ class _Inert(TableSyncs):
         self.enabled = False
         self.names = {}
 
-    def classify(self, oid: int, rel: Any) -> Lsn | None:
+    def classify(
+        self, oid: int, rel: Any, lsn: Lsn | None = None, xid: int | None = None
+    ) -> Lsn | None:
         return None
 
 

@@ -65,7 +65,7 @@ def test_table_renamed_on_the_source_stops_until_the_target_follows(pair: Pair) 
     assert runner.wait() == 3
     log = runner.log()
     assert "table public.a was renamed on the source to public.b" in log, log[-3000:]
-    assert "ALTER TABLE public.a RENAME TO b" in log
+    assert 'ALTER TABLE "public"."a" RENAME TO "b"' in log
     assert pair.sub_exec("SELECT id, n FROM a") == [(1, 0)]
     assert pair.sub_exec("SELECT count(*) FROM applier.table_sync WHERE state = 'skipped'") == [
         (0,)
@@ -95,5 +95,5 @@ def test_table_moved_to_another_schema_on_the_source_stops_the_worker(pair: Pair
     assert runner.wait() == 3
     log = runner.log()
     assert "table public.a was renamed on the source to s2.a" in log, log[-3000:]
-    assert "ALTER TABLE public.a SET SCHEMA s2" in log
+    assert 'ALTER TABLE "public"."a" SET SCHEMA "s2"' in log
     assert pair.sub_exec("SELECT id FROM a") == [(1,)]
