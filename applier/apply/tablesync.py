@@ -211,10 +211,11 @@ class TableSyncs:
         if not self.enabled or rel is None:
             return None
         name = (rel.namespace, rel.name)
-        if not self.cfg.tables.includes(*name):
-            return None
-        self.names[oid] = name
         try:
+            if not self.cfg.tables.includes(*name):
+                self._check_renamed(oid, name, excluded=True)
+                return None
+            self.names[oid] = name
             cut = self._cut_of(name, oid)
         except SchemaMismatch as e:
             e.context.update({"lsn": None if lsn is None else str(Lsn(lsn)), "xid": xid})
@@ -228,7 +229,8 @@ class TableSyncs:
         return cut
 
     def _remember(self, oid: int, name: Name) -> None:
-        """Record that source relation ``oid`` is applied as ``name`` (once per change)."""
+        """Record that source relation ``oid`` is applied as ``name`` (a write only when
+        the name is new for the OID: a first start, a table synced or renamed)."""
         if self.relids.get(oid) == name or self.conn is None:
             return
         self.conn.execute(
@@ -240,20 +242,34 @@ class TableSyncs:
         )
         self.relids[oid] = name
 
-    def _check_renamed(self, oid: int, name: Name) -> None:
-        """Before ``name`` is taken for a new table: is it one renamed on the source?"""
+    def _check_renamed(self, oid: int, name: Name, excluded: bool = False) -> None:
+        """Before ``name`` is taken for a new table, or for one ``[tables]`` leaves out
+        (``excluded``): is it a table applied until now and renamed on the source?"""
         was = self.relids.get(oid)
         if was is None or was == name or self.conn is None:
             return
         old, new = f"{was[0]}.{was[1]}", f"{name[0]}.{name[1]}"
         steps = []
         if was[1] != name[1]:
-            steps.append(sql.SQL("ALTER TABLE {} RENAME TO {}").format(
-                sql.Identifier(*was), sql.Identifier(name[1])))  # fmt: skip
+            rename = sql.SQL("ALTER TABLE {} RENAME TO {}")
+            steps.append(rename.format(sql.Identifier(*was), sql.Identifier(name[1])))
         if was[0] != name[0]:
-            steps.append(sql.SQL("ALTER TABLE {} SET SCHEMA {}").format(
-                sql.Identifier(was[0], name[1]), sql.Identifier(name[0])))  # fmt: skip
+            move = sql.SQL("ALTER TABLE {} SET SCHEMA {}")
+            steps.append(move.format(sql.Identifier(was[0], name[1]), sql.Identifier(name[0])))
         todo = "; ".join(st.as_string(self.conn) for st in steps)
+        if excluded:
+            forget = sql.SQL(
+                "DELETE FROM applier.source_relation WHERE origin = {} AND relid = {}"
+            ).format(sql.Literal(self.origin), sql.Literal(oid))
+            raise SchemaMismatch(
+                f"table {old} was renamed on the source to {new}, which [tables] does not "
+                "include: its changes would be dropped",
+                table=new,
+                hint=f"include {new} in [tables] and do the same on the target ({todo}), or "
+                "take the table out of the publication; then restart applier run. If "
+                f"{old} was dropped and {new} is another table that took its OID: "
+                f"{forget.as_string(self.conn)}",
+            )
         raise SchemaMismatch(
             f"table {old} was renamed on the source to {new}, which the target does not have",
             table=new,

@@ -97,3 +97,22 @@ def test_table_moved_to_another_schema_on_the_source_stops_the_worker(pair: Pair
     assert "table public.a was renamed on the source to s2.a" in log, log[-3000:]
     assert 'ALTER TABLE "public"."a" SET SCHEMA "s2"' in log
     assert pair.sub_exec("SELECT id FROM a") == [(1,)]
+
+
+@pytest.mark.parametrize("pair", ["15-15"], indirect=True)
+def test_table_renamed_out_of_the_included_tables_stops_the_worker(pair: Pair) -> None:
+    """Renamed to a name `[tables]` leaves out, an applied table's changes would be
+    dropped as an excluded table's: the worker stops and says so."""
+    pair.both("CREATE TABLE a (id int PRIMARY KEY); CREATE TABLE c (id int PRIMARY KEY)")
+    pair.pub_exec("CREATE PUBLICATION pub FOR TABLE a, c")
+    runner = Runner(pair, pair.write_config(tables={"include": ["public.a", "public.c"]}))
+    runner.start().ready()
+    pair.pub_exec("INSERT INTO a VALUES (1)")
+    wait_equal(pair, ["a"], runner=runner)
+    pair.pub_exec("ALTER TABLE a RENAME TO b; INSERT INTO b VALUES (2); INSERT INTO c VALUES (1)")
+    wait_for(lambda: not runner.alive(), 30, "the worker to stop")
+    assert runner.wait() == 3
+    log = runner.log()
+    assert "table public.a was renamed on the source to public.b, which [tables] does not" in log
+    assert pair.sub_exec("SELECT id FROM a") == [(1,)]
+    assert pair.sub_exec("SELECT count(*) FROM c") == [(0,)]  # same transaction: not committed
