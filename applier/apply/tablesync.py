@@ -17,7 +17,8 @@ The protocol, and why each step is safe, is in :mod:`applier.synctables`. Here:
   stops), because skipping it would lose its changes silently. Nor is a table
   renamed (or moved to another schema) on the source: the worker records the
   name under which it applies each source relation OID
-  (``applier.source_relation``), and an OID known under another name stops it
+  (``applier.source_relation``; before that, the OIDs the last bootstrap read
+  under its snapshot), and an OID known under another name stops it
   with the ``ALTER TABLE`` the target needs, at every restart until the target
   follows (taken for a new table, its changes would be skipped, and stay
   skipped after the target's rename, until a full copy).
@@ -153,22 +154,24 @@ class TableSyncs:
         self.conn = conn
         self.cut.clear()
         self.names.clear()
-        self.booted = {
-            (r[0], r[1])
-            for r in conn.execute(
-                "SELECT src_schema, src_name FROM applier.bootstrap_table WHERE slot = %s",
-                (self.cfg.source.slot,),
-            ).fetchall()
-        }
+        booted = conn.execute(
+            "SELECT src_schema, src_name, src_relid, run_id = max(run_id) OVER () "
+            "FROM applier.bootstrap_table WHERE slot = %s",
+            (self.cfg.source.slot,),
+        ).fetchall()
+        self.booted = {(r[0], r[1]) for r in booted}
         self._baseline(conn)
-        self.relids = {
-            int(r[0]): (r[1], r[2])
+        # The OIDs the last bootstrap read under its snapshot, then what the worker
+        # applied since (which supersedes them).
+        self.relids = {int(r[2]): (r[0], r[1]) for r in booted if r[3] and r[2] is not None}
+        self.relids.update(
+            (int(r[0]), (r[1], r[2]))
             for r in conn.execute(
                 "SELECT relid, schema_name, table_name FROM applier.source_relation "
                 "WHERE origin = %s",
                 (self.origin,),
             ).fetchall()
-        }
+        )
         self._load(conn)
         left = [n for n, (st, _) in self.states.items() if st == "handover"]
         if left:

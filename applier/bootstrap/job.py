@@ -201,10 +201,10 @@ def record_copy_phase(
             assert t.dst is not None
             tgt.execute(
                 "INSERT INTO applier.bootstrap_table (slot, run_id, src_schema, src_name, "
-                "dst_schema, dst_name, created, slices, est_bytes, est_rows) "
-                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                "dst_schema, dst_name, created, slices, est_bytes, est_rows, src_relid) "
+                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
                 (slot, run.run_id, t.schema, t.name, *t.dst, (t.schema, t.name) in created,
-                 len(t.slices), t.heap_bytes, t.est_rows),
+                 len(t.slices), t.heap_bytes, t.est_rows, t.relid),
             )  # fmt: skip
 
 

@@ -53,6 +53,8 @@ class TableSpec:
     heap_bytes: int
     est_rows: int
     row_filter: str | None = None
+    #: Its OID on the source (a table renamed later is known by it: apply.tablesync).
+    relid: int | None = None
     # Filled in once the target side is known (see job.resolve_targets).
     dst: tuple[str, str] | None = None
     binary: bool = True
@@ -170,14 +172,14 @@ def published_tables(conn: Conn, cfg: Config) -> dict[tuple[str, str], dict[str,
 _TREE = """
 SELECT n.nspname, c.relname, c.relkind, t.level, c.relreplident,
        EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary),
-       pg_relation_size(c.oid), c.reltuples::bigint
+       pg_relation_size(c.oid), c.reltuples::bigint, c.oid
 FROM (SELECT relid, level FROM pg_partition_tree(%(oid)s::regclass)
       UNION ALL  -- a table outside any partition tree has no rows there
       SELECT %(oid)s::regclass, 0
       WHERE NOT EXISTS (SELECT 1 FROM pg_partition_tree(%(oid)s::regclass))) t
 JOIN pg_class c ON c.oid = t.relid JOIN pg_namespace n ON n.oid = c.relnamespace
 UNION ALL
-SELECT n.nspname, c.relname, c.relkind, -a.n, c.relreplident, true, 0, 0
+SELECT n.nspname, c.relname, c.relkind, -a.n, c.relreplident, true, 0, 0, c.oid
 FROM unnest((SELECT array_agg(x) FROM pg_partition_ancestors(%(oid)s::regclass) x))
      WITH ORDINALITY a(relid, n)
 JOIN pg_class c ON c.oid = a.relid JOIN pg_namespace n ON n.oid = c.relnamespace
@@ -206,10 +208,10 @@ WITH RECURSIVE down(relid, level) AS (
 )
 SELECT n.nspname, c.relname, c.relkind, d.level, c.relreplident,
        EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary),
-       pg_relation_size(c.oid), c.reltuples::bigint
+       pg_relation_size(c.oid), c.reltuples::bigint, c.oid
 FROM down d JOIN pg_class c ON c.oid = d.relid JOIN pg_namespace n ON n.oid = c.relnamespace
 UNION ALL
-SELECT n.nspname, c.relname, c.relkind, -u.n, c.relreplident, true, 0, 0
+SELECT n.nspname, c.relname, c.relkind, -u.n, c.relreplident, true, 0, 0, c.oid
 FROM up u JOIN pg_class c ON c.oid = u.relid JOIN pg_namespace n ON n.oid = c.relnamespace
 ORDER BY 4
 """
@@ -235,7 +237,7 @@ def discover(conn: Conn, cfg: Config) -> SourcePlan:
         tree = tree_sql(conn.info.server_version)
         rows = conn.execute(tree, {"oid": quote_qual(schema, name)}).fetchall()
         root = min(rows, key=lambda r: r[3])
-        for nsp, rel, kind, _lvl, ident, has_pk, size, tuples in rows:
+        for nsp, rel, kind, _lvl, ident, has_pk, size, tuples, relid in rows:
             ddl[(nsp, rel)] = None
             if kind != "r" or (nsp, rel) in specs:
                 continue
@@ -250,6 +252,7 @@ def discover(conn: Conn, cfg: Config) -> SourcePlan:
                 heap_bytes=int(size),
                 est_rows=max(int(tuples), 0),
                 row_filter=_combine_filters(info),
+                relid=int(relid),
             )
     return SourcePlan(ddl_tables=list(ddl), tables=list(specs.values()))
 

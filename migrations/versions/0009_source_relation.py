@@ -8,6 +8,10 @@ and says what to run on the target, where it would otherwise take it for a
 table added to the publication and skip its changes (:mod:`applier.apply.tablesync`).
 Nothing is backfilled: the worker records each table the first time it maps it.
 
+``bootstrap_table.src_relid``: the OID of each table a bootstrap copied, read
+under its snapshot, so that a table renamed after the snapshot and before the
+worker first applied it is known too.
+
 Revision ID: 0009
 Revises: 0008
 Create Date: 2026-11-27
@@ -36,7 +40,9 @@ def upgrade() -> None:
         )
         """
     )
+    op.execute("ALTER TABLE applier.bootstrap_table ADD COLUMN src_relid oid")
 
 
 def downgrade() -> None:
+    op.execute("ALTER TABLE applier.bootstrap_table DROP COLUMN src_relid")
     op.execute("DROP TABLE applier.source_relation")
