@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from apply.applykit import Runner, wait_equal, wait_for
+from apply.applykit import Runner, wait_equal
 from conftest import Pair
 
 from applier.bootstrap.job import run_bootstrap
@@ -25,8 +25,7 @@ def test_table_renamed_after_the_snapshot_stops_the_first_run(pair: Pair, spark:
     assert run_bootstrap(load_config(path), recreate_slot=False, truncate=False, quiet=True) == 0
     pair.pub_exec("ALTER TABLE a RENAME TO b; INSERT INTO b VALUES (2, 0)")
     runner = Runner(pair, path).start()
-    wait_for(lambda: not runner.alive(), 60, "the worker to stop")
-    assert runner.wait() == 3
+    assert runner.wait(60) == 3
     assert "table public.a was renamed on the source to public.b" in runner.log()
     assert pair.sub_exec("SELECT count(*) FROM applier.table_sync WHERE state = 'skipped'") == [
         (0,)

@@ -4,7 +4,7 @@ never copied it, a stop when it did (a table dropped by mistake is not skipped).
 from __future__ import annotations
 
 import pytest
-from apply.applykit import Runner, wait_equal, wait_for
+from apply.applykit import Runner, wait_equal
 from conftest import Pair
 from synckit import state
 
@@ -44,8 +44,7 @@ def test_known_table_dropped_on_target_stops_the_worker(pair: Pair) -> None:
     ]
     pair.sub_exec("DROP TABLE b")
     pair.pub_exec("INSERT INTO b VALUES (1)")
-    wait_for(lambda: not runner.alive(), 30, "the worker to stop")
-    assert runner.wait() == 3
+    assert runner.wait(30) == 3
     assert "table public.b does not exist on the target" in runner.log()
 
 
@@ -61,8 +60,7 @@ def test_table_renamed_on_the_source_stops_until_the_target_follows(pair: Pair) 
     wait_equal(pair, ["a"], runner=runner)
     pair.pub_exec("ALTER TABLE a RENAME TO b")
     pair.pub_exec("INSERT INTO b VALUES (2, 0); UPDATE b SET n = 1 WHERE id = 1")
-    wait_for(lambda: not runner.alive(), 30, "the worker to stop")
-    assert runner.wait() == 3
+    assert runner.wait(30) == 3
     log = runner.log()
     assert "table public.a was renamed on the source to public.b" in log, log[-3000:]
     assert 'ALTER TABLE "public"."a" RENAME TO "b"' in log
@@ -72,8 +70,7 @@ def test_table_renamed_on_the_source_stops_until_the_target_follows(pair: Pair) 
     ]
     # A new process knows it from the target, not from the session that saw the rename.
     again = Runner(pair, cfg).start()
-    wait_for(lambda: not again.alive(), 30, "the restarted worker to stop")
-    assert again.wait() == 3
+    assert again.wait(30) == 3
     assert "was renamed on the source" in again.log()
     pair.sub_exec("ALTER TABLE a RENAME TO b")
     runner = Runner(pair, cfg).start().ready()
@@ -91,8 +88,7 @@ def test_table_moved_to_another_schema_on_the_source_stops_the_worker(pair: Pair
     pair.pub_exec("INSERT INTO a VALUES (1)")
     wait_equal(pair, ["a"], runner=runner)
     pair.pub_exec("ALTER TABLE a SET SCHEMA s2; INSERT INTO s2.a VALUES (2)")
-    wait_for(lambda: not runner.alive(), 30, "the worker to stop")
-    assert runner.wait() == 3
+    assert runner.wait(30) == 3
     log = runner.log()
     assert "table public.a was renamed on the source to s2.a" in log, log[-3000:]
     assert 'ALTER TABLE "public"."a" SET SCHEMA "s2"' in log
@@ -110,8 +106,7 @@ def test_table_renamed_out_of_the_included_tables_stops_the_worker(pair: Pair) -
     pair.pub_exec("INSERT INTO a VALUES (1)")
     wait_equal(pair, ["a"], runner=runner)
     pair.pub_exec("ALTER TABLE a RENAME TO b; INSERT INTO b VALUES (2); INSERT INTO c VALUES (1)")
-    wait_for(lambda: not runner.alive(), 30, "the worker to stop")
-    assert runner.wait() == 3
+    assert runner.wait(30) == 3
     log = runner.log()
     assert "table public.a was renamed on the source to public.b, which [tables] does not" in log
     assert pair.sub_exec("SELECT id FROM a") == [(1,)]
