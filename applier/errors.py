@@ -179,5 +179,9 @@ class SourceMismatch(PermanentError):
     """The source is not the one the target's origin was recorded from."""
 
 
+class AnotherWorker(PermanentError):
+    """Another ``applier run`` owns the replication origin (see applier.apply.holder)."""
+
+
 class SourceError(ApplierError):
     """The source refused a command (missing publication, privileges, settings)."""

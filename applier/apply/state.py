@@ -11,6 +11,17 @@ the next write (the next heartbeat, the retry's error record) opens a new one
 with ``reopen``; otherwise the row would freeze at the first fault, showing
 "running" with a stale heartbeat and no error. While the target is down a
 reopen fails fast (connection refused) and is only logged.
+
+Whose row
+=========
+
+The row names the worker that owns the origin: a second ``applier run``
+reads its host, pid and heartbeat to tell another worker from an abandoned
+backend (:mod:`.holder`). So a worker writes its host and pid only once it
+has taken the origin (:meth:`WorkerState.claim`); before that, a retried
+error is recorded in ``last_error`` alone, and a refusal because another
+worker runs (:class:`~applier.errors.AnotherWorker`) not at all: the row is
+that worker's.
 """
 
 from __future__ import annotations
@@ -25,7 +36,7 @@ from typing import Any
 
 import psycopg
 
-from applier.errors import ApplierError, ErrorRecord
+from applier.errors import AnotherWorker, ApplierError, ErrorRecord
 from applier.lsn import Lsn, pg_timestamp
 
 from .targetconn import close_quietly
@@ -45,6 +56,8 @@ class WorkerState:
         self.origin = origin
         self.slot = slot
         self._reopen = reopen
+        #: This process owns the origin (has written its host and pid); see "Whose row".
+        self.claimed = False
 
     def _usable(self) -> psycopg.Connection[Any] | None:
         conn = self.conn
@@ -79,7 +92,13 @@ class WorkerState:
         if conn is not None:
             close_quietly(conn, "status")
 
+    def claim(self) -> None:
+        """This process took the origin: the row is its own from now on (once)."""
+        if not self.claimed:
+            self.started()
+
     def started(self) -> None:
+        self.claimed = True
         self._exec(
             """
             INSERT INTO applier.worker_status AS w
@@ -98,7 +117,7 @@ class WorkerState:
         self._exec(
             """
             UPDATE applier.worker_status
-               SET heartbeat_at = now(), state = 'running', pid = %s,
+               SET heartbeat_at = now(), state = 'running', pid = %s, host = %s,
                    applied_txns = %s, skipped_changes = %s,
                    last_commit_lsn = coalesce(%s::pg_lsn, last_commit_lsn),
                    last_commit_time = coalesce(%s, last_commit_time)
@@ -106,6 +125,7 @@ class WorkerState:
             """,
             (
                 os.getpid(),
+                socket.gethostname(),
                 applied,
                 skipped,
                 str(last_lsn) if last_lsn else None,
@@ -115,6 +135,8 @@ class WorkerState:
         )
 
     def stopped(self) -> None:
+        if not self.claimed:
+            return  # stopped before taking the origin: the row is not ours (see "Whose row")
         self._exec(
             "UPDATE applier.worker_status SET state = 'stopped', heartbeat_at = now() "
             "WHERE origin = %s",
@@ -122,6 +144,10 @@ class WorkerState:
         )
 
     def failed(self, exc: BaseException) -> None:
+        if isinstance(exc, AnotherWorker):
+            return  # the row is the running worker's (see "Whose row")
+        if not self.claimed:
+            self.started()  # failed before taking the origin: still this worker's end
         record = json.dumps(asdict(ErrorRecord.from_exc(exc)))
         self._exec(
             """
@@ -134,8 +160,16 @@ class WorkerState:
         )
 
     def retrying(self, exc: BaseException) -> None:
-        """A transient error the worker is retrying: still running, the error shown."""
+        """A transient error the worker is retrying: still running, the error shown
+        (only the error before the origin is taken: see "Whose row")."""
         record = json.dumps(asdict(ErrorRecord.from_exc(exc)))
+        if not self.claimed:
+            self._exec(
+                "UPDATE applier.worker_status SET last_error = %s::jsonb, "
+                "last_error_at = now() WHERE origin = %s",
+                (record, self.origin),
+            )
+            return
         self._exec(
             """
             UPDATE applier.worker_status

@@ -51,7 +51,10 @@ session that applied and confirmed progress (or streamed for
 period reconnects within 0.5 s plus the connection set-up, however many
 faults the process has seen; only a fault that persists backs off to 30 s.
 The status row's connection is reopened as needed and shows the fault
-(:mod:`.state`). A missing or wrong slot, another source, an unfinished
+(:mod:`.state`). The origin held by *another worker* (a second ``applier
+run`` on the same origin) is permanent (exit 3), naming it; only a backend
+abandoned by this process or this host's previous one is waited for
+(:mod:`.holder`). A missing or wrong slot, another source, an unfinished
 bootstrap (:mod:`.preflight`) are permanent (exit 3), never retried. Anything
 else the target refuses is an :class:`ApplyError` naming the source LSN, xid,
 table, key and SQLSTATE: the worker rolls back, records it in
@@ -110,9 +113,11 @@ from applier.errors import (
     ApplierError,
     ApplyError,
     ConfigError,
+    ConnectionLost,
     SchemaMismatch,
     TransientError,
 )
+from applier.health import STALE_INTERVALS
 from applier.lsn import Lsn
 from applier.protocol.speedups import dispatch_batch as _dispatch_batch
 from applier.redact import redact_dsn
@@ -123,6 +128,7 @@ from .beat import Beat
 from .confirm import Confirmer
 from .gcsched import collect_garbage_on_schedule
 from .handlers import Applier
+from .holder import OBJECT_IN_USE, origin_taken
 from .mapping import Catalog
 from .origin import ensure_origin, origin_progress
 from .preflight import check_before_streaming
@@ -261,13 +267,14 @@ class Worker:
             upgrade_target(target_ci)
         # Reopened on the next write after it broke (a target restart, a terminated
         # backend): the row must keep showing a fresh heartbeat and the last error.
+        # The row is written once the first session owns the origin (state.py,
+        # "Whose row"): a second worker must not take over the running one's row.
         self.status = WorkerState(
             status_conn,
             cfg.origin,
             cfg.source.slot,
             reopen=lambda: connect(target_ci, "applier status", timeout),
         )
-        self.status.started()
 
         def before_sleep(rs: RetryCallState) -> None:
             exc = rs.outcome.exception() if rs.outcome else None
@@ -363,13 +370,7 @@ class Worker:
         spools.clear_stale()
         try:
             ensure_origin(catalog_conn, cfg.origin)
-            session = TargetSession(
-                target_ci,
-                cfg.origin,
-                cfg.apply.synchronous_commit,
-                cfg.apply.copy_threshold,
-                cfg.apply.target_timeout,
-            )
+            session = self._take_origin(catalog_conn)
             progress = origin_progress(session.conn, cfg.origin)
             our_origin_id = self._prepare_conflicts(catalog_conn)
             self.syncs.start(catalog_conn)
@@ -466,6 +467,27 @@ class Worker:
                 session.close()
             spools.close()
             close_quietly(catalog_conn, "catalog")
+
+    def _take_origin(self, catalog_conn: psycopg.Connection[Any]) -> TargetSession:
+        """The apply session, owning the origin; refused at once when another worker
+        holds it, a wait when an abandoned backend does (applier.apply.holder)."""
+        cfg = self.cfg
+        try:
+            session = TargetSession(
+                cfg.target.conninfo(),
+                cfg.origin,
+                cfg.apply.synchronous_commit,
+                cfg.apply.copy_threshold,
+                cfg.apply.target_timeout,
+            )
+        except ConnectionLost as e:
+            if e.context.get("sqlstate") != OBJECT_IN_USE:
+                raise
+            stale_after = STALE_INTERVALS * cfg.apply.status_interval
+            raise origin_taken(catalog_conn, cfg.origin, e, stale_after) from None
+        assert self.status is not None
+        self.status.claim()
+        return session
 
     def _prepare_conflicts(self, catalog_conn: psycopg.Connection[Any]) -> int | None:
         """Read the skip rules; check what the conflict policies need of the target;
