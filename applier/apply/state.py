@@ -10,7 +10,7 @@ restart, a terminated backend). A write on a broken connection drops it, and
 the next write (the next heartbeat, the retry's error record) opens a new one
 with ``reopen``; otherwise the row would freeze at the first fault, showing
 "running" with a stale heartbeat and no error. While the target is down a
-reopen fails fast (connection refused) and is only logged.
+reopen fails fast (connection refused) and is logged once until it works.
 
 Whose row
 =========
@@ -58,6 +58,7 @@ class WorkerState:
         self._reopen = reopen
         #: This process owns the origin (has written its host and pid); see "Whose row".
         self.claimed = False
+        self._reopen_failed = False
 
     def _usable(self) -> psycopg.Connection[Any] | None:
         conn = self.conn
@@ -69,8 +70,13 @@ class WorkerState:
         try:
             self.conn = self._reopen()
         except ApplierError as e:  # the target is still down: the next write tries again
-            log.warning("cannot reopen the status connection: %s", e)
+            # Once per outage: the retries come as often as every second.
+            (log.debug if self._reopen_failed else log.warning)(
+                "cannot reopen the status connection: %s", e
+            )
+            self._reopen_failed = True
             return None
+        self._reopen_failed = False
         log.info("status connection reopened")
         return self.conn
 

@@ -42,20 +42,21 @@ Faults
 
 Connection loss, a server restart, a terminated walsender or backend
 (SQLSTATE class 08, 57P01-57P03), a slot or origin still held by the
-previous process (55006): :class:`TransientError`, retried with jittered
-exponential backoff (tenacity: attempt n waits up to
-min(30, 0.5 * 2**(n-1)) s); the session starts over from the origin, rolling
-back (and ``pg_replication_origin_xact_reset()``) whatever was in hand. A
-session that applied and confirmed progress (or streamed for
-``HEALTHY_AFTER`` s) resets the attempt count, so a fault after a healthy
-period reconnects within 0.5 s plus the connection set-up, however many
-faults the process has seen; only a fault that persists backs off to 30 s.
-The status row's connection is reopened as needed and shows the fault
-(:mod:`.state`). The origin held by *another worker* (a second ``applier
-run`` on the same origin) is permanent (exit 3), naming it; only a backend
-abandoned by this process or this host's previous one is waited for
-(:mod:`.holder`). A missing or wrong slot, another source, an unfinished
-bootstrap (:mod:`.preflight`) are permanent (exit 3), never retried. Anything
+previous process (55006): :class:`TransientError`, retried (tenacity) at most
+1 s apart while the fault is younger than a minute, then less often, up to
+30 s apart (:mod:`.backoff` says why, and how often a fault is logged); the
+session starts over from the origin, rolling back (and
+``pg_replication_origin_xact_reset()``) whatever was in hand. A session that
+applied and confirmed progress (or streamed for ``HEALTHY_AFTER`` s) ends the
+fault and resets the attempt count, so a fault after a healthy period
+reconnects within 0.5 s plus the connection set-up, however many faults the
+process has seen. The status row's connection is reopened as needed and
+shows the fault (:mod:`.state`). The origin held by *another worker* (a
+second ``applier run`` on the same origin) is permanent (exit 3), naming it;
+only a backend abandoned by this process or this host's previous one is
+waited for (:mod:`.holder`). A missing or wrong slot, another source, an
+unfinished bootstrap (:mod:`.preflight`) are permanent (exit 3), never
+retried. Anything
 else the target refuses is an :class:`ApplyError` naming the source LSN, xid,
 table, key and SQLSTATE: the worker rolls back, records it in
 ``applier.worker_status.last_error`` and exits non-zero; the origin has not
@@ -101,12 +102,7 @@ from typing import Any
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
-from tenacity import (
-    RetryCallState,
-    Retrying,
-    retry_if_exception,
-    wait_random_exponential,
-)
+from tenacity import RetryCallState, Retrying, retry_if_exception
 
 from applier.config import Config
 from applier.errors import (
@@ -124,6 +120,7 @@ from applier.redact import redact_dsn
 from applier.schema import schema_at_head, upgrade_target
 from applier.service import Service, signal_wakeup
 
+from .backoff import Fault, backoff
 from .beat import Beat
 from .confirm import Confirmer
 from .gcsched import collect_garbage_on_schedule
@@ -156,10 +153,6 @@ def source_conninfo(cfg: Config) -> str:
     base = client_keepalives(base, cfg.apply.timeout)
     return make_conninfo(base, options=f"{opts} {ours}".strip(), client_encoding="UTF8")
 
-
-#: The longest wait between two reconnection attempts (tenacity's jittered
-#: exponential backoff: attempt n waits up to min(MAX_BACKOFF, 0.5 * 2**(n-1)) s).
-MAX_BACKOFF = 30.0
 
 #: A session that streamed this long without a fault counts as healthy (resets
 #: the backoff) even if the source was idle and no position moved.
@@ -198,6 +191,8 @@ class Worker:
         #: Bytes of the stream read ahead while the target was waited on, over every session.
         self._read_ahead = 0
         self._retry_state: RetryCallState | None = None
+        #: The fault being retried (applier.apply.backoff), None while healthy.
+        self.fault: Fault | None = None
         self.group_limit = cfg.apply.group_commit
         #: How the next sessions apply what failed (applier.apply.replan).
         self.replan = Replan()
@@ -275,28 +270,11 @@ class Worker:
             cfg.source.slot,
             reopen=lambda: connect(target_ci, "applier status", timeout),
         )
-
-        def before_sleep(rs: RetryCallState) -> None:
-            exc = rs.outcome.exception() if rs.outcome else None
-            wait = rs.next_action.sleep if rs.next_action else 0
-            log.warning(
-                "retrying after a transient error: %s",
-                exc,
-                extra={"ctx": {"attempt": rs.attempt_number, "wait_s": round(wait, 1)}},
-            )
-            if exc is not None:
-                count_fault(self.reconnects, exc)
-            if exc is not None and self.status is not None:
-                self.status.retrying(exc)
-            self.notify.status(
-                f"reconnecting (attempt {rs.attempt_number}, next in {wait:.1f}s) after: {exc}"
-            )
-
         retrying = Retrying(
             retry=retry_if_exception(_retryable),
-            wait=wait_random_exponential(multiplier=0.5, max=MAX_BACKOFF),
+            wait=self._backoff,
             sleep=self._sleep,
-            before_sleep=before_sleep,
+            before_sleep=self._before_sleep,
             reraise=True,
         )
         try:
@@ -335,6 +313,40 @@ class Worker:
         )
         return 0
 
+    def _backoff(self, rs: RetryCallState) -> float:
+        """tenacity's wait: spaced by the fault's age (applier.apply.backoff)."""
+        now = time.monotonic()
+        if self.fault is None:
+            self.fault = Fault(now)
+        return backoff(rs.attempt_number, self.fault.age(now))
+
+    def _before_sleep(self, rs: RetryCallState) -> None:
+        exc = rs.outcome.exception() if rs.outcome else None
+        wait = rs.next_action.sleep if rs.next_action else 0
+        fault = self.fault
+        assert fault is not None  # _backoff ran first
+        fault.attempts += 1
+        now = time.monotonic()
+        first = fault.attempts == 1
+        (log.warning if fault.worth_logging(now) else log.debug)(
+            "retrying after a transient error: %s" if first else "still retrying: %s",
+            exc,
+            extra={
+                "ctx": {
+                    "attempt": rs.attempt_number,
+                    "fault_s": round(fault.age(now), 1),
+                    "wait_s": round(wait, 1),
+                }
+            },
+        )
+        if exc is not None:
+            count_fault(self.reconnects, exc)
+        if exc is not None and self.status is not None:
+            self.status.retrying(exc)
+        self.notify.status(
+            f"reconnecting (attempt {rs.attempt_number}, next in {wait:.1f}s) after: {exc}"
+        )
+
     def _healthy(self) -> None:
         """This session confirmed progress (or streamed for HEALTHY_AFTER s): reset the backoff.
 
@@ -344,6 +356,7 @@ class Worker:
         process's life. Applied *and* confirmed, not just connected: a fault
         that recurs before anything is applied keeps backing off.
         """
+        self.fault = None
         rs = self._retry_state
         if rs is not None and rs.attempt_number > 1:
             log.debug(
@@ -407,6 +420,7 @@ class Worker:
                 stream.wake_on(self.wakeup)
             stream.start()
             self.stream = stream
+            self._reconnected()
             session.read_ahead = (stream.ahead, stream.socket, stream.read_ahead)
             log.info(
                 "resumed from the origin's progress"
@@ -488,6 +502,22 @@ class Worker:
         assert self.status is not None
         self.status.claim()
         return session
+
+    def _reconnected(self) -> None:
+        """Streaming again during a fault: said once per fault (applier.apply.backoff)."""
+        fault = self.fault
+        if fault is None or fault.reconnected:
+            return
+        fault.reconnected = True
+        log.info(
+            "reconnected after a transient error",
+            extra={
+                "ctx": {
+                    "fault_s": round(fault.age(time.monotonic()), 1),
+                    "attempts": fault.attempts,
+                }
+            },
+        )
 
     def _prepare_conflicts(self, catalog_conn: psycopg.Connection[Any]) -> int | None:
         """Read the skip rules; check what the conflict policies need of the target;

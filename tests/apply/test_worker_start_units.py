@@ -1,13 +1,16 @@
-"""The worker's start-up decisions without a server: who holds the origin.
+"""The worker's start-up and retry decisions without a server: who holds the
+origin, how far apart the retries are, when a fault is logged.
 
-The same decisions on real servers: test_apply_second_worker.py.
+The same on real servers: test_apply_second_worker.py, test_apply_target_restart.py.
 """
 
 from __future__ import annotations
 
+import random
 import subprocess
 import sys
 
+from applier.apply.backoff import Fault, backoff, backoff_cap
 from applier.apply.holder import LastWorker, applier_alive, holder_pid, is_other_worker
 
 HERE = ("db1", 4242)
@@ -63,3 +66,32 @@ def test_applier_alive() -> None:
             other.kill()
     assert not applier_alive(ours.pid)  # reaped: gone
     assert not applier_alive(2**22 + 1)  # above the largest pid_max: no such process
+
+
+def test_retries_stay_a_second_apart_while_the_fault_is_young() -> None:
+    assert backoff_cap(1, 0.0) == 0.5  # the first retry after a healthy session
+    assert backoff_cap(2, 1.0) == 1.0
+    assert backoff_cap(40, 59.9) == 1.0
+
+
+def test_a_lasting_fault_is_retried_at_a_tenth_of_its_age_up_to_30_s() -> None:
+    assert backoff_cap(80, 60.0) == 6.0
+    assert backoff_cap(90, 150.0) == 15.0
+    assert backoff_cap(200, 3600.0) == 30.0
+    assert backoff_cap(10**6, 10**6) == 30.0  # no overflow, however many attempts
+
+
+def test_a_wait_lies_between_half_the_cap_and_the_cap() -> None:
+    rnd = random.Random(7)
+    waits = [backoff(5, 10.0, rnd) for _ in range(200)]
+    assert min(waits) >= 0.5 and max(waits) <= 1.0
+    assert max(waits) - min(waits) > 0.3  # jittered
+
+
+def test_a_fault_is_logged_when_it_begins_then_once_a_minute() -> None:
+    fault = Fault(since=100.0)
+    assert fault.worth_logging(100.0)
+    assert not fault.worth_logging(101.0)
+    assert not fault.worth_logging(159.0)
+    assert fault.worth_logging(160.0)
+    assert fault.age(170.0) == 70.0
