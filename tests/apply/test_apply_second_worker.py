@@ -58,6 +58,21 @@ def test_second_worker_is_refused(pair: Pair) -> None:
     assert first.stop() == 0
 
 
+def test_second_worker_leaves_the_running_workers_spool_files(pair: Pair) -> None:
+    """The spool files of the origin belong to the worker that owns it."""
+    _setup(pair)
+    spool_dir = pair.workdir / "spool"
+    cfg = pair.write_config(apply={"spool_dir": str(spool_dir)})
+    first = Runner(pair, cfg).start().ready()
+    # As a streamed transaction in progress would have it (applier.apply.spool).
+    in_progress = spool_dir / f"{pair.slot}-999.spool"
+    in_progress.write_bytes(b"")
+    second = Runner(pair, cfg, "second.log").start()
+    assert _exit_code(second, 30) == EXIT_PERMANENT
+    assert in_progress.exists()
+    assert first.stop() == 0
+
+
 def _apply_backend_waits_on_lock(pair: Pair) -> bool:
     rows = pair.sub.execute(
         "SELECT 1 FROM pg_stat_activity WHERE application_name = 'applier apply' "
