@@ -380,10 +380,12 @@ class Worker:
         stream: LogicalStream | None = None
         applier: Applier | None = None
         spools = SpoolSet(self.spool_dir, cfg.origin, cfg.apply.memory_limit, cfg.apply.spool_limit)
-        spools.clear_stale()
         try:
             ensure_origin(catalog_conn, cfg.origin)
             session = self._take_origin(catalog_conn)
+            # Only once the origin is ours: a refused second worker on this host must
+            # not remove the running one's spool files.
+            spools.clear_stale()
             progress = origin_progress(session.conn, cfg.origin)
             our_origin_id = self._prepare_conflicts(catalog_conn)
             self.syncs.start(catalog_conn)
