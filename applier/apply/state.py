@@ -11,14 +11,19 @@ the next write (the next heartbeat, the retry's error record) opens a new one
 with ``reopen``; otherwise the row would freeze at the first fault, showing
 "running" with a stale heartbeat and no error. While the target is down a
 reopen fails fast (connection refused) and is only logged.
+
+Two threads write it: the apply loop (heartbeat) and the reporter (the lag,
+:mod:`applier.apply.beat`); a lock takes their statements one at a time.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
 import os
 import socket
+import threading
 from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
@@ -45,6 +50,7 @@ class WorkerState:
         self.origin = origin
         self.slot = slot
         self._reopen = reopen
+        self._lock = threading.RLock()  # close() from inside a write too
 
     def _usable(self) -> psycopg.Connection[Any] | None:
         conn = self.conn
@@ -62,6 +68,10 @@ class WorkerState:
         return self.conn
 
     def _exec(self, query: str, params: tuple[Any, ...]) -> None:
+        with self._lock:
+            self._exec_locked(query, params)
+
+    def _exec_locked(self, query: str, params: tuple[Any, ...]) -> None:
         for _ in range(2):  # once more on a fresh connection if this one just broke
             conn = self._usable()
             if conn is None:
@@ -75,9 +85,10 @@ class WorkerState:
                     return
 
     def close(self) -> None:
-        conn, self.conn = self.conn, None
-        if conn is not None:
-            close_quietly(conn, "status")
+        with self._lock:
+            conn, self.conn = self.conn, None
+            if conn is not None:
+                close_quietly(conn, "status")
 
     def started(self) -> None:
         self._exec(
@@ -112,6 +123,14 @@ class WorkerState:
                 pg_timestamp(last_ts) if last_ts else None,
                 self.origin,
             ),
+        )
+
+    def lag(self, pending_since: dt.datetime | None) -> None:
+        """The lag as the worker measures it now (:mod:`applier.lag`): the commit time
+        of the oldest source transaction received and not applied, None if none."""
+        self._exec(
+            "UPDATE applier.worker_status SET lag_at = now(), pending_since = %s WHERE origin = %s",
+            (pending_since, self.origin),
         )
 
     def stopped(self) -> None:
