@@ -4,6 +4,7 @@ The log's "progress" line, systemd's ``STATUS=``, ``applier status`` (text and
 ``--json``), the ``/metrics`` endpoint and ``applier cutover``'s report: an idle
 replica that is caught up shows 0 s in each; an apply blocked by a row lock on
 the target shows a lag that grows in each, and 0 again once the lock is gone.
+With the worker stopped, ``status`` says the seconds are not known.
 """
 
 from __future__ import annotations
@@ -27,9 +28,10 @@ from notifykit import NotifySocket
 _PROGRESS = '"msg": "progress"'
 PLACES = ("log", "STATUS=", "status", "status --json", "metrics", "cutover")
 
+# A row lock is waited for on the holder's transaction id: no database in pg_locks.
 _WAITING = (
-    "SELECT count(*) FROM pg_locks WHERE NOT granted"
-    " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+    "SELECT count(*) FROM pg_stat_activity"
+    " WHERE wait_event_type = 'Lock' AND datname = current_database()"
 )
 
 
@@ -93,7 +95,8 @@ class Six:
             lambda n: "lag" in n.fields.get("STATUS", ""), 30, since=self.status_seen + 1e-6
         )
         self.status_seen = note.at
-        m = re.search(r"lag (\d+(?:\.\d+)?) ?s", note.fields["STATUS"])
+        # "lag 12 B, 0.0 s" (bytes, then seconds)
+        m = re.search(r"lag (?:[\d.]+ [kMGT]?B, )?(\d+(?:\.\d+)?) ?s", note.fields["STATUS"])
         assert m, note.fields["STATUS"]
         return float(m.group(1))
 
@@ -184,3 +187,10 @@ def test_lag_is_0_when_caught_up_and_grows_while_a_lock_blocks_the_apply(
     after = six.seconds()
     assert after == dict.fromkeys(PLACES, 0.0), after
     assert runner.stop() == 0
+
+    # No worker: what the source committed since waits, for how long no one measures.
+    pair.pub_exec("INSERT INTO t VALUES (2, 'c')")
+    st = six.status_json()
+    assert st["lag_bytes"] > 0 and st["lag_seconds"] is None, st
+    assert "no worker running" in st["lag_note"], st
+    assert "no worker running" in _cli(cfg, "status").stdout
