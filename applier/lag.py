@@ -142,10 +142,20 @@ class PendingCommits:
     def oldest(self, done: Lsn) -> dt.datetime | None:
         """The commit time of the oldest commit not finished at ``done``; None if none."""
         with self._lock:
+            self._drop(done)
             q = self._q
-            while q and q[0][0] < done:
-                q.popleft()
             return pg_timestamp(q[0][1]) if q else None
+
+    def drop(self, done: Lsn) -> None:
+        """Forget what ``done`` passed (the apply loop, so that a backlog's entries do
+        not wait for the next report)."""
+        with self._lock:
+            self._drop(done)
+
+    def _drop(self, done: Lsn) -> None:
+        q = self._q
+        while q and q[0][0] < done:
+            q.popleft()
 
     def __len__(self) -> int:
         return len(self._q)

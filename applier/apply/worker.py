@@ -537,6 +537,7 @@ class Worker:
             if self.until is not None and self.until.finished(stream, applier):
                 break
             now = self.loop_at = time.monotonic()
+            self.pending.drop(self.done_lsn() or Lsn(0))
             collect(now)
             if now - self._rules_read >= REFRESH_INTERVAL:
                 self._rules_read = now
