@@ -5,8 +5,9 @@ Steps
 
 1. Read where things stand (:func:`applier.status.collect`): the source's
    current WAL position X (``pg_current_wal_lsn()``), the slot, the origin's
-   progress, the worker's row; the lag at start in bytes (X - the slot's
-   ``confirmed_flush_lsn``) and seconds (as ``applier status`` derives it).
+   progress, the worker's row; the lag at start, in bytes and seconds, as
+   ``applier status`` shows it (:mod:`applier.lag`: 0 s when nothing is
+   pending; seconds unknown, and said so, when no worker runs).
    A missing or lost slot ends it here (exit 3): applying in-process would
    create a fresh slot and report a catch-up that is none.
 2. Get the target to X:
@@ -54,6 +55,7 @@ import psycopg
 from .config import Config
 from .errors import EXIT_USAGE, ApplierError, ConfigError, PermanentError
 from .health import HEALTHY
+from .lag import Lag
 from .lsn import Lsn
 
 log = logging.getLogger("applier.cutover")
@@ -74,6 +76,8 @@ class Report:
     mode: str = ""
     lag_bytes_at_start: int | None = None
     lag_seconds_at_start: float | None = None
+    #: Why the seconds are not known (no worker running to measure them).
+    lag_note_at_start: str | None = None
     caught_up: bool = False
     catch_up_seconds: float | None = None
     origin_progress: str | None = None
@@ -130,6 +134,7 @@ def _cutover(cfg: Config, rep: Report, timeout: float, verify: bool) -> None:
     rep.position = str(position)
     rep.lag_bytes_at_start = st.lag_bytes
     rep.lag_seconds_at_start = st.lag_seconds
+    rep.lag_note_at_start = st.lag_note
     started = time.monotonic()
     running = st.worker_holds_slot or st.code == HEALTHY
     if running:
@@ -355,7 +360,10 @@ def _render(rep: Report, out: TextIO) -> None:
         ("result", verdict.get(rep.code, str(rep.code))),
         ("source position", rep.position or "-"),
         ("how", rep.mode or "-"),
-        ("lag at start", f"{_bytes(rep.lag_bytes_at_start)}, {_secs(rep.lag_seconds_at_start)}"),
+        (
+            "lag at start",
+            Lag(rep.lag_bytes_at_start, rep.lag_seconds_at_start, rep.lag_note_at_start).describe(),
+        ),
         ("time to catch up", _secs(rep.catch_up_seconds)),
         ("origin progress", rep.origin_progress or "-"),
         ("slot confirmed", rep.confirmed or "-"),
@@ -375,10 +383,6 @@ def _render(rep: Report, out: TextIO) -> None:
     out.write("next:\n")
     for step in rep.next_steps:
         out.write(f"  - {step}\n")
-
-
-def _bytes(n: int | None) -> str:
-    return "-" if n is None else f"{n} bytes"
 
 
 def _secs(s: float | None) -> str:

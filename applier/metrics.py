@@ -25,17 +25,14 @@ What the numbers mean
   source transaction committed on the target (the origin's progress);
   *confirmed* what the slot was told is durably applied (it also moves over
   transactions with nothing for us and idle WAL).
-* ``applier_lag_bytes``: the source's position (the highest of *received* and
-  the source's ``pg_current_wal_flush_lsn()`` read with the slot query below)
-  minus the higher of *applied* and *confirmed*; 0 when everything is applied.
-* ``applier_lag_seconds``: 0 while caught up (nothing received is left to
-  apply). Behind, the oldest change not applied yet was committed on the source
-  after the last applied transaction (commit order) and after the last moment
-  the worker was caught up, so the lag is now minus the later of those two
-  times: it grows while the worker falls behind and does not jump to "time
-  since the last transaction" when a new one arrives after a quiet hour. Absent
-  while behind before the first commit of the process. Clock skew between the
-  source and this host adds to it.
+* ``applier_lag_bytes`` and ``applier_lag_seconds``: the lag as
+  :mod:`applier.lag` defines it for every place that shows it
+  (:meth:`~applier.apply.worker.Worker.lag`): bytes from the source's position
+  (the higher of *received* and the source's current WAL position read with
+  the slot query below) to the position the worker is done up to; seconds since
+  the commit of the oldest source transaction received and not applied, 0 when
+  none is pending. Clock skew between the source and this host adds to the
+  seconds.
 * ``applier_slot_retained_wal_bytes``: ``pg_wal_lsn_diff(current, restart_lsn)``
   of our slot. It needs a query on the source, done *at scrape time* on a
   separate ordinary connection (kept open, reopened after a failure) with a
@@ -75,12 +72,14 @@ from prometheus_client.core import (
     Metric,
 )
 from prometheus_client.registry import Collector
+from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from .apply.tally import count_fault, fault_side
 from .config import Config
 from .errors import ConfigError
-from .lsn import PG_EPOCH_OFFSET_US
+from .lag import SOURCE_WAL_LSN
+from .lsn import Lsn
 
 __all__ = ["WorkerCollector", "count_fault", "fault_side", "serve"]
 
@@ -95,13 +94,12 @@ PROBE_TIMEOUT = 5
 #: Upper bounds of the group size histogram (source transactions per target commit).
 GROUP_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
 
-SLOT_SQL = """
+SLOT_SQL = sql.SQL("""
 SELECT pg_catalog.pg_wal_lsn_diff(w.lsn, s.restart_lsn)::bigint,
        pg_catalog.pg_wal_lsn_diff(w.lsn, '0/0')::bigint
-FROM (SELECT CASE WHEN pg_catalog.pg_is_in_recovery() THEN pg_catalog.pg_last_wal_replay_lsn()
-                  ELSE pg_catalog.pg_current_wal_flush_lsn() END AS lsn) w
+FROM (SELECT {source_wal} AS lsn) w
 LEFT JOIN pg_catalog.pg_replication_slots s ON s.slot_name = %s
-"""
+""").format(source_wal=SOURCE_WAL_LSN)
 
 
 def serve(cfg: Config, worker: Worker) -> Any:
@@ -281,19 +279,19 @@ class WorkerCollector(Collector):
         )
         if stream is None:
             return
-        source = max(received, probe[1] if probe is not None else 0)
-        done = max(applied, confirmed)
-        yield _gauge(
-            "applier_lag_bytes",
-            "Source WAL not yet applied: source position minus applied/confirmed",
-            max(0, source - done),
-        )
-        lag = self._lag_seconds(applier, done >= max(received, 1))
-        if lag is not None:
+        lag = self.worker.lag(Lsn(probe[1]) if probe is not None else None)
+        if lag.bytes is not None:
+            yield _gauge(
+                "applier_lag_bytes",
+                "Source WAL not done yet: the source's position minus what is applied "
+                "(or had nothing to apply)",
+                lag.bytes,
+            )
+        if lag.seconds is not None:
             yield _gauge(
                 "applier_lag_seconds",
-                "Age of the oldest source commit not applied yet (0 when caught up)",
-                lag,
+                "Age of the oldest source commit received and not applied (0 when none)",
+                lag.seconds,
             )
         if probe is not None and probe[0] is not None:
             yield _gauge(
@@ -301,15 +299,6 @@ class WorkerCollector(Collector):
                 "WAL the source keeps for the slot (current position minus restart_lsn)",
                 probe[0],
             )
-
-    def _lag_seconds(self, applier: Any, caught_up: bool) -> float | None:
-        if caught_up:
-            return 0.0
-        ts = applier.last_commit_ts if applier is not None else None
-        if not ts:
-            return None
-        since = max((ts + PG_EPOCH_OFFSET_US) / 1e6, self.worker.caught_up_at)
-        return max(0.0, time.time() - float(since))
 
     def _groups(self, sizes: dict[int, int]) -> Metric:
         buckets: list[tuple[str, float]] = []

@@ -5,7 +5,14 @@ position, WAL retained), the replication origin's progress on the target, the
 worker's row in ``applier.worker_status`` (state, heartbeat, counters, the
 last error it stopped on), the conflicts recorded in ``applier.conflict_log``
 counted per table, type and resolution, and the number of active skip rules,
-and derives lag in bytes and seconds. When the worker stopped on an error
+and derives lag in bytes and seconds as :mod:`applier.lag` defines it: bytes
+from the source's current WAL position to the higher of the origin's progress
+and the slot's confirmed position; seconds from the row's ``pending_since``
+(the running worker's report, at most ``[apply] status_interval`` old) to the
+source's clock, 0 when nothing is pending or nothing is left in bytes. For a
+worker that is not running (no row, stopped, failed, or its report older than
+three status intervals) the seconds are not known and the JSON's
+``lag_note`` says so. When the worker stopped on an error
 that names its transaction's finish LSN, status prints the exact
 ``applier skip add --config F --lsn LSN`` that skips that transaction (or the
 id of the rule that does, once it exists). Each side is
@@ -30,31 +37,32 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, TextIO
 
 import psycopg
+from psycopg import sql
 from psycopg.rows import dict_row
 
 from .config import Config
 from .errors import ApplierError
-from .health import assess
+from .health import STALE_INTERVALS, assess
+from .lag import SOURCE_WAL_LSN, Lag, format_bytes, measure, not_running
 from .lsn import Lsn
 from .redact import redact_dsn
 
-SLOT_SQL = """
+SLOT_SQL = sql.SQL("""
 SELECT s.slot_name, s.plugin, s.active, s.active_pid, s.wal_status,
        s.confirmed_flush_lsn::text AS confirmed_flush_lsn, s.safe_wal_size,
        -- PostgreSQL 17+ only: read through to_jsonb so that older servers give NULL.
        (to_jsonb(s) ->> 'failover')::boolean AS failover,
        to_jsonb(s) ->> 'invalidation_reason' AS invalidation_reason,
        s.restart_lsn::text AS restart_lsn,
-       pg_current_wal_lsn()::text AS current_wal_lsn,
-       pg_wal_lsn_diff(pg_current_wal_lsn(), s.restart_lsn)::bigint AS retained_bytes,
-       pg_wal_lsn_diff(pg_current_wal_lsn(), s.confirmed_flush_lsn)::bigint AS lag_bytes,
-       r.application_name, r.client_addr::text AS client_addr,
-       extract(epoch FROM r.replay_lag)::float8 AS replay_lag_s,
-       r.reply_time
-FROM pg_replication_slots s
+       w.lsn::text AS current_wal_lsn,
+       pg_wal_lsn_diff(w.lsn, s.restart_lsn)::bigint AS retained_bytes,
+       r.application_name, r.client_addr::text AS client_addr, r.reply_time,
+       pg_catalog.clock_timestamp() AS source_now
+FROM (SELECT {source_wal} AS lsn) w
+CROSS JOIN pg_replication_slots s
 LEFT JOIN pg_stat_replication r ON r.pid = s.active_pid
 WHERE s.slot_name = %s
-"""
+""").format(source_wal=SOURCE_WAL_LSN)
 
 ORIGIN_SQL = """
 SELECT o.roident, pg_replication_origin_progress(o.roname, false)::text AS remote_lsn,
@@ -68,8 +76,11 @@ WORKER_SQL = """
 SELECT state, pid, host, started_at, heartbeat_at,
        extract(epoch FROM now() - heartbeat_at)::float8 AS heartbeat_age_s,
        applied_txns, skipped_changes,
-       last_commit_lsn::text AS last_commit_lsn, last_commit_time, last_error, last_error_at
-FROM applier.worker_status WHERE origin = %s
+       last_commit_lsn::text AS last_commit_lsn, last_commit_time, last_error, last_error_at,
+       -- 0010+: read through to_jsonb, so that a schema not upgraded yet gives NULL.
+       (to_jsonb(w) ->> 'pending_since')::timestamptz AS pending_since,
+       extract(epoch FROM now() - (to_jsonb(w) ->> 'lag_at')::timestamptz)::float8 AS lag_age_s
+FROM applier.worker_status w WHERE origin = %s
 """
 
 CONFLICTS_SQL = """
@@ -99,6 +110,8 @@ class Status:
     worker: dict[str, Any] | None = None
     lag_bytes: int | None = None
     lag_seconds: float | None = None
+    #: Why ``lag_seconds`` is None (no worker running to measure it).
+    lag_note: str | None = None
     conflicts: list[dict[str, Any]] = field(default_factory=list)
     active_skip_rules: int | None = None
     #: The command that skips the transaction the worker stopped on, if known.
@@ -129,7 +142,7 @@ def collect(cfg: Config) -> Status:
     )
     _source_side(cfg, st)
     _target_side(cfg, st)
-    _derive_lag(st)
+    _derive_lag(st, cfg)
     verdict = assess(st, cfg)
     st.code, st.health, st.reason, st.hint = (
         verdict.code,
@@ -140,9 +153,9 @@ def collect(cfg: Config) -> Status:
     return st
 
 
-def _query(conninfo: str, sql: str, arg: str) -> dict[str, Any] | None:
+def _query(conninfo: str, query: str | sql.Composed, arg: str) -> dict[str, Any] | None:
     with psycopg.connect(conninfo, connect_timeout=5, autocommit=True) as conn:
-        return conn.cursor(row_factory=dict_row).execute(sql, (arg,)).fetchone()
+        return conn.cursor(row_factory=dict_row).execute(query, (arg,)).fetchone()
 
 
 def _source_side(cfg: Config, st: Status) -> None:
@@ -212,18 +225,41 @@ def _failed_finish_lsn(worker: dict[str, Any] | None) -> Lsn | None:
         return None
 
 
-def _derive_lag(st: Status) -> None:
+def _derive_lag(st: Status, cfg: Config) -> None:
+    """The lag (applier.lag) from the source's position, the origin and the slot, and
+    the running worker's report of what it holds."""
     if st.slot is None:
         return
-    st.lag_bytes = st.slot.get("lag_bytes")
-    if st.slot.get("replay_lag_s") is not None:
-        st.lag_seconds = float(st.slot["replay_lag_s"])
-    elif st.lag_bytes == 0:
-        st.lag_seconds = 0.0
-    elif st.worker and st.worker.get("last_commit_time"):
-        # No live feedback: the age of the last applied source commit.
-        now = dt.datetime.now(dt.UTC)
-        st.lag_seconds = (now - st.worker["last_commit_time"]).total_seconds()
+    source_now = st.slot.pop("source_now", None)
+    source = _lsn(st.slot.get("current_wal_lsn"))
+    done_at = [
+        lsn
+        for lsn in (
+            _lsn((st.origin_progress or {}).get("remote_lsn")),
+            _lsn(st.slot.get("confirmed_flush_lsn")),
+        )
+        if lsn is not None
+    ]
+    done = max(done_at) if done_at else None
+    if _worker_reports(st.worker, cfg) and source_now is not None:
+        assert st.worker is not None
+        lag = measure(source, done, st.worker.get("pending_since"), source_now)
+    else:
+        lag = not_running(source, done)
+    st.lag_bytes, st.lag_seconds, st.lag_note = lag.bytes, lag.seconds, lag.note
+
+
+def _worker_reports(worker: dict[str, Any] | None, cfg: Config) -> bool:
+    """A worker runs and its reporter wrote the lag lately (the apply loop may be blocked:
+    the reporter is a thread of its own, see applier.apply.beat)."""
+    if not worker or worker.get("state") != "running":
+        return False
+    age = worker.get("lag_age_s")
+    return age is not None and age <= STALE_INTERVALS * cfg.apply.status_interval
+
+
+def _lsn(text: str | None) -> Lsn | None:
+    return None if text is None else Lsn.parse(text)
 
 
 def _first_line(e: BaseException) -> str:
@@ -263,9 +299,9 @@ def render_text(st: Status, out: TextIO) -> None:
         ("slot wal_status", s.get("wal_status")),
         ("slot failover", _failover(s)),
         ("source WAL now", s.get("current_wal_lsn")),
-        ("WAL retained", _bytes(s.get("retained_bytes"))),
+        ("WAL retained", format_bytes(s.get("retained_bytes"))),
         ("origin progress", o.get("remote_lsn")),
-        ("lag", f"{_bytes(st.lag_bytes)}, {_secs(st.lag_seconds)}"),
+        ("lag", Lag(st.lag_bytes, st.lag_seconds, st.lag_note).describe()),
         ("worker", f"{w.get('state')} pid {w.get('pid')} on {w.get('host')}" if w else "-"),
         ("worker heartbeat", w.get("heartbeat_at")),
         ("applied txns", w.get("applied_txns")),
@@ -325,20 +361,6 @@ def _skip_hint(st: Status, out: TextIO) -> None:
         )
     else:
         out.write(f"to skip the transaction the worker stopped on:\n  {st.skip_command}\n")
-
-
-def _bytes(n: int | None) -> str:
-    if n is None:
-        return "-"
-    for unit in ("B", "kB", "MB", "GB"):
-        if abs(n) < 1024:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024  # type: ignore[assignment]
-    return f"{n:.1f} TB"
-
-
-def _secs(s: float | None) -> str:
-    return "-" if s is None else f"{s:.1f} s"
 
 
 def show_status(cfg: Config, *, as_json: bool, out: TextIO = sys.stdout) -> int:

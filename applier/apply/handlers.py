@@ -22,7 +22,9 @@ See :mod:`applier.apply.origin`. Each applied transaction commits with
 local commit LSN) goes to the :class:`FlushTracker`, and only source
 positions whose local commit is flushed on the target are confirmed to the
 slot. Empty transactions and idle periods are confirmed once nothing before
-them is pending.
+them is pending. Every message that brings a commit (Begin, Stream Commit, the
+two-phase ones) is noted in :attr:`Applier.pending` before its handler runs,
+with its commit time: the lag in seconds (:mod:`applier.lag`).
 
 Bad input
 =========
@@ -131,6 +133,7 @@ from applier.config import Config
 from applier.errors import (
     ProtocolError,
 )
+from applier.lag import PendingCommits
 from applier.lsn import Lsn
 from applier.protocol import (
     Begin,
@@ -204,6 +207,18 @@ BEHIND_AFTER = 100_000
 #: Messages that need the session before a live streamed transaction commits
 #: (applier.apply.streamed, "Live apply"): it is dropped first.
 _DROPS_LIVE = frozenset({Begin, BeginPrepare, CommitPrepared, RollbackPrepared, StreamPrepare})
+#: The messages that bring a source commit (or prepare) to apply, with its position
+#: (the start of its record: finished once the done position is past it) and its
+#: time: noted as pending (applier.lag) before their handler runs.
+_PENDING_AT: dict[type, Callable[[Any], tuple[Lsn, int]]] = {
+    Begin: lambda m: (m.final_lsn, m.commit_ts),
+    StreamCommit: lambda m: (m.commit_lsn, m.commit_ts),
+    BeginPrepare: lambda m: (m.prepare_lsn, m.prepare_ts),
+    StreamPrepare: lambda m: (m.prepare_lsn, m.prepare_ts),
+    CommitPrepared: lambda m: (m.commit_lsn, m.commit_ts),
+    # It carries no start of its record: its end, less one, is passed exactly when it is.
+    RollbackPrepared: lambda m: (Lsn(m.rollback_end_lsn - 1), m.rollback_ts),
+}
 
 
 class Applier(Changes, Resolution, Streamed, TwoPhase):
@@ -301,8 +316,24 @@ class Applier(Changes, Resolution, Streamed, TwoPhase):
             CommitPrepared: (frozenset({IDLE}), self.on_commit_prepared),
             RollbackPrepared: (frozenset({IDLE}), self.on_rollback_prepared),
         }
+        #: Commits received and not finished (applier.lag); the worker's outlives sessions.
+        self.pending = PendingCommits()
+        for kind, at in _PENDING_AT.items():
+            states, handler = self.handlers[kind]
+            self.handlers[kind] = (states, self._noting(at, handler))
 
     # -- dispatch --------------------------------------------------------------------
+
+    def _noting(
+        self, at: Callable[[Any], tuple[Lsn, int]], handler: Callable[[Lsn, Any], None]
+    ) -> Callable[[Lsn, Any], None]:
+        """``handler``, after noting its message's commit as pending (applier.lag)."""
+
+        def handle(lsn: Lsn, m: Any) -> None:
+            self.pending.received(*at(m))
+            handler(lsn, m)
+
+        return handle
 
     def dispatch(self, lsn: Lsn, msg: PgOutputMessage) -> None:
         entry = self.handlers.get(type(msg))

@@ -22,14 +22,20 @@ has taken the origin (:meth:`WorkerState.claim`); before that, a retried
 error is recorded in ``last_error`` alone, and a refusal because another
 worker runs (:class:`~applier.errors.AnotherWorker`) not at all: the row is
 that worker's.
+
+Two threads write it: the apply loop (heartbeat) and the reporter (the lag,
+:mod:`applier.apply.beat`); a lock takes their statements one at a time. The
+reporter writes only once the row is claimed.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
 import os
 import socket
+import threading
 from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
@@ -59,6 +65,7 @@ class WorkerState:
         #: This process owns the origin (has written its host and pid); see "Whose row".
         self.claimed = False
         self._reopen_failed = False
+        self._lock = threading.RLock()  # close() from inside a write too
 
     def _usable(self) -> psycopg.Connection[Any] | None:
         conn = self.conn
@@ -81,6 +88,10 @@ class WorkerState:
         return self.conn
 
     def _exec(self, query: str, params: tuple[Any, ...]) -> None:
+        with self._lock:
+            self._exec_locked(query, params)
+
+    def _exec_locked(self, query: str, params: tuple[Any, ...]) -> None:
         for _ in range(2):  # once more on a fresh connection if this one just broke
             conn = self._usable()
             if conn is None:
@@ -94,9 +105,10 @@ class WorkerState:
                     return
 
     def close(self) -> None:
-        conn, self.conn = self.conn, None
-        if conn is not None:
-            close_quietly(conn, "status")
+        with self._lock:
+            conn, self.conn = self.conn, None
+            if conn is not None:
+                close_quietly(conn, "status")
 
     def claim(self) -> None:
         """This process took the origin: the row is its own from now on (once)."""
@@ -138,6 +150,16 @@ class WorkerState:
                 pg_timestamp(last_ts) if last_ts else None,
                 self.origin,
             ),
+        )
+
+    def lag(self, pending_since: dt.datetime | None) -> None:
+        """The lag as the worker measures it now (:mod:`applier.lag`): the commit time
+        of the oldest source transaction received and not applied, None if none."""
+        if not self.claimed:
+            return  # the row is another worker's, or nobody's yet (see "Whose row")
+        self._exec(
+            "UPDATE applier.worker_status SET lag_at = now(), pending_since = %s WHERE origin = %s",
+            (pending_since, self.origin),
         )
 
     def stopped(self) -> None:

@@ -70,8 +70,10 @@ briefly to hand a caught-up table over (:mod:`applier.synctables`).
 
 SIGTERM/SIGINT roll back the transaction in hand, send a last status update
 and exit 0. Under systemd (:mod:`applier.service`): ``READY=1`` once streaming
-has started (after the checks), ``STATUS=`` and ``WATCHDOG=1`` from the apply
-loop (:mod:`.beat` says when and why), ``STOPPING=1`` on SIGTERM/SIGINT.
+has started (after the checks), ``WATCHDOG=1`` from the apply loop and
+``STATUS=`` from the reporter thread (:mod:`.beat` says when and why),
+``STOPPING=1`` on SIGTERM/SIGINT. The lag (:mod:`applier.lag`) is
+:meth:`Worker.lag`, for the reporter and the metrics alike.
 SIGHUP re-reads the config (log settings at once, the skip rules at the next
 iteration, anything else after a restart); it never stops the worker.
 
@@ -91,6 +93,7 @@ Rejected
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import signal
 import socket
@@ -114,14 +117,15 @@ from applier.errors import (
     TransientError,
 )
 from applier.health import STALE_INTERVALS
-from applier.lsn import Lsn
+from applier.lag import Lag, PendingCommits, measure
+from applier.lsn import Lsn, now_pg_timestamp, pg_timestamp
 from applier.protocol.speedups import dispatch_batch as _dispatch_batch
 from applier.redact import redact_dsn
 from applier.schema import schema_at_head, upgrade_target
 from applier.service import Service, signal_wakeup
 
 from .backoff import Fault, backoff
-from .beat import Beat
+from .beat import Beat, Reporter
 from .confirm import Confirmer
 from .gcsched import collect_garbage_on_schedule
 from .handlers import Applier
@@ -205,8 +209,12 @@ class Worker:
         self.tally = Tally()
         self.reconnects: dict[str, int] = {}
         self.apply_errors = 0
-        #: time.time() when everything received was last applied and confirmed.
-        self.caught_up_at = 0.0
+        #: Commits received and not applied yet, over every session (applier.lag).
+        self.pending = PendingCommits()
+        #: What the worker does, for STATUS= (applier.apply.beat.Reporter).
+        self.phase = "starting"
+        #: time.monotonic() when the apply loop last came round.
+        self.loop_at = time.monotonic()
 
     @property
     def until(self) -> Until | None:
@@ -233,6 +241,7 @@ class Worker:
         if not self.stopping:
             log.info("stop requested; finishing")
             self.notify.stopping()
+        self.phase = "stopping"
         self.stopping = True
         self._stop_event.set()
 
@@ -270,6 +279,8 @@ class Worker:
             cfg.source.slot,
             reopen=lambda: connect(target_ci, "applier status", timeout),
         )
+        reporter = Reporter(self, self.status)
+        reporter.start()
         retrying = Retrying(
             retry=retry_if_exception(_retryable),
             wait=self._backoff,
@@ -299,6 +310,7 @@ class Worker:
         else:
             self.status.stopped()
         finally:
+            reporter.stop()
             self.status.close()
         log.info(
             "applier run stopped",
@@ -343,6 +355,7 @@ class Worker:
             count_fault(self.reconnects, exc)
         if exc is not None and self.status is not None:
             self.status.retrying(exc)
+        self.phase = f"reconnecting after: {exc}"
         self.notify.status(
             f"reconnecting (attempt {rs.attempt_number}, next in {wait:.1f}s) after: {exc}"
         )
@@ -431,6 +444,7 @@ class Worker:
                 extra={"ctx": {"lsn": progress, "origin": cfg.origin}},
             )
             self.notify.ready(f"streaming from {progress or 'the slot'}")
+            self.phase = "streaming"
             applier = Applier(
                 cfg,
                 session,
@@ -447,6 +461,7 @@ class Worker:
             applier.applied_txns, applier.skipped_changes = self._applied, self._skipped
             applier.lane_rows = self._lane_rows
             applier.tally = self.tally
+            applier.pending = self.pending
             applier.syncs = self.syncs
             self.applier = applier
             try:
@@ -559,7 +574,7 @@ class Worker:
         healthy = False
         dispatch = applier.dispatch
         assert self.status is not None
-        beat = Beat(self.notify, self.status, applier, stream, self.cfg.apply.status_interval)
+        beat = Beat(self.notify, self.status, applier, self.cfg.apply.status_interval)
         while not self.stopping:
             self._serve_signals()
             batch = stream.read(0.5)
@@ -575,9 +590,8 @@ class Worker:
             self._after_batch(stream, applier, catalog_conn, bool(batch))
             if self.until is not None and self.until.finished(stream, applier):
                 break
-            if stream.last_received and stream.confirmed >= stream.last_received:
-                self.caught_up_at = time.time()  # applier.metrics: lag_seconds
-            now = time.monotonic()
+            now = self.loop_at = time.monotonic()
+            self.pending.drop(self.done_lsn() or Lsn(0))
             collect(now)
             if now - self._rules_read >= REFRESH_INTERVAL:
                 self._rules_read = now
@@ -590,6 +604,34 @@ class Worker:
                 healthy = True
                 self._healthy()
             beat.tick(now)
+
+    # -- lag (applier.lag), read from the reporter and metrics threads ------------------
+
+    def done_lsn(self) -> Lsn | None:
+        """The source position up to which everything is applied or had nothing for us:
+        the session's start (the origin), the last commit whose result came, what the
+        flush tracker released, what was confirmed (received, once nothing is in hand)."""
+        stream, applier = self.stream, self.applier
+        if stream is None:
+            return None
+        done = max(stream.options.start_lsn, stream.confirmed)
+        if applier is not None:
+            done = max(done, applier.last_commit_lsn or 0, applier.flush.flushed_remote)
+        return Lsn(done)
+
+    def pending_since(self) -> dt.datetime | None:
+        """The commit time of the oldest transaction received and not applied."""
+        done = self.done_lsn()
+        return None if done is None else self.pending.oldest(done)
+
+    def lag(self, source: Lsn | None = None) -> Lag:
+        """The lag now: ``source`` the source's WAL position if known better than by the
+        walsender's last message (the metrics' probe)."""
+        stream, done = self.stream, self.done_lsn()
+        if stream is None or done is None:
+            return Lag(None, 0.0 if not self.pending else None)
+        at = Lsn(max(stream.last_received, source or 0))
+        return measure(at, done, self.pending.oldest(done), pg_timestamp(now_pg_timestamp()))
 
     def _after_batch(
         self, stream: Any, applier: Applier, catalog_conn: psycopg.Connection[Any], busy: bool
