@@ -351,7 +351,8 @@ class Worker:
                 }
             },
         )
-        if exc is not None:
+        if exc is not None and first:
+            # A fault, not an attempt: while it is young the retries come every second.
             count_fault(self.reconnects, exc)
         if exc is not None and self.status is not None:
             self.status.retrying(exc)
