@@ -413,3 +413,37 @@ def test_using_index_identity_beside_a_primary_key(pair: Pair) -> None:
         ("t", "insert_exists", "apply_remote", {"code": "c"}, {"id": 3, "code": "c", "v": "l3"}),
         ("t", "update_missing", "apply_remote", {"code": "f"}, {"id": 7, "code": "g", "v": "l7"}),
     ]
+
+
+def test_last_update_wins_through_any_unique_key(make_pair: Any) -> None:
+    """last_update_wins on a REPLICA IDENTITY FULL table with a primary key and a unique
+    key: the local row that holds the INSERT's key, through either index, is replaced only
+    when its commit is not newer than the source's."""
+    pair = make_pair(15, 18, sub_settings={"track_commit_timestamp": "on"})
+    pair.both(
+        "CREATE TABLE lww (id int PRIMARY KEY, v text, u int UNIQUE);"
+        "ALTER TABLE lww REPLICA IDENTITY FULL"
+    )
+    pair.pub_exec("CREATE PUBLICATION pub FOR ALL TABLES")
+    cfg = _config(pair, '"public.lww" = { insert_exists = "last_update_wins" }\n')
+    _slot(pair, cfg)
+    pair.sub_exec("INSERT INTO lww VALUES (2, 'local-old', 20)")
+    time.sleep(0.05)  # commit timestamps in this order
+    pair.pub_exec("INSERT INTO lww VALUES (1, 'remote-old', 10)")
+    time.sleep(0.05)
+    pair.sub_exec("INSERT INTO lww VALUES (9, 'local-new', 10)")
+    time.sleep(0.05)
+    pair.pub_exec("INSERT INTO lww VALUES (2, 'remote-new', 20)")
+    runner = Runner(pair, cfg).start().ready()
+    wait_for(lambda: len(_log(pair)) == 2, 60, "two conflicts")
+    assert runner.stop() == 0
+    assert _rows(pair, "lww") == [
+        {"id": 2, "v": "remote-new", "u": 20},
+        {"id": 9, "v": "local-new", "u": 10},
+    ]
+    assert _recs(pair) == [
+        ("lww", "insert_exists", "last_update_wins", {"id": "1", "v": "remote-old", "u": "10"},
+         {"id": 9, "v": "local-new", "u": 10}),
+        ("lww", "insert_exists", "last_update_wins", {"id": "2", "v": "remote-new", "u": "20"},
+         {"id": 2, "v": "local-old", "u": 20}),
+    ]  # fmt: skip
