@@ -447,3 +447,34 @@ def test_last_update_wins_through_any_unique_key(make_pair: Any) -> None:
         ("lww", "insert_exists", "last_update_wins", {"id": "2", "v": "remote-new", "u": "20"},
          {"id": 2, "v": "local-old", "u": 20}),
     ]  # fmt: skip
+
+
+def test_apply_remote_beside_a_generated_always_identity_key(pair: Pair) -> None:
+    """A GENERATED ALWAYS identity primary key beside a unique key: apply_remote updates
+    the row that holds either key, leaving the identity column out of SET (an UPDATE may
+    set it only to DEFAULT); a row without conflict keeps the source's value."""
+    pair.both(
+        "CREATE TABLE t (id int GENERATED ALWAYS AS IDENTITY PRIMARY KEY, u int UNIQUE, v text)"
+    )
+    pair.pub_exec("CREATE PUBLICATION pub FOR ALL TABLES")
+    cfg = _config(pair, 'default = { insert_exists = "apply_remote" }\n')
+    _slot(pair, cfg)
+    pair.sub_exec("INSERT INTO t OVERRIDING SYSTEM VALUE VALUES (1, 10, 'l'), (5, 50, 'l5')")
+    pair.pub_exec(
+        "INSERT INTO t OVERRIDING SYSTEM VALUE VALUES (1, 11, 'r');"
+        "INSERT INTO t OVERRIDING SYSTEM VALUE VALUES (2, 50, 'r2');"
+        "INSERT INTO t OVERRIDING SYSTEM VALUE VALUES (3, 30, 'r3')"
+    )
+    runner = Runner(pair, cfg).start().ready()
+    wait_for(lambda: len(_rows(pair, "t")) == 3, 60, "the row without conflict")
+    wait_for(lambda: len(_log(pair)) == 2, 60, "two conflicts")
+    assert runner.stop() == 0
+    assert _rows(pair, "t") == [
+        {"id": 1, "u": 11, "v": "r"},
+        {"id": 3, "u": 30, "v": "r3"},
+        {"id": 5, "u": 50, "v": "r2"},
+    ]
+    assert [r[:4] for r in _recs(pair)] == [
+        ("t", "insert_exists", "apply_remote", {"id": "1"}),
+        ("t", "insert_exists", "apply_remote", {"id": "2"}),
+    ]
