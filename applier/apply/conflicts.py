@@ -508,8 +508,9 @@ def _by_keys(
     * ``applier_l``: the local rows that hold any of its keys (``toid``, ``c``, ``r``
       the row as jsonb), locked, as they were before the statement;
     * ``applier_w``: that row set to the new row when exactly one holds them (and
-      ``allow``, a condition on ``applier_t``, lets it); several are
-      multiple_unique_conflicts, left as they are for the caller to decide;
+      ``allow``, a condition on ``applier_t``, lets it), but for a GENERATED ALWAYS
+      identity column; several are multiple_unique_conflicts, left as they are for
+      the caller to decide;
     * ``applier_i``: the new row, inserted when none does.
 
     ``guard`` conditions all of it (the upsert: its UPDATE found nothing). A row a
@@ -519,20 +520,29 @@ def _by_keys(
     """
     vals: dict[int, sql.Composable] = {i: _ph(n) for n, i in enumerate(idx, start=first)}
     names = [sql.Identifier(rm.columns[i].name) for i in idx]
-    sets = sql.SQL(", ").join(
-        sql.SQL("{} = {}").format(c, vals[i]) for c, i in zip(names, idx, strict=True)
-    )
+    # A GENERATED ALWAYS identity column keeps the local row's value: an UPDATE may
+    # set it only to DEFAULT. (A table of that one column has nothing else to set.)
+    sets = [
+        sql.SQL("{} = {}").format(c, vals[i])
+        for c, i in zip(names, idx, strict=True)
+        if not rm.columns[i].identity_always
+    ]
+    update: sql.Composable = sql.SQL("SELECT 1 WHERE false")
+    if sets:
+        update = sql.SQL(
+            "UPDATE {src} AS applier_t SET {sets} FROM applier_l "
+            "WHERE applier_t.tableoid = applier_l.toid AND applier_t.ctid = applier_l.c "
+            "AND (SELECT pg_catalog.count(*) FROM applier_l) = 1 AND ({allow}) RETURNING 1"
+        ).format(src=_changed(rm), sets=sql.SQL(", ").join(sets), allow=allow)
     return sql.SQL(
         "applier_l AS (SELECT applier_x.tableoid AS toid, applier_x.ctid AS c, "
         "pg_catalog.to_jsonb(applier_x) AS r FROM {src} AS applier_x "
         "WHERE {guard} AND ({l_where}) FOR UPDATE OF applier_x), "
-        "applier_w AS (UPDATE {src} AS applier_t SET {sets} FROM applier_l "
-        "WHERE applier_t.tableoid = applier_l.toid AND applier_t.ctid = applier_l.c "
-        "AND (SELECT pg_catalog.count(*) FROM applier_l) = 1 AND ({allow}) RETURNING 1), "
+        "applier_w AS ({update}), "
         "applier_i AS (INSERT INTO {q} ({names}) OVERRIDING SYSTEM VALUE SELECT {values} "
         "WHERE {guard} AND NOT EXISTS (SELECT FROM applier_l) RETURNING 1)"
     ).format(
-        src=_changed(rm), guard=guard, l_where=_holds_a_key(rm, vals), sets=sets, allow=allow,
+        src=_changed(rm), guard=guard, l_where=_holds_a_key(rm, vals), update=update,
         q=_qualified(rm), names=sql.SQL(", ").join(names),
         values=sql.SQL(", ").join(vals[i] for i in idx),
     )  # fmt: skip
