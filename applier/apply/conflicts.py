@@ -15,17 +15,24 @@ the built-in ones keep their plain statements (an UPDATE/DELETE that finds no
 row is seen from its row count, and skipped). The others get one statement
 per change that decides and reports in one go:
 
-* INSERT with ``insert_exists`` not ``error``: the INSERT runs with
-  ``ON CONFLICT DO NOTHING`` (skip, keep_local) or ``ON CONFLICT (key) DO
-  UPDATE`` (apply_remote; last_update_wins only where the local row's commit
-  timestamp is not newer than the remote one). Only when the row was not
-  simply inserted does the same statement read the local rows that hold any of
-  its unique keys (in its snapshot: as before the insert). It returns (rows
-  written, local rows as jsonb): one local row is insert_exists, more is
-  multiple_unique_conflicts.
-* UPDATE with ``update_missing = apply_remote``: the UPDATE in a CTE, then an
-  INSERT of the whole new row where it found nothing. A message that lacks
-  unchanged TOAST values cannot be inserted: that row is an error that says so.
+* INSERT with ``insert_exists`` not ``error``: as in PostgreSQL 18, it conflicts
+  on any unique index of the target, not only the replica identity's. The
+  INSERT runs with ``ON CONFLICT DO NOTHING`` (skip, keep_local: any index is
+  its arbiter), or, for apply_remote and last_update_wins (only where the local
+  row's commit timestamp is not newer than the remote one), ``ON CONFLICT (key)
+  DO UPDATE`` where the identity's key is the target's only unique key. Only
+  when the row was not simply inserted does the same statement read the local
+  rows that hold any of its unique keys (in its snapshot: as before the
+  insert). Elsewhere (FULL identity, another unique key beside it) no single
+  arbiter would do: the statement looks the local rows up by every unique key
+  first and updates the one that holds them, or inserts (:func:`_by_keys`).
+  Either returns (rows written, local rows as jsonb): one local row is
+  insert_exists, more is multiple_unique_conflicts (nothing written).
+* UPDATE with ``update_missing = apply_remote``: the UPDATE in a CTE; where it
+  found nothing, the new row written as the INSERT above (a local row holding
+  one of its unique keys is set to it). It returns (rows the UPDATE found, local
+  rows). A message that lacks unchanged TOAST values cannot be inserted: that
+  row is an error that says so.
 * UPDATE/DELETE where the config names ``*_origin_differs``: a CTE locks the
   local row and reads its origin and commit timestamp
   (``pg_xact_commit_timestamp_origin``, so ``track_commit_timestamp = on`` on
@@ -65,7 +72,6 @@ from typing import Any
 
 from psycopg import sql
 
-from applier.errors import ApplyError
 from applier.lsn import Lsn, pg_timestamp
 from applier.protocol import Delete, Insert, TupleData, Update
 
@@ -207,6 +213,18 @@ class ConflictPlanner:
 
     def _build_insert(self, rm: RelMap, plain: Stmt, policy: str) -> Stmt:
         idx = plain.new_idx
+        types = plain.types + ((TIMESTAMPTZ_OID,) if policy == "last_update_wins" else ())
+        if policy in ("apply_remote", "last_update_wins") and not _key_alone(rm):
+            query = self._insert_by_keys(rm, idx, policy)
+        else:
+            query = self._insert_on_conflict(rm, idx, policy)
+        return Stmt(
+            self.planner._name(rm, INSERT), query.as_bytes(None), types, idx, (), False, False
+        )
+
+    def _insert_on_conflict(self, rm: RelMap, idx: tuple[int, ...], policy: str) -> sql.Composable:
+        """The INSERT with ``ON CONFLICT``: keep the local row (any unique index), or
+        update it where the identity's unique index is the target's only one."""
         l_where = _holds_a_key(rm, {i: _ph(n) for n, i in enumerate(idx, start=1)})
         names = [sql.Identifier(rm.columns[i].name) for i in idx]
         values = sql.SQL(", ").join(_ph(n) for n in range(1, len(idx) + 1))
@@ -218,7 +236,7 @@ class ConflictPlanner:
         # ELSE's subquery is evaluated only then): a plan the server cached while the
         # table was small (a sequential scan) costs only at conflicts. They are read
         # in the statement's snapshot: as they were before this INSERT.
-        query = sql.SQL(
+        return sql.SQL(
             "WITH applier_i AS (INSERT INTO {q} AS applier_t ({names}) OVERRIDING SYSTEM "
             "VALUE VALUES ({values}) {on_conflict} "
             "RETURNING applier_t.xmax::pg_catalog.text = '0' AS inserted) "
@@ -230,24 +248,25 @@ class ConflictPlanner:
             src=_changed(rm), l_where=l_where, q=_qualified(rm), names=sql.SQL(", ").join(names),
             values=values, on_conflict=on_conflict,
         )  # fmt: skip
-        types = plain.types + ((TIMESTAMPTZ_OID,) if policy == "last_update_wins" else ())
-        return Stmt(
-            self.planner._name(rm, INSERT), query.as_bytes(None), types, idx, (), False, False
-        )
+
+    @staticmethod
+    def _insert_by_keys(rm: RelMap, idx: tuple[int, ...], policy: str) -> sql.Composable:
+        """The INSERT that updates the local row holding any of its unique keys (see
+        :func:`_by_keys`): what ``ON CONFLICT`` cannot, with one arbiter index."""
+        allow: sql.Composable = sql.SQL("true")
+        if policy == "last_update_wins":
+            ts = sql.SQL("pg_catalog.pg_xact_commit_timestamp(applier_t.xmin)")
+            allow = sql.SQL("{ts} IS NULL OR {ts} <= {p}").format(ts=ts, p=_ph(len(idx) + 1))
+        return sql.SQL(
+            "WITH {ctes} "
+            "SELECT ((SELECT pg_catalog.count(*) FROM applier_i) "
+            "+ (SELECT pg_catalog.count(*) FROM applier_w))::pg_catalog.int4, "
+            "CASE WHEN EXISTS (SELECT FROM applier_i) THEN NULL ELSE "
+            "(SELECT pg_catalog.jsonb_agg(applier_l.r) FROM applier_l) END"
+        ).format(ctes=_by_keys(rm, idx, 1, sql.SQL("true"), allow))
 
     @staticmethod
     def _do_update(rm: RelMap, idx: tuple[int, ...], policy: str, ts_param: int) -> sql.Composable:
-        assert rm.target is not None
-        key_names = frozenset(rm.columns[i].name for i in rm.key)
-        if not rm.key or key_names not in rm.target.unique_sets:
-            raise ApplyError(
-                f"table {rm.qualname}: insert_exists = {policy!r} updates the existing row "
-                "by its replica identity key, and the target has no unique index on exactly "
-                "those columns",
-                table=rm.qualname,
-                hint="create that unique index on the target, or choose keep_local/skip for "
-                "this table in [conflicts], and restart applier run",
-            )
         sets = [
             sql.SQL("{c} = EXCLUDED.{c}").format(c=sql.Identifier(rm.columns[i].name))
             for i in idx
@@ -271,8 +290,10 @@ class ConflictPlanner:
 
     def batchable(self, rm: RelMap, stmt: Stmt) -> bool:
         """Whether checked INSERTs of ``stmt`` may go several per statement: keep the
-        local row (skip, keep_local), every key column sent and comparable with ``=``,
-        and nothing on the target that watches rows one by one."""
+        local row (skip, keep_local), a key that tells the rows apart (DEFAULT/INDEX:
+        unique and not null on the source; FULL's columns may be NULL or repeat), every
+        key column sent and comparable with ``=``, and nothing on the target that
+        watches rows one by one."""
         hit = self._batchable.get(stmt.name)
         if hit is None:
             hit = self._batchable[stmt.name] = self._can_batch(rm, stmt)
@@ -283,6 +304,7 @@ class ConflictPlanner:
         assert rm.policy is not None and rm.target is not None
         return (
             rm.policy[INSERT_EXISTS] in ("skip", "keep_local")
+            and rm.replident in ("d", "i")
             and bool(rm.key)
             and all(i in stmt.new_idx and rm.columns[i].has_eq for i in rm.key)
             and not rm.target.observed
@@ -356,14 +378,16 @@ class ConflictPlanner:
 
     def _build_upsert(self, rm: RelMap, plain: Stmt) -> Stmt:
         first = len(plain.types) + 1
-        n = len(rm.columns)
-        names = sql.SQL(", ").join(sql.Identifier(c.name) for c in rm.relation.columns)
-        values = sql.SQL(", ").join(_ph(first + i) for i in range(n))
+        every = tuple(range(len(rm.columns)))
+        missed = sql.SQL("NOT EXISTS (SELECT FROM applier_u)")
         query = sql.SQL(
-            "WITH applier_u AS ({update} RETURNING 1) "
-            "INSERT INTO {q} ({names}) OVERRIDING SYSTEM VALUE SELECT {values} "
-            "WHERE NOT EXISTS (SELECT FROM applier_u)"
-        ).format(update=sql.SQL(plain.query.decode()), q=_qualified(rm), names=names, values=values)
+            "WITH applier_u AS ({update} RETURNING 1), {ctes} "
+            "SELECT (SELECT pg_catalog.count(*) FROM applier_u)::pg_catalog.int4, "
+            "(SELECT pg_catalog.jsonb_agg(applier_l.r) FROM applier_l)"
+        ).format(
+            update=sql.SQL(plain.query.decode()),
+            ctes=_by_keys(rm, every, first, missed, sql.SQL("true")),
+        )
         types = plain.types + tuple(c.type_oid for c in rm.columns)
         return Stmt(
             self.planner._name(rm, "u"), query.as_bytes(None), types, plain.new_idx,
@@ -461,6 +485,67 @@ def _holds_a_key(rm: RelMap, values: dict[int, sql.Composable]) -> sql.Composabl
                 )
             )
     return sql.SQL(" OR ").join(conds) if conds else sql.SQL("false")
+
+
+def _key_alone(rm: RelMap) -> bool:
+    """The identity's columns are the target's only unique key: ``ON CONFLICT`` on
+    them meets every conflict an INSERT can have."""
+    assert rm.target is not None
+    names = frozenset(rm.columns[i].name for i in rm.key)
+    sets = rm.target.unique_sets
+    return (
+        rm.replident in ("d", "i") and bool(rm.key) and bool(sets) and all(u == names for u in sets)
+    )
+
+
+def _by_keys(
+    rm: RelMap, idx: tuple[int, ...], first: int, guard: sql.Composable, allow: sql.Composable
+) -> sql.Composable:
+    """Three CTEs that write a new row (columns ``idx``, placeholders from ``first``)
+    through whichever unique index of the target holds one of its keys, as
+    PostgreSQL 18 looks for an INSERT's conflict in every unique index:
+
+    * ``applier_l``: the local rows that hold any of its keys (``toid``, ``c``, ``r``
+      the row as jsonb), locked, as they were before the statement;
+    * ``applier_w``: that row set to the new row when exactly one holds them (and
+      ``allow``, a condition on ``applier_t``, lets it), but for a GENERATED ALWAYS
+      identity column; several are multiple_unique_conflicts, left as they are for
+      the caller to decide;
+    * ``applier_i``: the new row, inserted when none does.
+
+    ``guard`` conditions all of it (the upsert: its UPDATE found nothing). A row a
+    concurrent session inserts meanwhile fails the INSERT (a unique violation the
+    worker names), rather than being overwritten unseen; so does one that holds a key
+    only through an expression or partial index, which no condition here can name.
+    """
+    vals: dict[int, sql.Composable] = {i: _ph(n) for n, i in enumerate(idx, start=first)}
+    names = [sql.Identifier(rm.columns[i].name) for i in idx]
+    # A GENERATED ALWAYS identity column keeps the local row's value: an UPDATE may
+    # set it only to DEFAULT. (A table of that one column has nothing else to set.)
+    sets = [
+        sql.SQL("{} = {}").format(c, vals[i])
+        for c, i in zip(names, idx, strict=True)
+        if not rm.columns[i].identity_always
+    ]
+    update: sql.Composable = sql.SQL("SELECT 1 WHERE false")
+    if sets:
+        update = sql.SQL(
+            "UPDATE {src} AS applier_t SET {sets} FROM applier_l "
+            "WHERE applier_t.tableoid = applier_l.toid AND applier_t.ctid = applier_l.c "
+            "AND (SELECT pg_catalog.count(*) FROM applier_l) = 1 AND ({allow}) RETURNING 1"
+        ).format(src=_changed(rm), sets=sql.SQL(", ").join(sets), allow=allow)
+    return sql.SQL(
+        "applier_l AS (SELECT applier_x.tableoid AS toid, applier_x.ctid AS c, "
+        "pg_catalog.to_jsonb(applier_x) AS r FROM {src} AS applier_x "
+        "WHERE {guard} AND ({l_where}) FOR UPDATE OF applier_x), "
+        "applier_w AS ({update}), "
+        "applier_i AS (INSERT INTO {q} ({names}) OVERRIDING SYSTEM VALUE SELECT {values} "
+        "WHERE {guard} AND NOT EXISTS (SELECT FROM applier_l) RETURNING 1)"
+    ).format(
+        src=_changed(rm), guard=guard, l_where=_holds_a_key(rm, vals), update=update,
+        q=_qualified(rm), names=sql.SQL(", ").join(names),
+        values=sql.SQL(", ").join(vals[i] for i in idx),
+    )  # fmt: skip
 
 
 class CheckedRows(MergedCtx):

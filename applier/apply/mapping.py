@@ -62,6 +62,9 @@ class TargetColumn:
     type_sql: str  # format_type(), for messages
     has_eq: bool
     generated: bool
+    #: GENERATED ALWAYS AS IDENTITY: an INSERT sets it with OVERRIDING SYSTEM VALUE,
+    #: an UPDATE may not set it at all (SQLSTATE 428C9).
+    identity_always: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,7 +235,7 @@ class Catalog:
             """
             SELECT c.oid, c.relkind::text, a.attname, a.atttypid,
                    pg_catalog.format_type(a.atttypid, a.atttypmod), a.attgenerated <> '',
-                   c.relrowsecurity
+                   c.relrowsecurity, a.attidentity = 'a'
               FROM pg_catalog.pg_class c
               JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
               LEFT JOIN pg_catalog.pg_attribute a
@@ -246,7 +249,12 @@ class Catalog:
             return None
         cols = {
             str(r[2]): TargetColumn(
-                str(r[2]), int(r[3]), str(r[4]), self.has_eq(int(r[3])), bool(r[5])
+                str(r[2]),
+                int(r[3]),
+                str(r[4]),
+                self.has_eq(int(r[3])),
+                bool(r[5]),
+                bool(r[7]),
             )
             for r in rows
             if r[2] is not None

@@ -160,14 +160,27 @@ class Resolution:
         """An INSERT that met local rows (``raw``: their jsonb array, if read)."""
         local = json.loads(raw) if raw else None
         kind = MULTIPLE if local is not None and len(local) > 1 else INSERT_EXISTS
-        if ctx.rm.policy[kind] == "error":
-            raise self._conflict_error(ctx, kind, _one(local))
-        self.conflicts.append(Conflict(ctx, kind, ctx.rm.policy[INSERT_EXISTS], _one(local)))
+        self._met(ctx, kind, ctx.rm.policy[kind], _one(local))
 
     def _upsert_checked(self, ctx: Any, res: pq.abc.PGresult) -> None:
-        if res.command_tuples:
-            self.missing_rows += 1
-            self.conflicts.append(Conflict(ctx, UPDATE_MISSING, "apply_remote", None))
+        """update_missing = apply_remote: (rows the UPDATE found, local rows holding a
+        unique key of the new row when it found none). One such row was set to the new
+        row; several are multiple_unique_conflicts, and nothing was written."""
+        if int(res.get_value(0, 0) or 0):
+            return
+        self.missing_rows += 1
+        raw = res.get_value(0, 1)
+        local = json.loads(raw) if raw else None
+        if local is not None and len(local) > 1:
+            self._met(ctx, MULTIPLE, ctx.rm.policy[MULTIPLE], _one(local))
+        else:
+            self._met(ctx, UPDATE_MISSING, "apply_remote", _one(local))
+
+    def _met(self, ctx: Any, kind: str, policy: str, local: str | None) -> None:
+        """A conflict the statement resolved by ``policy`` (or left for ``error``)."""
+        if policy == "error":
+            raise self._conflict_error(ctx, kind, local)
+        self.conflicts.append(Conflict(ctx, kind, policy, local))
 
     def _origin_checked(self, ctx: Any, res: pq.abc.PGresult) -> None:
         if res.ntuples == 0:
