@@ -1,4 +1,4 @@
-"""`pip install pg-applier`, without extras, in a fresh venv: run works, the rest says what it needs.
+"""`pip install pg-applier`, no extras, in a fresh venv: run works, the rest says what it needs.
 
 The distribution is ``pg-applier`` (``applier`` on PyPI is an unrelated
 project); the import package and the command stay ``applier``.
