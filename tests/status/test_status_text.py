@@ -31,10 +31,12 @@ def _text(cfg: Path) -> tuple[int, str]:
     return proc.returncode, proc.stdout
 
 
-def _line(text: str, label: str) -> str:
-    found = [ln for ln in text.splitlines() if ln.strip(" │|").startswith(label)]
-    assert len(found) == 1, (label, text)
-    return found[0]
+def _cell(text: str, label: str) -> str:
+    """The value of the status table's row ``label``."""
+    found = [ln.strip(" │").split("│") for ln in text.splitlines()]
+    values = [cells[-1].strip() for cells in found if cells[0].strip() == label]
+    assert len(values) == 1, (label, text)
+    return values[0]
 
 
 @pytest.mark.parametrize("pair", ["15-18"], indirect=True)  # not version-specific
@@ -50,7 +52,7 @@ def test_piped_status_is_whole_and_in_words(pair: Pair) -> None:
     rc, text = _text(cfg)
     assert rc == 0, text
     q = f"SELECT active_pid FROM pg_replication_slots WHERE slot_name = '{pair.slot}'"
-    assert f"yes (pid {pair.pub_exec(q)[0][0]})" in _line(text, "slot active")
+    assert _cell(text, "slot active") == f"yes (pid {pair.pub_exec(q)[0][0]})", text
     assert f"public.{LONG}" in text, text  # the conflicts table, whole
     assert "…" not in text, text
 
@@ -60,10 +62,13 @@ def test_piped_status_is_whole_and_in_words(pair: Pair) -> None:
     assert runner.wait(60) == 3
     rc, text = _text(cfg)
     assert rc == 3, text
-    assert _line(text, "slot active").split()[-1] == "no", text
-    error = _line(text, "last error")
-    assert "duplicate key" in error and f"public.{LONG}" in error, text
+    assert _cell(text, "slot active") == "no", text
+    # The error whole on a line of its own (a table cell would widen every row).
+    (error,) = [ln for ln in text.splitlines() if ln.startswith("last error: ")]
+    assert "duplicate key" in error and f"table=public.{LONG}" in error, text
     assert '{"' not in text, text  # no JSON
     err = pair.sub_exec("SELECT last_error FROM applier.worker_status")[0][0]
     err = err if isinstance(err, dict) else json.loads(err)
-    assert err["message"] in text.replace("\n", " ") or err["message"].split("\n")[0] in error
+    assert error.startswith(f"last error: {err['kind']}: "), error
+    assert _cell(text, "last error").endswith("(below)"), text
+    assert runner.stop() in (0, 3)
