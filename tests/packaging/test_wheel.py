@@ -96,6 +96,21 @@ def test_no_extra_is_installed(venv: Venv) -> None:
     assert any((Path(found["applier"]).parent / "_migrations").glob("**/*.py"))
 
 
+def test_the_units_documentation_is_installed(venv: Venv) -> None:
+    """The systemd units run /opt/applier/venv/bin/applier; their Documentation= is
+    in that venv too, and so are the units and the example config the runbook copies."""
+    for unit in ("applier.service", "applier@.service"):
+        text = (ROOT / "conf" / unit).read_text()
+        (doc,) = [
+            ln.split("=", 1)[1] for ln in text.splitlines() if ln.startswith("Documentation=")
+        ]
+        assert doc.startswith("file:///opt/applier/venv/"), doc
+        assert (venv.path / doc.removeprefix("file:///opt/applier/venv/")).is_file(), doc
+        assert (venv.path / "share" / "applier" / "conf" / unit).read_text() == text
+    example = venv.path / "share" / "applier" / "conf" / "applier.example.toml"
+    assert example.read_text() == (ROOT / "conf" / "applier.example.toml").read_text()
+
+
 def test_the_wheel_runs_the_c_speedups(venv: Venv) -> None:
     """The wheel carries the compiled module and the installed package chooses it: a
     build that lost a C source would still install, quietly falling back to Python."""
