@@ -26,9 +26,11 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends gcc libc6-dev \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
-COPY pyproject.toml README.md hatch_build.py ./
+COPY pyproject.toml README.md LICENSE hatch_build.py ./
 COPY applier ./applier
 COPY migrations ./migrations
+# The units, the example config and the README ship in the wheel (share/).
+COPY conf ./conf
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
 # -- what both images share ---------------------------------------------------------
