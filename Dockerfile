@@ -4,7 +4,7 @@
 #   docker build -t applier:full --target full .    # + Java, pyspark, pg_dump: applier bootstrap
 #
 # "slim" has what `applier run`, status, decode, skip, drop, migrate and
-# sync-sequences need (pip install applier): no Java, no Spark, no PostgreSQL
+# sync-sequences need (pip install pg-applier): no Java, no Spark, no PostgreSQL
 # server or client programs. "full" adds the spark extra, a Java runtime and
 # the PostgreSQL client programs (bootstrap copies the schema with pg_dump and
 # loads it with psql; a newer pg_dump reads older servers, so the newest
@@ -26,9 +26,11 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends gcc libc6-dev \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
-COPY pyproject.toml README.md hatch_build.py ./
+COPY pyproject.toml README.md LICENSE hatch_build.py ./
 COPY applier ./applier
 COPY migrations ./migrations
+# The units, the example config and the README ship in the wheel (share/).
+COPY conf ./conf
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
 # -- what both images share ---------------------------------------------------------
@@ -73,7 +75,7 @@ RUN mkdir -p /usr/share/man/man1 \
 COPY --from=wheel /wheels /tmp/wheels
 # The wheel's own dependency ranges (pyproject.toml) bound what pip installs.
 # hadolint ignore=DL3013
-RUN set -- /tmp/wheels/applier-*.whl \
+RUN set -- /tmp/wheels/pg_applier-*.whl \
  && pip install --no-cache-dir "$1[spark]" \
  && rm -rf /tmp/wheels
 # Spark's Python workers import applier: the same interpreter as the driver.
@@ -85,7 +87,7 @@ CMD ["bootstrap", "--config", "/etc/applier/applier.toml", "--quiet"]
 FROM base AS slim
 COPY --from=wheel /wheels /tmp/wheels
 # hadolint ignore=DL3013
-RUN pip install --no-cache-dir /tmp/wheels/applier-*.whl \
+RUN pip install --no-cache-dir /tmp/wheels/pg_applier-*.whl \
  && rm -rf /tmp/wheels
 USER 10001:10001
 CMD ["run", "--config", "/etc/applier/applier.toml"]

@@ -55,7 +55,7 @@ def cli() -> None:
       0  stopped cleanly
       1  transient failure: a restart may cure it (systemd restarts)
       2  bad configuration or usage, or a missing extra (the error names
-         the pip install, e.g. 'applier[spark]' for bootstrap)
+         the pip install, e.g. 'pg-applier[spark]' for bootstrap)
       3  stopped on an error a restart will not fix (apply error, slot
          missing, wrong source, unfinished bootstrap): a person must act
     """
@@ -150,7 +150,7 @@ def bootstrap(
     `applier run` continues with no gap and no duplicate. Rerun after an
     interruption to continue where it stopped.
 
-    Needs the spark extra (pip install 'applier[spark]') and a Java runtime;
+    Needs the spark extra (pip install 'pg-applier[spark]') and a Java runtime;
     without them it exits 2 at once and says so.
     """
     from .extras import require_spark
@@ -322,7 +322,7 @@ def migrate(config_path: Path | None) -> int:
 def demo(source_version: str, target_version: str, rows: int, keep: bool) -> int:
     """Run applier end to end on two throwaway local clusters (no config needed).
 
-    Needs the demo extra (pip install 'applier[demo]') and a Java runtime.
+    Needs the demo extra (pip install 'pg-applier[demo]') and a Java runtime.
     """
     from .extras import require_demo
 

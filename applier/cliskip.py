@@ -16,7 +16,7 @@ def skip() -> None:
     """Skip rules: changes the worker must not apply, and what it kept of them.
 
     Rules live in the target's applier schema, per replication origin (the
-    config's target.origin), and take effect in a running worker within 5 s
+    config's target.origin), and take effect in a running worker within 2 s
     and at every start. Three kinds, one per rule: an object (a table pattern,
     optionally some operations), one transaction (by xid or finish LSN; used
     once, then done), or the changes that fail (optionally only some

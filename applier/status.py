@@ -41,7 +41,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 
 from .config import Config
-from .errors import ApplierError
+from .errors import ApplierError, describe_error_record
 from .health import STALE_INTERVALS, assess
 from .lag import SOURCE_WAL_LSN, Lag, format_bytes, measure, not_running
 from .lsn import Lsn
@@ -284,8 +284,9 @@ def render_json(st: Status, out: TextIO) -> None:
 
 
 def render_text(st: Status, out: TextIO) -> None:
-    from rich.console import Console
     from rich.table import Table
+
+    from .console import console as make_console
 
     table = Table(title=f"applier: slot {st.slot_name} -> origin {st.origin}", show_header=False)
     table.add_column(style="bold")
@@ -294,7 +295,7 @@ def render_text(st: Status, out: TextIO) -> None:
     rows: list[tuple[str, Any]] = [
         ("source", st.source),
         ("target", st.target),
-        ("slot active", f"{s.get('active')} (pid {s.get('active_pid')})" if s else "-"),
+        ("slot active", _slot_holder(s) if s else "-"),
         ("slot confirmed", s.get("confirmed_flush_lsn")),
         ("slot wal_status", s.get("wal_status")),
         ("slot failover", _failover(s)),
@@ -306,20 +307,46 @@ def render_text(st: Status, out: TextIO) -> None:
         ("worker heartbeat", w.get("heartbeat_at")),
         ("applied txns", w.get("applied_txns")),
         ("skipped changes", w.get("skipped_changes")),
-        ("last error", json.dumps(_jsonable(w["last_error"])) if w.get("last_error") else "-"),
+        ("last error", _last_error_at(w)),
         ("active skip rules", st.active_skip_rules),
         ("conflicts", sum(c["count"] for c in st.conflicts)),
     ]
     for k, v in rows:
         table.add_row(k, "-" if v is None else str(v))
-    console = Console(file=out, width=120)
+    console = make_console(out)
     console.print(table)
     if st.conflicts:
         console.print(_conflict_table(st.conflicts))
+    _last_error(st, out)
     _skip_hint(st, out)
     for err in st.errors:
         console.print(f"[yellow]note:[/] {err}", markup=True)
     _verdict(st, out)
+
+
+def _slot_holder(slot: dict[str, Any]) -> str:
+    if not slot.get("active"):
+        return "no"
+    return f"yes (pid {slot.get('active_pid')})"
+
+
+def _last_error_at(worker: dict[str, Any]) -> str:
+    if not worker.get("last_error"):
+        return "-"
+    at = worker.get("last_error_at")
+    return f"{at.isoformat(timespec='seconds')} (below)" if at else "(below)"
+
+
+def _last_error(st: Status, out: TextIO) -> None:
+    # A plain line, not a table cell: a cell that long would widen every row
+    # of the table, or wrap the error into pieces.
+    w = st.worker or {}
+    if not w.get("last_error"):
+        return
+    out.flush()
+    # The skip command has lines of its own, whole.
+    line = describe_error_record(w["last_error"], leave_out=("skip_command",))
+    out.write(f"last error: {line}\n")
 
 
 def _failover(slot: dict[str, Any]) -> str | None:

@@ -41,13 +41,15 @@ FULL table's changes go one statement each or held together
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
 from applier.errors import SchemaMismatch
-from applier.protocol import Relation
+from applier.protocol import Column, Relation
 
 #: First OID of user-defined objects; lower OIDs are the same on every cluster.
 FIRST_NORMAL_OID = 16384
@@ -130,11 +132,14 @@ def build(
     target: TargetTable | None,
     accepts: dict[int, bool] | None = None,
     type_names: dict[int, tuple[str, str]] | None = None,
+    column_type: Callable[[Column], str] | None = None,
 ) -> RelMap:
     """Map an included relation onto its target table, or raise SchemaMismatch.
 
     ``accepts[i]`` (from :meth:`Catalog.accepts`) says whether the target
     column of source column ``i`` can take the source's type; missing means yes.
+    ``column_type`` spells a source column's type in SQL, for the hint of a
+    missing column (:meth:`Catalog.source_type_sql`).
     """
     name = f"{relation.namespace}.{relation.name}"
     if target is None:
@@ -143,16 +148,10 @@ def build(
             table=name,
             hint="create it on the target (same schema and name) and restart applier run",
         )
+    _check_missing_columns(relation, target, column_type)
     cols: list[TargetColumn] = []
     for i, col in enumerate(relation.columns):
-        tc = target.columns.get(col.name)
-        if tc is None:
-            raise SchemaMismatch(
-                f"table {name}: column {col.name!r} is missing on the target",
-                table=name,
-                column=col.name,
-                hint=f"add column {col.name} to {name} on the target and restart applier run",
-            )
+        tc = target.columns[col.name]
         if tc.generated:
             raise SchemaMismatch(
                 f"table {name}: column {col.name!r} is a generated column on the target",
@@ -180,6 +179,34 @@ def build(
         key,
         _mergeable(relation, target, cols, key),
         full_batchable(relation, target, cols),
+    )
+
+
+def _check_missing_columns(
+    relation: Relation, target: TargetTable, column_type: Callable[[Column], str] | None
+) -> None:
+    """Raise SchemaMismatch naming every source column the target lacks, with the
+    ALTER TABLE that adds them all (the source's types, identifiers quoted)."""
+    missing = [c for c in relation.columns if c.name not in target.columns]
+    if not missing:
+        return
+    name = f"{relation.namespace}.{relation.name}"
+    names = ", ".join(repr(c.name) for c in missing)
+    what = f"column {names} is" if len(missing) == 1 else f"columns {names} are"
+    hint = f"add {'it' if len(missing) == 1 else 'them'} on the target"
+    if column_type is not None:
+        table = sql.Identifier(relation.namespace, relation.name).as_string(None)
+        adds = ", ".join(
+            f"ADD COLUMN {sql.Identifier(c.name).as_string(None)} {column_type(c)}" for c in missing
+        )
+        hint += f": ALTER TABLE {table} {adds};"
+    else:
+        hint += ","
+    raise SchemaMismatch(
+        f"table {name}: {what} missing on the target",
+        table=name,
+        column=missing[0].name,
+        hint=f"{hint} then restart applier run",
     )
 
 
@@ -360,6 +387,20 @@ class Catalog:
     def type_name(self, oid: int) -> tuple[str, str]:
         t = self._type(oid)
         return (t[6], t[7])
+
+    def source_type_sql(self, col: Column, user_type: tuple[str, str] | None) -> str:
+        """A source column's type as SQL, for a hint: a built-in type (the same OID
+        on every server) as the target's format_type spells it with the column's
+        modifier (``numeric(10,2)``); a user-defined one by the schema and name its
+        Type message gave (``"public"."mood"``, an array of it ``"public"."_mood"``)."""
+        if col.type_oid < FIRST_NORMAL_OID:
+            row = self.conn.execute(
+                "SELECT pg_catalog.format_type(%s, %s)", (col.type_oid, col.atttypmod)
+            ).fetchone()
+            return str(row[0]) if row else f"<type {col.type_oid}>"
+        if user_type is not None:
+            return sql.Identifier(*user_type).as_string(None)
+        return f"<the source's type {col.type_oid}>"
 
     def has_eq(self, oid: int) -> bool:
         """Whether ``=`` works on the type (default btree/hash opclass, recursively)."""

@@ -184,7 +184,13 @@ class RelationCache:
         for c in rel.columns:
             if c.type_oid < mapping.FIRST_NORMAL_OID:
                 names[c.type_oid] = catalog.type_name(c.type_oid)
-        rm = mapping.build(rel, target, accepts, names)
+        rm = mapping.build(
+            rel,
+            target,
+            accepts,
+            names,
+            lambda c: catalog.source_type_sql(c, self.types.get(c.type_oid)),
+        )
         policy = self.policies.for_table(rel.namespace, rel.name)
         if policy.builtin:
             return rm

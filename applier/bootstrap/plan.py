@@ -228,7 +228,8 @@ def quote_qual(schema: str, name: str) -> str:
 
 
 def discover(conn: Conn, cfg: Config) -> SourcePlan:
-    """The tables to create and copy; a warning for each without a replica identity."""
+    """The tables to create and copy; a warning for each without a replica identity
+    (once per table and process: a command reads the plan more than once)."""
     pub = published_tables(conn, cfg)
     block_size = int(conn.execute("SHOW block_size").fetchone()[0])  # type: ignore[index]
     ddl: dict[tuple[str, str], None] = {}
@@ -257,9 +258,18 @@ def discover(conn: Conn, cfg: Config) -> SourcePlan:
     return SourcePlan(ddl_tables=list(ddl), tables=list(specs.values()))
 
 
+#: Tables already warned about in this process: one command reads the plan
+#: several times (bootstrap for the copy and the sequences; verify, and
+#: cutover --verify, three times), and one warning per table is enough.
+_warned_no_identity: set[tuple[str, str]] = set()
+
+
 def _warn_no_identity(nsp: str, rel: str) -> None:
     # As the built-in subscriber: an insert-only table (a log) needs no
     # identity; the source itself refuses its UPDATEs and DELETEs.
+    if (nsp, rel) in _warned_no_identity:
+        return
+    _warned_no_identity.add((nsp, rel))
     log.warning(
         "table %s.%s has no replica identity: it is copied and its INSERTs replicated, "
         "but UPDATE and DELETE on it will fail on the source while it is published for them "

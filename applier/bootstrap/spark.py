@@ -150,9 +150,47 @@ def _started(conf: Any) -> Any:
     # medians of 3, with the class archive).
     from pyspark import SparkContext
 
-    sc = SparkContext.getOrCreate(conf)
+    if SparkContext._active_spark_context is not None or SparkContext._gateway is not None:
+        sc = SparkContext.getOrCreate(conf)  # this process's JVM is up already
+    else:
+        sc = SparkContext(conf=conf, gateway=_launch_gateway(conf))
     sc.setLogLevel("ERROR")
     return sc
+
+
+#: What the JVM prints on stderr that is no news to the user. Spark's launcher
+#: always adds ``--add-modules=jdk.incubator.vector`` (JavaModuleOptions), and
+#: the JVM then warns "Using incubator modules" at every start; no JVM option
+#: turns that off (the module system prints it itself).
+_JVM_NOISE = (b"WARNING: Using incubator modules:",)
+
+
+def _launch_gateway(conf: Any) -> Any:
+    """pyspark's JVM, with its stderr copied to ours without :data:`_JVM_NOISE`.
+
+    The copy runs before the JVM starts, so nothing it says is lost, not
+    even the reason it failed to start. Its Python workers inherit the pipe.
+    """
+    from pyspark.java_gateway import launch_gateway
+
+    read_fd, write_fd = os.pipe()
+    threading.Thread(target=_copy_stderr, args=(read_fd,), name="spark-stderr", daemon=True).start()
+    try:
+        return launch_gateway(conf, popen_kwargs={"stderr": write_fd})  # type: ignore[no-untyped-call]
+    finally:
+        os.close(write_fd)  # the JVM holds its own copy: EOF when it exits
+
+
+def _copy_stderr(read_fd: int) -> None:
+    with os.fdopen(read_fd, "rb") as jvm_stderr:
+        for line in jvm_stderr:
+            if not line.startswith(_JVM_NOISE):
+                _write_all(2, line)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    while data:
+        data = data[os.write(fd, data) :]
 
 
 def context_uses_archive(bcfg: BootstrapConfig) -> bool:

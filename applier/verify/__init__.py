@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ..config import Config
+    from .report import Report
 
 log = logging.getLogger(__name__)
 
@@ -50,10 +51,32 @@ def run_verify(
     complete. ``quiet``: no rich output (``--json`` and ``diff_out`` still
     written).
     """
+    from .report import print_json, print_rich, write_diff_lines
+
+    report = compare(cfg, tables=tables, chunk_rows=chunk_rows, rounds=rounds)
+    if diff_out is not None:
+        write_diff_lines(report, diff_out)
+    if as_json:
+        print_json(report)
+    elif not quiet:
+        print_rich(report)
+    return EXIT_EQUAL if report.equal else EXIT_DIFFERENT
+
+
+def compare(
+    cfg: Config,
+    *,
+    tables: list[str] | None = None,
+    chunk_rows: int | None = None,
+    rounds: int = 3,
+) -> Report:
+    """Compare source and target (:func:`run_verify` without the printing): the report.
+
+    ``applier cutover --verify`` names the tables that differ from it.
+    """
     from ..errors import ApplierError, ConfigError
     from .hashing import VerifyError
     from .job import verify
-    from .report import print_json, print_rich, write_diff_lines
 
     if rounds < 1:
         raise ConfigError("--rounds must be at least 1")
@@ -82,13 +105,7 @@ def run_verify(
         ) from None
     finally:
         spark.stop()
-    if diff_out is not None:
-        write_diff_lines(report, diff_out)
-    if as_json:
-        print_json(report)
-    elif not quiet:
-        print_rich(report)
-    return EXIT_EQUAL if report.equal else EXIT_DIFFERENT
+    return report
 
 
 class _Spark:
@@ -113,4 +130,4 @@ class _Spark:
             self._sc = None
 
 
-__all__ = ["run_verify"]
+__all__ = ["compare", "run_verify"]

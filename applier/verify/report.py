@@ -96,6 +96,19 @@ class Report:
     def equal(self) -> bool:
         return not self.schema and not any(t.differences or t.truncated for t in self.tables)
 
+    def differing(self) -> list[str]:
+        """The tables that differ, each with how: ``public.t (3 rows)``,
+        ``public.u (schema: column c type differs)``; empty when equal."""
+        what: dict[str, list[str]] = {}
+        for t in self.tables:
+            if t.differences or t.truncated:
+                n = len(t.differences)
+                rows = f"{n}{'+' if t.truncated else ''} row{'' if n == 1 else 's'}"
+                what.setdefault(t.table, []).append(rows)
+        for d in self.schema:
+            what.setdefault(d.table, []).append(f"schema: {d.kind} {d.name} {d.problem}")
+        return [f"{table} ({'; '.join(how)})" for table, how in what.items()]
+
     def as_json(self) -> dict[str, Any]:
         return {
             "equal": self.equal,
@@ -123,10 +136,11 @@ SHOWN = 20
 
 
 def print_rich(report: Report) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    from ..console import console as make_console
+
+    console = make_console()
     grid = Table(title=f"applier verify ({report.rounds} round(s), {report.seconds:.1f} s)")
     for col in ("table", "rows", "ranges", "differing rows", "seconds", "note"):
         grid.add_column(col, justify="right" if col in ("rows", "ranges", "seconds") else "left")

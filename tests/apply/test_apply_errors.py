@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import pytest
@@ -40,19 +41,33 @@ def test_unique_violation_stops_with_context(pair: Pair) -> None:
 
 
 def test_schema_mismatch_missing_column_and_table(pair: Pair) -> None:
-    pair.pub_exec("CREATE TABLE t (id int PRIMARY KEY, v text, extra int)")
-    pair.sub_exec("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    pair.pub_exec(
+        "CREATE TYPE mood AS ENUM ('sad', 'ok');"
+        'CREATE TABLE t (id int PRIMARY KEY, v text, extra numeric(10,2), "Mixed Case" '
+        "varchar(20), m mood, ts timestamptz(3)[])"
+    )
+    pair.sub_exec(
+        "CREATE TYPE mood AS ENUM ('sad', 'ok'); CREATE TABLE t (id int PRIMARY KEY, v text)"
+    )
     pair.pub_exec("CREATE PUBLICATION pub FOR ALL TABLES")
     cfg = pair.write_config()
     runner = Runner(pair, cfg).start().ready()
-    pair.pub_exec("INSERT INTO t VALUES (1, 'a', 1)")
+    pair.pub_exec("INSERT INTO t VALUES (1, 'a', 1.5, 'x', 'ok', ARRAY[now()])")
     assert runner.wait(60) == 3
     line = [ln for ln in runner.log().splitlines() if " applier: error: " in ln][-1]
     assert "public.t" in line and "'extra'" in line and "missing" in line
     assert origin_lsn(pair, pair.slot) in (None, "0/0")
     assert pair.sub_exec("SELECT count(*) FROM t") == [(0,)]
-    # Fix the target; the restarted worker applies the held-back transaction.
-    pair.sub_exec("ALTER TABLE t ADD COLUMN extra int")
+    # The hint is the exact statement, with the source's types and quoted names.
+    alter = re.search(r"ALTER TABLE [^;]+;", line)
+    assert alter, line
+    assert alter.group(0) == (
+        'ALTER TABLE "public"."t" ADD COLUMN "extra" numeric(10,2), '
+        'ADD COLUMN "Mixed Case" character varying(20), ADD COLUMN "m" "public"."mood", '
+        'ADD COLUMN "ts" timestamp(3) with time zone[];'
+    ), line
+    # Fix the target with it; the restarted worker applies the held-back transaction.
+    pair.sub_exec(alter.group(0))
     runner = Runner(pair, cfg, "applier2.log").start().ready()
     wait_equal(pair, ["t"], runner=runner)
     assert runner.stop() == 0

@@ -13,7 +13,7 @@ import pytest
 from conftest import Pair
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "apply"))
-from applykit import ROOT, Runner, table_rows, wait_for
+from applykit import ROOT, Runner, table_rows, wait_equal, wait_for
 
 
 def _setup(pair: Pair) -> tuple[Path, Runner]:
@@ -152,6 +152,50 @@ def test_cutover_verify_equal_then_different(pair: Pair) -> None:
     assert rc == 1, (rep, err[-3000:])
     assert rep["caught_up"] is True and rep["verify"].startswith("differences"), rep
     assert any("do not switch" in s for s in rep["next_steps"]), rep
+    assert runner.stop() == 0
+
+
+#: Longer than rich's 80 columns with the other columns, within 63 bytes (NAMEDATALEN).
+LONG = "measurements_per_station_and_hour_since_the_network_went_live"
+
+
+def _piped(*args: str) -> subprocess.CompletedProcess[str]:
+    """A command as a script runs it: stdout and stderr pipes, no terminal."""
+    return subprocess.run(
+        [sys.executable, "-m", "applier.cli", *args],
+        capture_output=True, text=True, timeout=300, cwd=ROOT, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("pair", ["15-18"], indirect=True)  # not version-specific
+def test_verify_and_cutover_name_the_table_that_differs(pair: Pair) -> None:
+    """Piped, as into a file: the verify table keeps the long name whole, cutover
+    --verify names the table that differs, a table without a replica identity is
+    warned about once, and the JVM's start-up warning is not passed on."""
+    pair.both(f"CREATE TABLE {LONG} (id int PRIMARY KEY, v text); CREATE TABLE nokey (v text)")
+    pair.pub_exec("CREATE PUBLICATION pub FOR ALL TABLES")
+    cfg = pair.write_config(bootstrap={"spark_master": "local[1]"})
+    runner = Runner(pair, cfg).start().ready()
+    pair.pub_exec(
+        f"INSERT INTO {LONG} SELECT g, 'v' FROM generate_series(1, 50) g;"
+        "INSERT INTO nokey VALUES ('a')"
+    )
+    wait_equal(pair, [LONG, "nokey"], runner=runner)
+    pair.sub_exec(f"UPDATE {LONG} SET v = 'changed on the target' WHERE id = 3")
+
+    verify = _piped("verify", "--config", str(cfg))
+    assert verify.returncode == 1, verify.stdout + verify.stderr[-3000:]
+    assert f"public.{LONG}" in verify.stdout and "…" not in verify.stdout, verify.stdout
+    assert "Using incubator modules" not in verify.stderr, verify.stderr
+
+    cut = _piped("cutover", "--config", str(cfg), "--verify")
+    assert cut.returncode == 1, cut.stdout + cut.stderr[-3000:]
+    (line,) = [ln for ln in cut.stdout.splitlines() if ln.strip().startswith("verify ")]
+    assert f"public.{LONG}" in line and "1 row" in line, cut.stdout
+    assert "nokey" not in line, cut.stdout  # equal: not named
+    assert cut.stderr.count("nokey has no replica identity") == 1, cut.stderr
+    assert "Using incubator modules" not in cut.stderr, cut.stderr
     assert runner.stop() == 0
 
 

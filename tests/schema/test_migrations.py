@@ -49,7 +49,7 @@ def test_wheel_ships_the_migrations(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    (wheel,) = tmp_path.glob("applier-*.whl")
+    (wheel,) = tmp_path.glob("pg_applier-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert "applier/_migrations/env.py" in names
     assert any(n.startswith("applier/_migrations/versions/0001") for n in names)
