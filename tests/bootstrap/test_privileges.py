@@ -1,0 +1,156 @@
+"""Privileges and client tools (issue 31, items 4 and 9): a bootstrap by roles with
+only the README's grants is refused in one line naming every GRANT to run, before
+the slot, the applier schema or a table exists; with those GRANTs it works. A
+source newer than every pg_dump found is refused in one line naming the version
+needed and where to put it."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import Pair
+
+from applier.bootstrap import clients
+from applier.bootstrap import schema as ddl
+from applier.bootstrap.job import run_bootstrap
+from applier.config import load_config
+from applier.errors import EXIT_PERMANENT, EXIT_USAGE, PermanentError
+
+#: The README's grants before issue 31 ("### Privileges"), word for word.
+README_SOURCE = "CREATE ROLE {r} LOGIN REPLICATION; GRANT SELECT ON ALL TABLES IN SCHEMA public TO {r};"
+README_TARGET = (
+    "CREATE ROLE {r} LOGIN; GRANT CREATE ON DATABASE {db} TO {r};"
+    "GRANT EXECUTE ON FUNCTION pg_replication_origin_create(text),"
+    " pg_replication_origin_session_setup(text),"
+    " pg_replication_origin_xact_setup(pg_lsn, timestamptz), pg_replication_origin_xact_reset(),"
+    " pg_replication_origin_advance(text, pg_lsn), pg_replication_origin_progress(text, boolean),"
+    " pg_replication_origin_session_progress(boolean), pg_replication_origin_session_reset()"
+    " TO {r};"
+    "GRANT SET ON PARAMETER session_replication_role TO {r};"
+)
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "applier.cli", *args], capture_output=True, text=True, timeout=300
+    )
+
+
+def add_role(pair: Pair, side: str, ddl_text: str) -> str:
+    """A new login role on one side (dropped with everything it owns at the end)."""
+    role = f"r{uuid.uuid4().hex[:8]}"
+    cluster, db = (pair.pub, pair.pub_db) if side == "pub" else (pair.sub, pair.sub_db)
+    cluster.execute(ddl_text.format(r=role, db=db), db)
+
+    def drop() -> None:
+        cluster.execute(f"DROP OWNED BY {role}", db)
+        cluster.execute(f"DROP ROLE {role}")
+
+    pair.cleanup.append(drop)
+    return role
+
+
+def error_lines(stderr: str) -> list[str]:
+    """The lines of a command's fatal error (the log's other lines are debug/info)."""
+    return [ln for ln in stderr.splitlines() if "GRANT" in ln or "error" in ln.lower()[:40]]
+
+
+def grants_for(line: str, side: str) -> str:
+    """The GRANT statements the refusal gives for one server ("on the source: ...")."""
+    m = re.search(rf"on the {side}: (.*?)(?: and on the (?:source|target): |$)", line)
+    assert m, f"no GRANTs for the {side} in: {line}"
+    return m.group(1)
+
+
+def nothing_created(pair: Pair) -> None:
+    slots = f"SELECT slot_name FROM pg_replication_slots WHERE slot_name = '{pair.slot}'"
+    assert pair.pub_exec(slots) == []
+    assert pair.sub_exec("SELECT nspname FROM pg_namespace WHERE nspname = 'applier'") == []
+    assert pair.sub_exec("SELECT relname FROM pg_class WHERE relname = 'accounts'") == []
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("pair", ["15-18"], indirect=True)
+def test_bootstrap_with_the_readme_grants_is_refused_then_works(pair: Pair, spark: Any) -> None:
+    pair.pub_exec(
+        "CREATE TABLE accounts (id bigserial PRIMARY KEY, v text);"
+        "INSERT INTO accounts (v) SELECT 'a' || g FROM generate_series(1, 300) g;"
+        "CREATE PUBLICATION pub FOR TABLE accounts;"
+    )
+    src_role = add_role(pair, "pub", README_SOURCE)
+    tgt_role = add_role(pair, "sub", README_TARGET)
+    cfg = pair.write_config(
+        source={"dsn": pair.pub.dsn(pair.pub_db, user=src_role)},
+        target={"dsn": pair.sub.dsn(pair.sub_db, user=tgt_role)},
+    )
+    done = cli("bootstrap", "--config", str(cfg), "--quiet")
+    assert done.returncode == EXIT_PERMANENT, done.stderr
+    assert "Traceback" not in done.stderr
+    lines = error_lines(done.stderr)
+    assert len(lines) == 1, done.stderr
+    line = lines[0]
+    assert f'GRANT SELECT ON SEQUENCE "public"."accounts_id_seq" TO "{src_role}";' in line
+    assert f'GRANT CREATE ON SCHEMA "public" TO "{tgt_role}";' in line
+    nothing_created(pair)
+
+    pair.pub_exec(grants_for(line, "source"))
+    pair.sub_exec(grants_for(line, "target"))
+    assert run_bootstrap(load_config(cfg), recreate_slot=False, truncate=False, quiet=True) == 0
+    q = "SELECT count(*), max(id) FROM accounts"
+    assert pair.sub_exec(q) == pair.pub_exec(q) == [(300, 300)]
+    assert pair.sub_exec("SELECT last_value FROM accounts_id_seq") == [(300,)]
+
+
+@pytest.mark.parametrize("any_pair", ["18-18"], indirect=True)
+def test_configured_tools_older_than_the_source_are_refused(any_pair: Pair) -> None:
+    pair = any_pair
+    pair.pub_exec(
+        "CREATE TABLE accounts (id int PRIMARY KEY); CREATE PUBLICATION pub FOR TABLE accounts"
+    )
+    old = "/usr/lib/postgresql/15/bin"
+    cfg = pair.write_config(bootstrap={"client_bin_dir": old})
+    done = cli("bootstrap", "--config", str(cfg), "--quiet")
+    assert done.returncode == EXIT_USAGE, done.stderr
+    assert "Traceback" not in done.stderr
+    line = [ln for ln in done.stderr.splitlines() if "pg_dump" in ln]
+    assert len(line) == 1, done.stderr
+    assert "18" in line[0] and old in line[0] and "client_bin_dir" in line[0], line[0]
+    assert "postgresql-client-18" in line[0], line[0]
+    nothing_created(pair)
+
+
+@pytest.mark.parametrize("any_pair", ["18-18"], indirect=True)
+def test_default_discovery_finds_tools_for_an_18_source(any_pair: Pair) -> None:
+    pair = any_pair
+    pair.pub_exec("CREATE TABLE accounts (id int PRIMARY KEY)")
+    bindir = clients.pick(pair.pub_dsn, 18, None)
+    assert clients.version_of(bindir) >= 18
+    script = ddl.dump(pair.pub_dsn, [("public", "accounts")], "pre-data", None, bindir)
+    assert "CREATE TABLE public.accounts" in script
+
+
+def test_ssl_without_new_enough_tools_names_the_version() -> None:
+    """The embedded 18 tools lack SSL and Debian's 15 are too old for an 18 source:
+    a DSN asking for SSL gets the one-line refusal, not pg_dump's own message."""
+    dsn = "host=127.0.0.1 port=1 dbname=x sslmode=require"
+    if not any(clients.has_ssl(d) and clients.version_of(d) >= 18 for d in clients.candidates()):
+        with pytest.raises(PermanentError, match="PostgreSQL 18 or newer") as refused:
+            clients.pick(dsn, 18, None)
+        assert "client_bin_dir" in str(refused.value) and "postgresql-client-18" in str(
+            refused.value
+        )
+    else:  # a machine with SSL-capable 18 tools: they are picked
+        assert clients.version_of(clients.pick(dsn, 18, None)) >= 18
+
+
+def test_a_configured_directory_without_the_tools_is_a_config_error(tmp_path: Path) -> None:
+    from applier.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="client_bin_dir"):
+        clients.pick("dbname=x", 15, str(tmp_path))
