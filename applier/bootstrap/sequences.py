@@ -20,6 +20,7 @@ from psycopg import sql
 
 from ..config import Config
 from ..errors import BootstrapError, SourceError
+from ..privileges import Scope, check
 from ..redact import redact_dsn
 from .plan import discover, quote_qual
 from .sessions import pin_target
@@ -84,7 +85,9 @@ def sync_sequences(cfg: Config) -> int:
     src_dsn, tgt_dsn = cfg.source.conninfo(), cfg.target.conninfo()
     with connect(src_dsn, "source") as src, connect(tgt_dsn, "target") as tgt:
         tables = discover(src, cfg).ddl_tables
-        values = read_values(src, sequences_of(src, tables))
+        seqs = sequences_of(src, tables)
+        check("sync-sequences", Scope(tables=tables, sequences=seqs), source=src, target=tgt)
+        values = read_values(src, seqs)
         n = set_values(tgt, values)
     log.info("sequences synchronised", extra={"ctx": {"sequences": n}})
     print(f"{n} sequence(s) set on the target from the source's current values")

@@ -18,8 +18,11 @@ import msgspec
 import psycopg
 
 from ..apply.tablesync import _MARK_READY
+from ..bootstrap.clients import pick
+from ..bootstrap.plan import SourcePlan
 from ..config import Config, TablesConfig, table_matches
 from ..errors import BootstrapError, ConfigError
+from ..privileges import Scope, check
 from .copy import drop_origin, drop_slot
 
 log = logging.getLogger(__name__)
@@ -73,11 +76,15 @@ def run_sync_tables(
         connect(cfg.source.conninfo(), "source") as src,
         connect(cfg.target.conninfo(), "target") as tgt,
     ):
+        check_source(src.info.server_version, failover=False, binary=cfg.apply.binary)
+        plan = discover(src, cfg)
+        # Before the migrations, a slot or a table: every grant either role lacks,
+        # and pg_dump/psql as new as the source.
+        _check_privileges(src, tgt, plan, truncate)
+        pick(cfg.source.conninfo(), plan.source_major, cfg.bootstrap.client_bin_dir)
         if not schema_at_head(tgt):
             upgrade_target(cfg.target.conninfo())
-        check_source(src.info.server_version, failover=False, binary=cfg.apply.binary)
         _lock(tgt, cfg.origin)
-        plan = discover(src, cfg)
         forget_stale(src, tgt, cfg)
         rows = _rows(tgt, cfg.origin)
         forget_removed(src, tgt, cfg, rows, set(plan.ddl_tables))
@@ -100,6 +107,20 @@ def run_sync_tables(
         print(f"sync-tables: {len(todo)} table(s) copied and handed over to applier run: "
               + ", ".join(t.qualname for t in todo))  # fmt: skip
     return 0
+
+
+def _check_privileges(src: Conn, tgt: Conn, plan: SourcePlan, truncate: bool) -> None:
+    from ..bootstrap import schema as ddl
+    from ..bootstrap.sequences import sequences_of
+
+    missing = ddl.missing_tables(tgt, plan.ddl_tables)
+    scope = Scope(
+        tables=plan.ddl_tables,
+        sequences=sequences_of(src, plan.ddl_tables),
+        create_in={s for s, _ in missing},
+        truncate=truncate,
+    )
+    check("sync-tables", scope, source=src, target=tgt)
 
 
 def _lock(tgt: Conn, origin: str) -> None:

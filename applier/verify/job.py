@@ -279,6 +279,8 @@ def verify(
     """Schema, then round 1 on Spark, then the rechecks; the whole report."""
     from ..bootstrap.plan import discover
     from ..config import table_matches
+    from ..privileges import Scope
+    from ..privileges import check as check_privileges
     from .hashing import connect, same_fast_hash
     from .ranges import first_ranges, tables_to_verify
     from .schema import compare_schema
@@ -293,6 +295,7 @@ def verify(
             for s, n in discover(src, cfg).ddl_tables
             if not patterns or any(table_matches(p, s, n) for p in patterns)
         ]
+        check_privileges("verify", Scope(tables=ddl_tables), source=src, target=tgt)
         schema = compare_schema(src, tgt, ddl_tables)
         fast = same_fast_hash(src, tgt)
         tables = [replace(t, fast_hash=fast) for t in tables_to_verify(src, tgt, cfg, patterns)]

@@ -261,10 +261,10 @@ def test_run_names_a_missing_origin_function_grant(pair: Pair) -> None:
         pair,
         "sub",
         "CREATE ROLE {r} LOGIN; GRANT CREATE ON DATABASE {db} TO {r}; GRANT ALL ON t TO {r};"
-        "GRANT SELECT ON pg_catalog.pg_replication_origin TO {r};"
         "GRANT EXECUTE ON FUNCTION pg_replication_origin_create(text),"
-        " pg_replication_origin_xact_setup(pg_lsn, timestamptz), pg_replication_origin_xact_reset(),"
-        " pg_replication_origin_advance(text, pg_lsn), pg_replication_origin_progress(text, boolean),"
+        " pg_replication_origin_xact_setup(pg_lsn, timestamptz),"
+        " pg_replication_origin_xact_reset(), pg_replication_origin_advance(text, pg_lsn),"
+        " pg_replication_origin_progress(text, boolean),"
         " pg_replication_origin_session_progress(boolean), pg_replication_origin_session_reset()"
         " TO {r}; GRANT SET ON PARAMETER session_replication_role TO {r};",
     )

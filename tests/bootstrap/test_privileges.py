@@ -23,7 +23,9 @@ from applier.config import load_config
 from applier.errors import EXIT_PERMANENT, EXIT_USAGE, PermanentError
 
 #: The README's grants before issue 31 ("### Privileges"), word for word.
-README_SOURCE = "CREATE ROLE {r} LOGIN REPLICATION; GRANT SELECT ON ALL TABLES IN SCHEMA public TO {r};"
+README_SOURCE = (
+    "CREATE ROLE {r} LOGIN REPLICATION; GRANT SELECT ON ALL TABLES IN SCHEMA public TO {r};"
+)
 README_TARGET = (
     "CREATE ROLE {r} LOGIN; GRANT CREATE ON DATABASE {db} TO {r};"
     "GRANT EXECUTE ON FUNCTION pg_replication_origin_create(text),"
@@ -154,3 +156,14 @@ def test_a_configured_directory_without_the_tools_is_a_config_error(tmp_path: Pa
 
     with pytest.raises(ConfigError, match="client_bin_dir"):
         clients.pick("dbname=x", 15, str(tmp_path))
+
+
+def test_the_readme_lists_exactly_what_is_checked() -> None:
+    """The README's "What each command checks" is applier.privileges' table, word for word."""
+    from applier.privileges import describe
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    section = readme[readme.index("- **What each command checks**") :]
+    section = section[: section.index("  Not checked before the start")]
+    listed = [ln.removeprefix("  ") for ln in section.splitlines()[3:]]
+    assert [ln for ln in listed if ln] == [ln for ln in describe() if ln]
