@@ -284,16 +284,15 @@ def _positions(cfg: Config) -> tuple[str | None, str | None, list[str]]:
 
 def _check_privileges(cfg: Config) -> None:
     """Before catching up: what applying and setting the sequences need, in one refusal."""
-    from .bootstrap.plan import discover
-    from .bootstrap.sequences import connect, sequences_of
-    from .privileges import Scope, check
+    from .bootstrap.plan import published_tables
+    from .bootstrap.sequences import connect
+    from .privileges import check, scope_of
 
     with (
         connect(cfg.source.conninfo(), "source") as src,
         connect(cfg.target.conninfo(), "target") as tgt,
     ):
-        tables = discover(src, cfg).ddl_tables
-        scope = Scope(tables=tables, sequences=sequences_of(src, tables))
+        scope = scope_of(src, published_tables(src, cfg))
         check("cutover", scope, source=src, target=tgt)
 
 

@@ -16,18 +16,20 @@ The table
 =========
 
 :data:`NEEDS` says, per command, what is checked on which server; the
-README's "Privileges" section is the same list in words
-(``tests/test_privileges_table.py`` holds them together). The objects come
-from the command (:class:`Scope`): the included tables and their sequences
-(as the bootstrap's discovery finds them), the target tables it will create.
+README's "Privileges" section is :func:`describe`'s text (a test in
+``tests/bootstrap/test_privileges.py`` holds them together). The objects come
+from :func:`scope_of`: the published, included tables with their partition
+trees and sequences, as the bootstrap's discovery finds them but by OID
+(naming a table needs ``USAGE`` on its schema, which may be what is lacking).
 A superuser has every privilege (``has_*_privilege`` says so), and the
 owner of an object every privilege on it.
 
 Not checked here: the source's ``REPLICATION`` for ``run`` (its only source
 connection is the replication connection, refused without it, with its
 own error), per-table write privileges for ``run`` (the tables arrive with
-the stream; the target's refusal is an apply error naming the table), and
-what a trigger or a foreign key on a target table may need.
+the stream; the target's refusal is an apply error naming the table), an
+enum type's schema that holds no included table, and what a trigger or a
+foreign key on a target table may need.
 """
 
 from __future__ import annotations
@@ -80,8 +82,8 @@ APPLIER_SCHEMA = Need(
 TARGET_CREATE = Need(
     "target",
     "create",
-    "`CREATE` on the schema of each table and enum type it creates (on the database, "
-    "for a schema it creates)",
+    "`CREATE` on the schema of each included table the target lacks (it creates them; "
+    "on the database when that schema is missing too)",
 )
 TARGET_COPY = Need(
     "target",
@@ -149,13 +151,17 @@ NEEDS: dict[str, tuple[Need, ...]] = {
 
 @dataclass(frozen=True)
 class Scope:
-    """The objects a command works on (names as on the source; the target's are the same)."""
+    """The objects a command works on (names as on the source; the target's are the same).
 
-    #: The included tables (with partition parents), and their sequences.
+    Build it with :func:`scope_of`: by OID, so that a role without ``USAGE``
+    on a schema is told so instead of failing to name the schema's tables.
+    """
+
+    #: The included tables (with partitions and parents), and their sequences.
     tables: Sequence[Rel] = ()
     sequences: Sequence[Rel] = ()
-    #: Schemas the command creates tables or enum types in, on the target.
-    create_in: Iterable[str] = ()
+    #: The command creates the included tables the target lacks.
+    creates: bool = False
     truncate: bool = False
 
 
@@ -178,10 +184,14 @@ class _Facts:
     database: str
     server_version: int
     schemas: set[str] = field(default_factory=set)
-    relations: set[Rel] = field(default_factory=set)  # of the scope's, those that exist
+    #: The OIDs of the scope's relations (and the applier schema's) that exist here.
+    oids: dict[Rel, int] = field(default_factory=dict)
     applier_tables: list[Rel] = field(default_factory=list)
     applier_sequences: list[Rel] = field(default_factory=list)
-    has_applier: bool = False
+
+    @property
+    def has_applier(self) -> bool:
+        return "applier" in self.schemas
 
 
 def _qual(rel: Rel) -> str:
@@ -192,14 +202,15 @@ def _ident(name: str) -> str:
     return sql.Identifier(name).as_string(None)
 
 
-def _table(privs: Iterable[str], rel: Rel, kind: str = "TABLE") -> Probe:
+def _table(privs: Iterable[str], rel: Rel, oid: int, kind: str = "TABLE") -> Probe:
+    # By OID: a name would need USAGE on its schema to be looked up at all.
     fn = "has_sequence_privilege" if kind == "SEQUENCE" else "has_table_privilege"
     privs = list(privs)
     expr = " AND ".join(
-        f"pg_catalog.{fn}(%s::pg_catalog.regclass, '{p}')"
+        f"pg_catalog.{fn}(%s::pg_catalog.oid, '{p}')"
         for p in privs  # our own constants, never input
     )
-    return Probe(expr, tuple(_qual(rel) for _ in privs), ", ".join(privs), kind, _qual(rel))
+    return Probe(expr, tuple(oid for _ in privs), ", ".join(privs), kind, _qual(rel))
 
 
 def _schema(priv: str, name: str) -> Probe:
@@ -215,10 +226,14 @@ def _database_create(f: _Facts) -> Probe:
     )  # fmt: skip
 
 
+def _usage(rels: Iterable[Rel]) -> list[Probe]:
+    return [_schema("USAGE", s) for s in sorted({s for s, _ in rels})]
+
+
 def _probes(need: Need, scope: Scope, f: _Facts) -> list[Probe]:
     """The probes of one need against what the server has."""
-    schemas = sorted({s for s, _ in scope.tables})
-    here = [t for t in scope.tables if t in f.relations]
+    here = [t for t in scope.tables if t in f.oids]
+    seqs = [s for s in scope.sequences if s in f.oids]
     if need.key == "replication":
         return [
             Probe(
@@ -228,22 +243,20 @@ def _probes(need: Need, scope: Scope, f: _Facts) -> list[Probe]:
             )
         ]  # fmt: skip
     if need.key == "schema_usage":
-        return [_schema("USAGE", s) for s in schemas]
+        return _usage(here)
     if need.key == "table_select":
-        on = scope.tables if need.side == "source" else here
-        return [
-            _schema("USAGE", s) for s in sorted({s for s, _ in on}) if need.side == "target"
-        ] + [_table(["SELECT"], t) for t in on]
+        return _usage(here) + [_table(["SELECT"], t, f.oids[t]) for t in here]
     if need.key == "sequence_select":
-        return [_table(["SELECT"], s, "SEQUENCE") for s in scope.sequences]
+        return [_table(["SELECT"], s, f.oids[s], "SEQUENCE") for s in seqs]
     if need.key == "sequence_update":
-        return [_table(["UPDATE"], s, "SEQUENCE") for s in scope.sequences if s in f.relations]
+        return [_table(["UPDATE"], s, f.oids[s], "SEQUENCE") for s in seqs]
     if need.key == "table_copy":
         privs = ["SELECT", "INSERT", *(["TRUNCATE"] if scope.truncate else [])]
-        usage = [_schema("USAGE", s) for s in sorted({s for s, _ in here})]
-        return usage + [_table(privs, t) for t in here]
+        return _usage(here) + [_table(privs, t, f.oids[t]) for t in here]
     if need.key == "create":
-        wanted = sorted(set(scope.create_in))
+        wanted = sorted(
+            {s for s, n in scope.tables if (s, n) not in f.oids} if scope.creates else ()
+        )
         out = [_schema("CREATE", s) for s in wanted if s in f.schemas]
         if any(s not in f.schemas for s in wanted):
             out.append(_database_create(f))
@@ -253,12 +266,21 @@ def _probes(need: Need, scope: Scope, f: _Facts) -> list[Probe]:
             return [_database_create(f)]
         # One GRANT ... ON ALL ... IN SCHEMA for all of them, not a list of its tables.
         dml = ["SELECT", "INSERT", "UPDATE", "DELETE"]
-        every = {"kind": "ALL TABLES IN SCHEMA", "obj": _ident("applier")}
-        seqs = {"kind": "ALL SEQUENCES IN SCHEMA", "obj": _ident("applier")}
+        schema = _ident("applier")
         return [
             _schema("USAGE", "applier"),
-            *(replace(_table(dml, t), **every) for t in f.applier_tables),
-            *(replace(_table(["USAGE"], s, "SEQUENCE"), **seqs) for s in f.applier_sequences),
+            *(
+                replace(_table(dml, t, f.oids[t]), kind="ALL TABLES IN SCHEMA", obj=schema)
+                for t in f.applier_tables
+            ),
+            *(
+                replace(
+                    _table(["USAGE"], s, f.oids[s], "SEQUENCE"),
+                    kind="ALL SEQUENCES IN SCHEMA",
+                    obj=schema,
+                )
+                for s in f.applier_sequences
+            ),
         ]
     if need.key == "origin_functions":
         return [
@@ -284,28 +306,85 @@ def _probes(need: Need, scope: Scope, f: _Facts) -> list[Probe]:
 _FACTS = """
 SELECT current_user, pg_catalog.current_database(),
   pg_catalog.current_setting('server_version_num')::int,
-  ARRAY(SELECT nspname::text FROM pg_catalog.pg_namespace),
-  ARRAY(SELECT x FROM pg_catalog.unnest(%s::text[]) x WHERE pg_catalog.to_regclass(x) IS NOT NULL),
-  ARRAY(SELECT c.relname::text || '.' || c.relkind::text FROM pg_catalog.pg_class c
-        JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-        WHERE n.nspname = 'applier' AND c.relkind IN ('r', 'p', 'S') ORDER BY 1)
+  ARRAY(SELECT nspname::text FROM pg_catalog.pg_namespace)
+"""
+
+#: The OIDs of named relations and of the applier schema's, from the catalogs
+#: (a cast to regclass would need USAGE on the schema).
+_OIDS = """
+SELECT n.nspname, c.relname, c.oid, c.relkind
+FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+WHERE (n.nspname::text, c.relname::text) IN
+      (SELECT * FROM ROWS FROM (pg_catalog.unnest(%s::text[]), pg_catalog.unnest(%s::text[])))
+   OR (n.nspname = 'applier' AND c.relkind IN ('r', 'p', 'S'))
+ORDER BY 1, 2
 """
 
 
 def _facts(conn: Conn, scope: Scope) -> _Facts:
-    rels = {_qual(t): t for t in (*scope.tables, *scope.sequences)}
-    row = conn.execute(_FACTS, (list(rels),)).fetchone()
+    row = conn.execute(_FACTS).fetchone()
     assert row is not None
-    applier = [tuple(x.rsplit(".", 1)) for x in row[5]]
+    named = [*scope.tables, *scope.sequences]
+    rows = conn.execute(_OIDS, ([s for s, _ in named], [n for _, n in named])).fetchall()
+    ours = [r for r in rows if r[0] == "applier"]
     return _Facts(
         role=str(row[0]),
         database=str(row[1]),
         server_version=int(row[2]),
         schemas=set(row[3]),
-        relations={rels[x] for x in row[4]},
-        applier_tables=[("applier", n) for n, k in applier if k in ("r", "p")],
-        applier_sequences=[("applier", n) for n, k in applier if k == "S"],
-        has_applier="applier" in set(row[3]),
+        oids={(r[0], r[1]): int(r[2]) for r in rows},
+        applier_tables=[(r[0], r[1]) for r in ours if r[3] in ("r", "p")],
+        applier_sequences=[(r[0], r[1]) for r in ours if r[3] == "S"],
+    )
+
+
+#: The tables' partition trees (down and up) and the sequences they own or call
+#: in a default, as bootstrap's discovery and ``sequences_of`` find them, but by
+#: OID only: a role without USAGE on a schema can still be told what it lacks.
+_SCOPE = """
+WITH RECURSIVE start AS (
+  SELECT c.oid
+  FROM ROWS FROM (pg_catalog.unnest(%s::text[]), pg_catalog.unnest(%s::text[])) AS x(nsp, rel)
+  JOIN pg_catalog.pg_namespace n ON n.nspname::text = x.nsp
+  JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relname::text = x.rel
+), down(oid) AS (
+  SELECT oid FROM start
+  UNION SELECT i.inhrelid FROM pg_catalog.pg_inherits i JOIN down d ON i.inhparent = d.oid
+  JOIN pg_catalog.pg_class ch ON ch.oid = i.inhrelid AND ch.relispartition
+), up(oid) AS (
+  SELECT oid FROM start
+  UNION SELECT i.inhparent FROM pg_catalog.pg_inherits i JOIN up u ON i.inhrelid = u.oid
+  JOIN pg_catalog.pg_class ch ON ch.oid = i.inhrelid AND ch.relispartition
+), rels AS (SELECT oid FROM down UNION SELECT oid FROM up)
+SELECT n.nspname, c.relname, c.relkind = 'S' FROM (
+  SELECT oid FROM rels
+  UNION
+  SELECT d.objid FROM pg_catalog.pg_depend d
+  WHERE d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass
+    AND d.refclassid = 'pg_catalog.pg_class'::pg_catalog.regclass
+    AND d.refobjid IN (SELECT oid FROM rels) AND d.deptype IN ('a', 'i')
+  UNION
+  SELECT d.refobjid FROM pg_catalog.pg_attrdef ad
+  JOIN pg_catalog.pg_depend d ON d.classid = 'pg_catalog.pg_attrdef'::pg_catalog.regclass
+    AND d.objid = ad.oid AND d.refclassid = 'pg_catalog.pg_class'::pg_catalog.regclass
+  WHERE ad.adrelid IN (SELECT oid FROM rels)
+) x JOIN pg_catalog.pg_class c ON c.oid = x.oid
+JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+WHERE c.relkind IN ('r', 'p', 'S') ORDER BY 1, 2
+"""
+
+
+def scope_of(
+    src: Conn, tables: Iterable[Rel], *, creates: bool = False, truncate: bool = False
+) -> Scope:
+    """The scope of ``tables`` (as published): with their partition trees and sequences."""
+    names = list(tables)
+    rows = src.execute(_SCOPE, ([s for s, _ in names], [n for _, n in names])).fetchall()
+    return Scope(
+        tables=[(r[0], r[1]) for r in rows if not r[2]],
+        sequences=[(r[0], r[1]) for r in rows if r[2]],
+        creates=creates,
+        truncate=truncate,
     )
 
 

@@ -70,13 +70,21 @@ from ..apply.mapping import Catalog
 from ..config import Config
 from ..errors import AlreadyBootstrapped, BootstrapError
 from ..lsn import Lsn
-from ..privileges import Scope, check
+from ..privileges import check, scope_of
 from ..stream.versions import check_source
 from . import clients
 from . import schema as ddl
 from .checks import check_slot, check_target, truncate_tables
 from .copy_task import SliceResult, SliceTask, copy_slice
-from .plan import SourcePlan, TableSpec, cut_slices, discover, quote_qual, target_columns
+from .plan import (
+    SourcePlan,
+    TableSpec,
+    cut_slices,
+    discover,
+    published_tables,
+    quote_qual,
+    target_columns,
+)
 from .progress import BootstrapProgress, TableProgress, poll_stats
 from .sequences import SeqValue, connect, read_values, sequences_of, set_values
 from .spark import _copy_slots, _SparkStarter, spark_failure
@@ -118,11 +126,12 @@ def _bootstrap(
     from ..schema import schema_at_head, upgrade_target
 
     check_source(src.info.server_version, failover=cfg.source.failover, binary=cfg.apply.binary)
+    # Before anything is made (the applier schema, the slot, a table), and
+    # before discovery (which needs USAGE on the schemas): every privilege
+    # either role lacks, then pg_dump/psql as new as the source.
+    scope = scope_of(src, published_tables(src, cfg), creates=True, truncate=truncate)
+    check("bootstrap", scope, source=src, target=tgt)
     plan = discover(src, cfg)
-    types = ddl.missing_types(src, tgt, plan.ddl_tables)
-    # Before anything is made (the applier schema, the slot, a table): every
-    # privilege either role lacks, and pg_dump/psql as new as the source.
-    check_privileges(src, tgt, plan, types, truncate)
     clients.pick(cfg.source.conninfo(), plan.source_major, cfg.bootstrap.client_bin_dir)
     # As `applier run` does: alembic (0.25 s of imports) only when there is
     # something to migrate.
@@ -140,6 +149,7 @@ def _bootstrap(
         )
     ours = prior.tables if prior and prior.phase != "done" else []
     # Every refusal before the first change (types, truncation, slot).
+    types = ddl.missing_types(src, tgt, plan.ddl_tables)
     to_empty = check_target(tgt, plan, ours=ours, truncate=truncate)
     check_slot(src, cfg.source.slot, recreate_slot or bool(prior and prior.phase != "done"))
     ddl.create_types(src, tgt, types)
@@ -152,21 +162,6 @@ def _bootstrap(
         return finish(cfg, tgt, run)
     finally:
         stopper.join()
-
-
-def check_privileges(
-    src: Conn, tgt: Conn, plan: SourcePlan, types: list[ddl.MissingType], truncate: bool
-) -> None:
-    """What the roles need for this plan (:mod:`applier.privileges`), or one refusal."""
-    missing = ddl.missing_tables(tgt, plan.ddl_tables)
-    enums = {nsp for nsp, _typ, kind, ext in types if not ext}
-    scope = Scope(
-        tables=plan.ddl_tables,
-        sequences=sequences_of(src, plan.ddl_tables),
-        create_in={s for s, _ in missing} | enums,
-        truncate=truncate,
-    )
-    check("bootstrap", scope, source=src, target=tgt)
 
 
 def load_prior_run(tgt: Conn, slot: str) -> PriorRun | None:

@@ -19,10 +19,10 @@ import psycopg
 
 from ..apply.tablesync import _MARK_READY
 from ..bootstrap.clients import pick
-from ..bootstrap.plan import SourcePlan
+from ..bootstrap.plan import published_tables
 from ..config import Config, TablesConfig, table_matches
 from ..errors import BootstrapError, ConfigError
-from ..privileges import Scope, check
+from ..privileges import check, scope_of
 from .copy import drop_origin, drop_slot
 
 log = logging.getLogger(__name__)
@@ -77,10 +77,11 @@ def run_sync_tables(
         connect(cfg.target.conninfo(), "target") as tgt,
     ):
         check_source(src.info.server_version, failover=False, binary=cfg.apply.binary)
+        # Before the migrations, a slot or a table (and before discovery, which needs
+        # USAGE on the schemas): every grant either role lacks, in one refusal.
+        scope = scope_of(src, published_tables(src, cfg), creates=True, truncate=truncate)
+        check("sync-tables", scope, source=src, target=tgt)
         plan = discover(src, cfg)
-        # Before the migrations, a slot or a table: every grant either role lacks,
-        # and pg_dump/psql as new as the source.
-        _check_privileges(src, tgt, plan, truncate)
         pick(cfg.source.conninfo(), plan.source_major, cfg.bootstrap.client_bin_dir)
         if not schema_at_head(tgt):
             upgrade_target(cfg.target.conninfo())
@@ -107,20 +108,6 @@ def run_sync_tables(
         print(f"sync-tables: {len(todo)} table(s) copied and handed over to applier run: "
               + ", ".join(t.qualname for t in todo))  # fmt: skip
     return 0
-
-
-def _check_privileges(src: Conn, tgt: Conn, plan: SourcePlan, truncate: bool) -> None:
-    from ..bootstrap import schema as ddl
-    from ..bootstrap.sequences import sequences_of
-
-    missing = ddl.missing_tables(tgt, plan.ddl_tables)
-    scope = Scope(
-        tables=plan.ddl_tables,
-        sequences=sequences_of(src, plan.ddl_tables),
-        create_in={s for s, _ in missing},
-        truncate=truncate,
-    )
-    check("sync-tables", scope, source=src, target=tgt)
 
 
 def _lock(tgt: Conn, origin: str) -> None:

@@ -13,6 +13,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from conftest import Pair
 
@@ -167,3 +168,98 @@ def test_the_readme_lists_exactly_what_is_checked() -> None:
     section = section[: section.index("  Not checked before the start")]
     listed = [ln.removeprefix("  ") for ln in section.splitlines()[3:]]
     assert [ln for ln in listed if ln] == [ln for ln in describe() if ln]
+
+
+def _check_as(pair: Pair, command: str, scope: Any, src_role: str, tgt_role: str) -> None:
+    from applier.privileges import check
+
+    with (
+        psycopg.connect(pair.pub.dsn(pair.pub_db, user=src_role), autocommit=True) as src,
+        psycopg.connect(pair.sub.dsn(pair.sub_db, user=tgt_role), autocommit=True) as tgt,
+    ):
+        check(command, scope, source=src, target=tgt)
+
+
+def test_verify_needs_select_on_both_sides(pair: Pair) -> None:
+    from applier.privileges import MissingPrivileges, Scope
+
+    pair.both("CREATE SCHEMA app; CREATE TABLE app.t (id int PRIMARY KEY)")
+    src = add_role(pair, "pub", "CREATE ROLE {r} LOGIN")
+    tgt = add_role(pair, "sub", "CREATE ROLE {r} LOGIN")
+    scope = Scope(tables=[("app", "t")])
+    with pytest.raises(MissingPrivileges) as refused:
+        _check_as(pair, "verify", scope, src, tgt)
+    line = str(refused.value)
+    assert "\n" not in line
+    for side, role in (("source", src), ("target", tgt)):
+        grants = grants_for(line, side)
+        assert f'GRANT USAGE ON SCHEMA "app" TO "{role}";' in grants
+        assert f'GRANT SELECT ON TABLE "app"."t" TO "{role}";' in grants
+    pair.pub_exec(grants_for(line, "source"))
+    pair.sub_exec(grants_for(line, "target"))
+    _check_as(pair, "verify", scope, src, tgt)
+
+
+def test_run_needs_the_applier_schema_another_role_made(pair: Pair) -> None:
+    """The applier schema made by a superuser: `run` needs USAGE on it and its tables'
+    and sequences' privileges, granted schema-wide in three statements."""
+    from applier.privileges import MissingPrivileges, Scope, check
+    from applier.schema import upgrade_target
+
+    upgrade_target(pair.sub_dsn)
+    role = add_role(
+        pair,
+        "sub",
+        "CREATE ROLE {r} LOGIN; GRANT SET ON PARAMETER session_replication_role TO {r};"
+        "GRANT EXECUTE ON FUNCTION pg_replication_origin_create(text),"
+        " pg_replication_origin_session_setup(text), pg_replication_origin_session_reset(),"
+        " pg_replication_origin_session_progress(boolean),"
+        " pg_replication_origin_xact_setup(pg_lsn, timestamptz),"
+        " pg_replication_origin_xact_reset(), pg_replication_origin_advance(text, pg_lsn),"
+        " pg_replication_origin_progress(text, boolean) TO {r}",
+    )
+    with psycopg.connect(pair.sub.dsn(pair.sub_db, user=role), autocommit=True) as tgt:
+        with pytest.raises(MissingPrivileges) as refused:
+            check("run", Scope(), target=tgt)
+        grants = grants_for(str(refused.value), "target")
+        assert grants == (
+            f'GRANT USAGE ON SCHEMA "applier" TO "{role}"; '
+            "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA "
+            f'"applier" TO "{role}"; '
+            f'GRANT USAGE ON ALL SEQUENCES IN SCHEMA "applier" TO "{role}";'
+        )
+        pair.sub_exec(grants)
+        check("run", Scope(), target=tgt)
+
+
+def test_scope_is_found_without_usage_on_the_schema(pair: Pair) -> None:
+    """A source role without USAGE on the tables' schema cannot even name them (a cast
+    to regclass needs it): the scope is found by OID, the same as discovery's, and
+    the refusal names the schema, the tables and the sequences."""
+    from applier.bootstrap.plan import discover, published_tables
+    from applier.bootstrap.sequences import sequences_of
+    from applier.privileges import MissingPrivileges, check, scope_of
+
+    pair.pub_exec(
+        "CREATE SCHEMA app; CREATE SEQUENCE app.shared;"
+        "CREATE TABLE app.p (id bigserial, r text, n int DEFAULT nextval('app.shared'),"
+        " PRIMARY KEY (id, r)) PARTITION BY LIST (r);"
+        "CREATE TABLE app.p_eu PARTITION OF app.p FOR VALUES IN ('eu');"
+        "CREATE PUBLICATION pub FOR TABLE app.p"
+    )
+    cfg = pair.config()
+    role = add_role(pair, "pub", "CREATE ROLE {r} LOGIN REPLICATION")
+    with pair.pub_conn() as su:
+        tables = discover(su, cfg).ddl_tables
+        expected = (sorted(tables), sorted(sequences_of(su, tables)))
+    with psycopg.connect(pair.pub.dsn(pair.pub_db, user=role), autocommit=True) as src:
+        scope = scope_of(src, published_tables(src, cfg), creates=True)
+        assert (sorted(scope.tables), sorted(scope.sequences)) == expected
+        with pytest.raises(MissingPrivileges) as refused:
+            check("bootstrap", scope, source=src)
+    grants = grants_for(str(refused.value), "source")
+    assert grants == (
+        f'GRANT USAGE ON SCHEMA "app" TO "{role}"; '
+        f'GRANT SELECT ON TABLE "app"."p", "app"."p_eu" TO "{role}"; '
+        f'GRANT SELECT ON SEQUENCE "app"."p_id_seq", "app"."shared" TO "{role}";'
+    )
