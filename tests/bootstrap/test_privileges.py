@@ -263,3 +263,42 @@ def test_scope_is_found_without_usage_on_the_schema(pair: Pair) -> None:
         f'GRANT SELECT ON TABLE "app"."p", "app"."p_eu" TO "{role}"; '
         f'GRANT SELECT ON SEQUENCE "app"."p_id_seq", "app"."shared" TO "{role}";'
     )
+
+
+def _readme_sql(after: str) -> str:
+    """The ```sql block of the README's Privileges section that follows ``after``."""
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    section = readme[readme.index("### Privileges") :]
+    block = section[section.index(after) :]
+    block = block[block.index("```sql") + len("```sql") :]
+    return block[: block.index("```")]
+
+
+def test_the_readmes_grants_pass_the_checks(pair: Pair) -> None:
+    """Roles made with exactly the README's SQL pass bootstrap's and run's checks."""
+    from applier.bootstrap.plan import published_tables
+    from applier.privileges import Scope, check, scope_of
+
+    pair.pub_exec(
+        "CREATE TABLE accounts (id bigserial PRIMARY KEY, v text);"
+        "CREATE PUBLICATION pub FOR TABLE accounts"
+    )
+    src_sql = _readme_sql("- **Source**").replace("replicator", "{r}")
+    tgt_sql = (
+        _readme_sql("- **Target**")
+        .replace("ROLE applier", "ROLE {r}")
+        .replace("TO applier", "TO {r}")
+        .replace("appdb", "{db}")
+    )
+    assert "{r}" in src_sql and "{db}" in tgt_sql
+    src_role, tgt_role = add_role(pair, "pub", src_sql), add_role(pair, "sub", tgt_sql)
+    cfg = pair.config()
+    with (
+        psycopg.connect(pair.pub.dsn(pair.pub_db, user=src_role), autocommit=True) as src,
+        psycopg.connect(pair.sub.dsn(pair.sub_db, user=tgt_role), autocommit=True) as tgt,
+    ):
+        scope = scope_of(src, published_tables(src, cfg), creates=True)
+        assert scope.sequences == [("public", "accounts_id_seq")]
+        check("bootstrap", scope, source=src, target=tgt)
+        check("sync-tables", scope, source=src, target=tgt)
+        check("run", Scope(), target=tgt)
