@@ -301,6 +301,9 @@ class BootstrapConfig(_Section, frozen=True):
     #: (a per-user cache file, used when `applier spark-archive` wrote it),
     #: "off", or a file path.
     class_archive: Annotated[str, Meta(min_length=1)] = "auto"
+    #: The directory of the pg_dump and psql to run (of the source's major
+    #: version or newer); None: found (applier.bootstrap.clients).
+    client_bin_dir: Annotated[str, Meta(min_length=1)] | None = None
 
 
 class LoggingConfig(_Section, frozen=True):

@@ -26,6 +26,8 @@ Steps
      --until-caught-up`` does (:mod:`applier.apply.until`), in a thread so
      that ``--timeout`` can stop it.
 
+   Before either, the privileges both (and the sequences' copy) need are
+   checked (:mod:`applier.privileges`): one refusal naming the GRANTs.
 3. Copy the sequences' current values (``applier sync-sequences``):
    pgoutput does not replicate them.
 4. Report the target's prepared transactions of this origin left open (a
@@ -133,6 +135,7 @@ def _cutover(cfg: Config, rep: Report, timeout: float, verify: bool) -> None:
     if st.slot is None or st.slot.get("wal_status") == "lost":
         # Applying in-process would create a fresh slot and "catch up" with nothing.
         raise CutoverFailed(st.reason or "the slot is missing or lost", hint=st.hint)
+    _check_privileges(cfg)
     position = current_wal_lsn(cfg)
     rep.position = str(position)
     rep.lag_bytes_at_start = st.lag_bytes
@@ -285,6 +288,20 @@ def _positions(cfg: Config) -> tuple[str | None, str | None, list[str]]:
     except psycopg.Error as e:
         raise CutoverFailed(f"cannot read the positions: {str(e).strip()}") from None
     return (str(progress) if progress else None), (row[0] if row else None), gids
+
+
+def _check_privileges(cfg: Config) -> None:
+    """Before catching up: what applying and setting the sequences need, in one refusal."""
+    from .bootstrap.plan import published_tables
+    from .bootstrap.sequences import connect
+    from .privileges import check, scope_of
+
+    with (
+        connect(cfg.source.conninfo(), "source") as src,
+        connect(cfg.target.conninfo(), "target") as tgt,
+    ):
+        scope = scope_of(src, published_tables(src, cfg))
+        check("cutover", scope, source=src, target=tgt)
 
 
 def _sync_sequences(cfg: Config) -> int:

@@ -119,6 +119,8 @@ from applier.errors import (
 from applier.health import STALE_INTERVALS
 from applier.lag import Lag, PendingCommits, measure
 from applier.lsn import Lsn, now_pg_timestamp, pg_timestamp
+from applier.privileges import Scope
+from applier.privileges import check as check_privileges
 from applier.protocol.speedups import dispatch_batch as _dispatch_batch
 from applier.redact import redact_dsn
 from applier.schema import schema_at_head, upgrade_target
@@ -267,6 +269,8 @@ class Worker:
         target_ci = cfg.target.conninfo()
         timeout = cfg.apply.target_timeout
         status_conn = connect(target_ci, "applier status", timeout)
+        # Before the migrations or the slot: every grant the target role lacks, in one line.
+        check_privileges("run", Scope(), target=status_conn)
         if not schema_at_head(status_conn):
             upgrade_target(target_ci)
         # Reopened on the next write after it broke (a target restart, a terminated

@@ -88,6 +88,10 @@ class SliceTask:
     where: str | None
     #: Tasks of this run copying at once, at most (None: no cap beyond Spark's).
     parallelism: int | None = None
+    #: The source's major version and ``[bootstrap] client_bin_dir``: the task
+    #: picks its psql by them on its own machine (:func:`.clients.pick`).
+    source_major: int = 0
+    client_bin_dir: str | None = None
 
     @property
     def label(self) -> str:
@@ -219,7 +223,8 @@ def source_command(task: SliceTask) -> Iterator[tuple[list[str], dict[str, str]]
     with child_connection(conninfo) as child:
         argv = [
             *_buffered_stdout(),
-            program("psql", conninfo), "-X", "-q", "-v", "ON_ERROR_STOP=1",
+            program("psql", conninfo, task.source_major, task.client_bin_dir),
+            "-X", "-q", "-v", "ON_ERROR_STOP=1",
             f"--dbname={child.dbname}",
             "-c", "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY",
             "-c", set_snapshot.as_string(None),

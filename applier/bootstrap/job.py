@@ -2,7 +2,10 @@
 
 Order of work
 -------------
-1. Checks: both servers reachable, publications exist, column types exist
+1. Checks: both servers reachable, publications exist, every privilege
+   both roles need (:mod:`applier.privileges`: one refusal naming every
+   GRANT, before even the applier schema is created), a pg_dump and psql as
+   new as the source (:mod:`.clients`), column types exist
    (or can be created) on the target, existing target tables are empty (or
    ``--truncate``) and have every copied column, the slot does not exist (or
    ``--recreate-slot``, or our own interrupted run made it). Every refusal
@@ -57,6 +60,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -66,11 +70,21 @@ from ..apply.mapping import Catalog
 from ..config import Config
 from ..errors import AlreadyBootstrapped, BootstrapError
 from ..lsn import Lsn
+from ..privileges import check, scope_of
 from ..stream.versions import check_source
+from . import clients
 from . import schema as ddl
 from .checks import check_slot, check_target, truncate_tables
 from .copy_task import SliceResult, SliceTask, copy_slice
-from .plan import SourcePlan, TableSpec, cut_slices, discover, quote_qual, target_columns
+from .plan import (
+    SourcePlan,
+    TableSpec,
+    cut_slices,
+    discover,
+    published_tables,
+    quote_qual,
+    target_columns,
+)
 from .progress import BootstrapProgress, TableProgress, poll_stats
 from .sequences import SeqValue, connect, read_values, sequences_of, set_values
 from .spark import _copy_slots, _SparkStarter, spark_failure
@@ -111,6 +125,14 @@ def _bootstrap(
 ) -> int:
     from ..schema import schema_at_head, upgrade_target
 
+    check_source(src.info.server_version, failover=cfg.source.failover, binary=cfg.apply.binary)
+    # Before anything is made (the applier schema, the slot, a table), and
+    # before discovery (which needs USAGE on the schemas): every privilege
+    # either role lacks, then pg_dump/psql as new as the source.
+    scope = scope_of(src, published_tables(src, cfg), creates=True, truncate=truncate)
+    check("bootstrap", scope, source=src, target=tgt)
+    plan = discover(src, cfg)
+    clients.pick(cfg.source.conninfo(), plan.source_major, cfg.bootstrap.client_bin_dir)
     # As `applier run` does: alembic (0.25 s of imports) only when there is
     # something to migrate.
     if not schema_at_head(tgt):
@@ -126,8 +148,6 @@ def _bootstrap(
             hint="start `applier run`; to bootstrap again use --recreate-slot --truncate",
         )
     ours = prior.tables if prior and prior.phase != "done" else []
-    check_source(src.info.server_version, failover=cfg.source.failover, binary=cfg.apply.binary)
-    plan = discover(src, cfg)
     # Every refusal before the first change (types, truncation, slot).
     types = ddl.missing_types(src, tgt, plan.ddl_tables)
     to_empty = check_target(tgt, plan, ours=ours, truncate=truncate)
@@ -289,8 +309,11 @@ def copy_under_new_slot(
         # Created tables and the record saying so commit together: a crash in
         # between cannot leave tables that a rerun takes for the user's own.
         with tgt.transaction():
+            bindir = clients.pick(
+                cfg.source.conninfo(), plan.source_major, cfg.bootstrap.client_bin_dir
+            )
             created = _dump_and_create(
-                cfg.source.conninfo(), src, tgt, plan, prior, info.snapshot_name, run
+                cfg.source.conninfo(), src, tgt, plan, prior, info.snapshot_name, run, bindir
             )
             sc = spark.context()
             resolve_targets(tgt, plan, cfg.bootstrap.slice_size, _copy_slots(cfg, sc))
@@ -314,6 +337,7 @@ def _dump_and_create(
     prior: PriorRun | None,
     snapshot: str,
     run: PriorRun,
+    bindir: Path,
 ) -> set[tuple[str, str]]:
     """Under the snapshot: dump DDL, read sequences; create missing tables. Returns created."""
     missing = ddl.missing_tables(tgt, plan.ddl_tables)
@@ -326,8 +350,10 @@ def _dump_and_create(
     try:
         src.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot)))
         ordered = [t for t in plan.ddl_tables if t in created]
-        pre = ddl.dump(src_dsn, missing, "pre-data", snapshot) if missing else ""
-        run.post_data_sql = ddl.dump(src_dsn, ordered, "post-data", snapshot) if ordered else ""
+        pre = ddl.dump(src_dsn, missing, "pre-data", snapshot, bindir) if missing else ""
+        run.post_data_sql = (
+            ddl.dump(src_dsn, ordered, "post-data", snapshot, bindir) if ordered else ""
+        )
         run.sequences = read_values(src, sequences_of(src, plan.ddl_tables))
     finally:
         src.execute("ROLLBACK")
@@ -416,6 +442,8 @@ def build_tasks(cfg: Config, plan: SourcePlan, run_id: int, snapshot: str) -> li
                     slice_no=s.slice_no,
                     where=s.where(t.row_filter),
                     parallelism=cfg.bootstrap.parallelism,
+                    source_major=plan.source_major,
+                    client_bin_dir=cfg.bootstrap.client_bin_dir,
                 )
             )
     # Biggest tables' slices first: the long tail is then made of small slices.

@@ -91,6 +91,8 @@ class SourcePlan:
 
     ddl_tables: list[tuple[str, str]]
     tables: list[TableSpec]
+    #: The source's major version (its pg_dump and psql must be as new: bootstrap.clients).
+    source_major: int = 0
 
 
 def cut_slices(blocks: int, heap_bytes: int, slice_size: int, workers: int = 1) -> list[Slice]:
@@ -255,7 +257,11 @@ def discover(conn: Conn, cfg: Config) -> SourcePlan:
                 row_filter=_combine_filters(info),
                 relid=int(relid),
             )
-    return SourcePlan(ddl_tables=list(ddl), tables=list(specs.values()))
+    return SourcePlan(
+        ddl_tables=list(ddl),
+        tables=list(specs.values()),
+        source_major=conn.info.server_version // 10000,
+    )
 
 
 #: Tables already warned about in this process: one command reads the plan

@@ -9,8 +9,8 @@ kept in the bookkeeping, and run after the data, when building indexes in one
 pass is much cheaper than maintaining them row by row. Only tables the target
 lacked get either; existing (empty) target tables are used as they are.
 
-The newest pg_dump available is used (:mod:`.clients`): a newer pg_dump
-reads older servers. Its output is cleaned for the
+The pg_dump is one of the source's major version or newer
+(:func:`.clients.pick`): a newer pg_dump reads older servers. Its output is cleaned for the
 target: psql meta-commands (``\\restrict``) and ``SET`` of settings the target
 server does not know (e.g. ``transaction_timeout`` on PG<17) are dropped. It
 dumps in UTF8 (``--encoding``), the target sessions' client encoding. It gets
@@ -29,6 +29,7 @@ import logging
 import re
 import subprocess
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -44,11 +45,20 @@ Conn = psycopg.Connection[Any]
 
 
 def dump(
-    conninfo: str, tables: Iterable[tuple[str, str]], section: str, snapshot: str | None
+    conninfo: str,
+    tables: Iterable[tuple[str, str]],
+    section: str,
+    snapshot: str | None,
+    bindir: Path | None = None,
 ) -> str:
-    """pg_dump's schema-only SQL of ``section`` for exactly ``tables``."""
+    """pg_dump's schema-only SQL of ``section`` for exactly ``tables``.
+
+    ``bindir``: the client tools :func:`.clients.pick` chose for the source
+    (None: the newest found, whatever the source's version).
+    """
+    pg_dump = str(bindir / "pg_dump") if bindir else program("pg_dump", conninfo)
     args = [
-        program("pg_dump", conninfo), "--schema-only", f"--section={section}",
+        pg_dump, "--schema-only", f"--section={section}",
         "--encoding=UTF8", "--no-owner",
         "--no-privileges", "--no-publications", "--no-subscriptions", "--no-tablespaces",
         "--no-security-labels",

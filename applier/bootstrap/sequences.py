@@ -20,8 +20,9 @@ from psycopg import sql
 
 from ..config import Config
 from ..errors import BootstrapError, SourceError
+from ..privileges import check, scope_of
 from ..redact import redact_dsn
-from .plan import discover, quote_qual
+from .plan import discover, published_tables, quote_qual
 from .sessions import pin_target
 
 log = logging.getLogger(__name__)
@@ -83,6 +84,9 @@ def sync_sequences(cfg: Config) -> int:
     """``applier sync-sequences``: current source values onto the target."""
     src_dsn, tgt_dsn = cfg.source.conninfo(), cfg.target.conninfo()
     with connect(src_dsn, "source") as src, connect(tgt_dsn, "target") as tgt:
+        # Before discovery, which needs USAGE on the schemas: one refusal for all.
+        scope = scope_of(src, published_tables(src, cfg))
+        check("sync-sequences", scope, source=src, target=tgt)
         tables = discover(src, cfg).ddl_tables
         values = read_values(src, sequences_of(src, tables))
         n = set_values(tgt, values)

@@ -18,8 +18,11 @@ import msgspec
 import psycopg
 
 from ..apply.tablesync import _MARK_READY
+from ..bootstrap.clients import pick
+from ..bootstrap.plan import published_tables
 from ..config import Config, TablesConfig, table_matches
 from ..errors import BootstrapError, ConfigError
+from ..privileges import check, scope_of
 from .copy import drop_origin, drop_slot
 
 log = logging.getLogger(__name__)
@@ -73,11 +76,16 @@ def run_sync_tables(
         connect(cfg.source.conninfo(), "source") as src,
         connect(cfg.target.conninfo(), "target") as tgt,
     ):
+        check_source(src.info.server_version, failover=False, binary=cfg.apply.binary)
+        # Before the migrations, a slot or a table (and before discovery, which needs
+        # USAGE on the schemas): every grant either role lacks, in one refusal.
+        scope = scope_of(src, published_tables(src, cfg), creates=True, truncate=truncate)
+        check("sync-tables", scope, source=src, target=tgt)
+        plan = discover(src, cfg)
+        pick(cfg.source.conninfo(), plan.source_major, cfg.bootstrap.client_bin_dir)
         if not schema_at_head(tgt):
             upgrade_target(cfg.target.conninfo())
-        check_source(src.info.server_version, failover=False, binary=cfg.apply.binary)
         _lock(tgt, cfg.origin)
-        plan = discover(src, cfg)
         forget_stale(src, tgt, cfg)
         rows = _rows(tgt, cfg.origin)
         forget_removed(src, tgt, cfg, rows, set(plan.ddl_tables))

@@ -22,6 +22,7 @@ from psycopg import sql
 
 from ..apply.origin import origin_progress
 from ..bootstrap import schema as ddl
+from ..bootstrap.clients import pick
 from ..bootstrap.job import _index_build_settings, _run_copy, resolve_targets
 from ..bootstrap.plan import SourcePlan, TableSpec
 from ..bootstrap.sequences import read_values, sequences_of, set_values
@@ -123,7 +124,9 @@ def copy_table(
         created = created_before or not present
         pre, post, seqs = _dump(cfg, src, name, info.snapshot_name, not present, created)
         pre, attach = split_attach(pre)
-        plan = SourcePlan(ddl_tables=[name], tables=[t])
+        plan = SourcePlan(
+            ddl_tables=[name], tables=[t], source_major=src.info.server_version // 10000
+        )
         sc = spark.context()
         with tgt.transaction():
             if not present:
@@ -200,8 +203,9 @@ def _dump(
     try:
         src.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot)))
         dsn = src_conninfo(cfg)
-        pre_sql = ddl.dump(dsn, [name], "pre-data", snapshot) if pre else ""
-        post_sql = ddl.dump(dsn, [name], "post-data", snapshot) if post else ""
+        bindir = pick(dsn, src.info.server_version // 10000, cfg.bootstrap.client_bin_dir)
+        pre_sql = ddl.dump(dsn, [name], "pre-data", snapshot, bindir) if pre else ""
+        post_sql = ddl.dump(dsn, [name], "post-data", snapshot, bindir) if post else ""
         post_sql = "\n".join(x for x in post_sql.splitlines() if not _INDEX_ATTACH.match(x))
         seqs = read_values(src, sequences_of(src, [name]))
     finally:

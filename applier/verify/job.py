@@ -277,8 +277,10 @@ def verify(
     rounds: int,
 ) -> Report:
     """Schema, then round 1 on Spark, then the rechecks; the whole report."""
-    from ..bootstrap.plan import discover
+    from ..bootstrap.plan import discover, published_tables
     from ..config import table_matches
+    from ..privileges import check as check_privileges
+    from ..privileges import scope_of
     from .hashing import connect, same_fast_hash
     from .ranges import first_ranges, tables_to_verify
     from .schema import compare_schema
@@ -288,6 +290,13 @@ def verify(
     src = connect(cfg.source.conninfo(), "source", timeout)
     tgt = connect(cfg.target.conninfo(), "target", timeout)
     try:
+        # Before discovery, which needs USAGE on the schemas: one refusal for all.
+        published = [
+            (s, n)
+            for s, n in published_tables(src, cfg)
+            if not patterns or any(table_matches(p, s, n) for p in patterns)
+        ]
+        check_privileges("verify", scope_of(src, published), source=src, target=tgt)
         ddl_tables = [
             (s, n)
             for s, n in discover(src, cfg).ddl_tables

@@ -248,3 +248,39 @@ def test_timeline_change_of_the_same_source(make_pair: Callable[..., Pair]) -> N
     pair.sub_exec(f"SELECT pg_replication_origin_advance('{pair.slot}', 'FF/0')")
     rc, log = _exits(pair, cfg, "forked.log")
     assert rc == EXIT_PERMANENT and "branched off timeline 1" in log, log
+
+
+def test_run_names_a_missing_origin_function_grant(pair: Pair) -> None:
+    """A target role lacking EXECUTE on one origin function: `run` exits 3 in one line
+    giving the GRANT, before it creates the applier schema or the slot; granted, it runs."""
+    from bootstrap.test_privileges import add_role, grants_for
+
+    pair.both("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    pair.pub_exec("CREATE PUBLICATION pub FOR TABLE t")
+    role = add_role(
+        pair,
+        "sub",
+        "CREATE ROLE {r} LOGIN; GRANT CREATE ON DATABASE {db} TO {r}; GRANT ALL ON t TO {r};"
+        "GRANT EXECUTE ON FUNCTION pg_replication_origin_create(text),"
+        " pg_replication_origin_xact_setup(pg_lsn, timestamptz),"
+        " pg_replication_origin_xact_reset(), pg_replication_origin_advance(text, pg_lsn),"
+        " pg_replication_origin_progress(text, boolean),"
+        " pg_replication_origin_session_progress(boolean), pg_replication_origin_session_reset()"
+        " TO {r}; GRANT SET ON PARAMETER session_replication_role TO {r};",
+    )
+    cfg = pair.write_config(target={"dsn": pair.sub.dsn(pair.sub_db, user=role)})
+    rc, log = _exits(pair, cfg, "grant.log")
+    assert rc == EXIT_PERMANENT, log
+    assert "Traceback" not in log
+    lines = [ln for ln in log.splitlines() if "GRANT" in ln]
+    assert len(lines) == 1, log
+    grant = "GRANT EXECUTE ON FUNCTION pg_catalog.pg_replication_origin_session_setup(text)"
+    assert f'{grant} TO "{role}";' in lines[0], lines[0]
+    assert _slots(pair) == []
+    assert pair.sub_exec("SELECT nspname FROM pg_namespace WHERE nspname = 'applier'") == []
+
+    pair.sub_exec(grants_for(lines[0], "target"))
+    runner = Runner(pair, cfg, log_name="granted.log").start().ready()
+    pair.pub_exec("INSERT INTO t VALUES (1, 'a')")
+    wait_equal(pair, ["t"], runner=runner)
+    assert runner.stop() == 0

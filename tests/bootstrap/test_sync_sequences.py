@@ -58,3 +58,31 @@ def test_sync_sequences_missing_on_target_names_it(pair: Pair) -> None:
     done = _cli("sync-sequences", "--config", str(pair.write_config()))
     assert done.returncode != 0
     assert "public.extra_seq" in done.stderr and "missing on the target" in done.stderr
+
+
+def test_sync_sequences_names_the_sequence_grants(pair: Pair) -> None:
+    """Roles that may read the tables but not the sequences (source) nor setval them
+    (target): one line with both GRANTs, exit 3, no traceback; granted, it works."""
+    from bootstrap.test_privileges import add_role, grants_for
+
+    pair.both("CREATE TABLE a (id serial PRIMARY KEY, v text)")
+    pair.pub_exec("CREATE PUBLICATION pub FOR ALL TABLES; INSERT INTO a (v) VALUES ('x'), ('y')")
+    src = add_role(pair, "pub", "CREATE ROLE {r} LOGIN; GRANT SELECT ON a TO {r}")
+    tgt = add_role(pair, "sub", "CREATE ROLE {r} LOGIN; GRANT SELECT, INSERT ON a TO {r}")
+    cfg = pair.write_config(
+        source={"dsn": pair.pub.dsn(pair.pub_db, user=src)},
+        target={"dsn": pair.sub.dsn(pair.sub_db, user=tgt)},
+    )
+    done = _cli("sync-sequences", "--config", str(cfg))
+    assert done.returncode == 3, done.stderr
+    assert "Traceback" not in done.stderr
+    lines = [ln for ln in done.stderr.splitlines() if "GRANT" in ln]
+    assert len(lines) == 1, done.stderr
+    assert f'GRANT SELECT ON SEQUENCE "public"."a_id_seq" TO "{src}";' in lines[0]
+    assert f'GRANT UPDATE ON SEQUENCE "public"."a_id_seq" TO "{tgt}";' in lines[0]
+    assert pair.sub_exec(SEQS.format("a_id_seq")) == [(1, False)]
+    pair.pub_exec(grants_for(lines[0], "source"))
+    pair.sub_exec(grants_for(lines[0], "target"))
+    done = _cli("sync-sequences", "--config", str(cfg))
+    assert done.returncode == 0, done.stderr
+    assert pair.sub_exec(SEQS.format("a_id_seq")) == [(2, True)]
