@@ -73,10 +73,11 @@ CONNECT_TIMEOUT = 10
 PINNED: tuple[tuple[str, str, str], ...] = (
     # Output formats: what applier reads (and the stream, the COPY text, the verify's
     # row text) is the same whatever the defaults, and exact.
-    ("datestyle", "ISO", "psycopg parses ISO only; the text of dates must compare"),
-    ("intervalstyle", "postgres", "psycopg parses this style; sql_standard loses signs"),
+    # (client_encoding UTF8 goes as the libpq keyword: the stream's text is UTF8.)
+    ("datestyle", "ISO", "psycopg cannot parse a timestamptz in the other styles"),
+    ("intervalstyle", "postgres", "psycopg parses this style of interval only"),
     ("timezone", "UTC", "timestamptz text the same on both servers"),
-    ("extra_float_digits", "3", "floats in text round-trip exactly (below 1 they do not)"),
+    ("extra_float_digits", "3", "float text round-trips exactly (at 0 or below it is rounded)"),
     # No one else's code: every other object is schema-qualified (see "Why pin").
     ("search_path", "pg_catalog", "a function or operator planted on the path never runs"),
     # A group, a COPY or a wait on a user's lock may take long; none is an error.
