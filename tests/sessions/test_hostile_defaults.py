@@ -13,8 +13,11 @@ results, and nothing planted may run.
 from __future__ import annotations
 
 import json
+import re
+import socket
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -188,6 +191,12 @@ WRITES = [
 ]
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def wait_same(pair: Pair, runner: Runner | None = None) -> None:
     def same() -> bool:
         if runner is not None and not runner.alive():
@@ -199,7 +208,8 @@ def wait_same(pair: Pair, runner: Runner | None = None) -> None:
 
 def test_every_command_against_hostile_defaults(hostile: Pair) -> None:
     pair = hostile
-    cfg = pair.write_config()
+    port = free_port()
+    cfg = pair.write_config(metrics={"listen": f"127.0.0.1:{port}"})
     # The bait is live: a session on the database's defaults runs what was planted.
     with psycopg.connect(pair.sub_dsn, autocommit=True) as conn:
         conn.execute("SET statement_timeout = 0")
@@ -217,6 +227,11 @@ def test_every_command_against_hostile_defaults(hostile: Pair) -> None:
     wait_same(pair, runner)
     expected = rows(pair, "source", "public.t")
     assert len(expected) == 3 and "2024-03-05 07:09:08.123456+00" in expected[0][0], expected
+
+    # The scrape reads the slot's retained WAL on a source connection of its own.
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        scraped = r.read().decode()
+    assert re.search(r"^applier_slot_retained_wal_bytes \d", scraped, re.M), scraped
 
     proc = applier("status", "--config", cfg, "--json")
     st = json.loads(proc.stdout or "{}")
@@ -275,16 +290,18 @@ def test_every_command_against_hostile_defaults(hostile: Pair) -> None:
 @pytest.mark.parametrize("pair", ["15-18"], indirect=True)
 def test_bootstrap_verify_and_sync_tables_against_hostile_defaults(pair: Pair) -> None:
     """The Spark-backed commands, in sequence on one pair: the target lacks the
-    tables (pg_dump's children, an enum made from the source's), verify compares
+    tables (pg_dump's children, an enum made from the source's, an extension's type
+    created in its schema, not in the pinned search_path's pg_catalog), verify compares
     every row's text, sync-tables copies a table added later."""
     query(
         pair, "source",
+        "CREATE EXTENSION citext SCHEMA public; "
         "CREATE TYPE public.mood AS ENUM ('sad', 'ok'); "
         "CREATE TABLE public.t (id int PRIMARY KEY, ts timestamptz, d date, iv interval, "
-        "f8 float8, f4 float4, n numeric, v text, m public.mood); "
+        "f8 float8, f4 float4, n numeric, v text, m public.mood, c public.citext); "
         "INSERT INTO public.t SELECT g, '2024-03-05 06:07:08.123456+00'::timestamptz "
         "+ g * interval '1 day 1.5 s', date '2000-02-29' + g, g * interval '1 mon -1 day 0.25 s', "
-        "1.0 / g, 1.0 / g, g / 7.0, 'v' || g, 'ok' FROM generate_series(1, 3000) g; "
+        "1.0 / g, 1.0 / g, g / 7.0, 'v' || g, 'ok', 'MiXed' || g FROM generate_series(1, 3000) g; "
         "CREATE TABLE public.later (id int PRIMARY KEY, ts timestamptz, iv interval, f8 float8); "
         "INSERT INTO public.later SELECT g, 'epoch'::timestamptz + g * interval '1.001 s', "
         "g * interval '-1 mon 1 s', 1.0 / g FROM generate_series(1, 2000) g; "
