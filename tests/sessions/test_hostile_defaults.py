@@ -206,6 +206,8 @@ def wait_same(pair: Pair, runner: Runner | None = None) -> None:
     wait_for(same, 60, "the target to match the source")
 
 
+# Both versions on each side, the source's walsender included.
+@pytest.mark.parametrize("pair", ["15-15", "18-18"], indirect=True)
 def test_every_command_against_hostile_defaults(hostile: Pair) -> None:
     pair = hostile
     port = free_port()
