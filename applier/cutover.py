@@ -55,6 +55,7 @@ from typing import Any, TextIO
 
 import psycopg
 
+from . import pgconn
 from .config import Config
 from .errors import EXIT_USAGE, ApplierError, ConfigError, PermanentError
 from .health import HEALTHY
@@ -276,10 +277,14 @@ def _positions(cfg: Config) -> tuple[str | None, str | None, list[str]]:
     from .apply.origin import origin_progress, prepared_gids
 
     try:
-        with psycopg.connect(cfg.target.conninfo(), autocommit=True, connect_timeout=30) as tgt:
+        with pgconn.connect(
+            cfg.target.conninfo(), side="target", purpose="applier cutover", connect_timeout=30
+        ) as tgt:
             progress = origin_progress(tgt, cfg.origin)
             gids = sorted(prepared_gids(tgt, f"applier_{cfg.origin}_"))
-        with psycopg.connect(cfg.source.conninfo(), autocommit=True, connect_timeout=30) as src:
+        with pgconn.connect(
+            cfg.source.conninfo(), side="source", purpose="applier cutover", connect_timeout=30
+        ) as src:
             row = src.execute(
                 "SELECT confirmed_flush_lsn::text FROM pg_catalog.pg_replication_slots "
                 "WHERE slot_name = %s",

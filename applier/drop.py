@@ -48,6 +48,7 @@ from typing import Any, TextIO
 import psycopg
 from psycopg import sql
 
+from . import pgconn
 from .config import Config
 from .errors import PermanentError, TransientError
 from .health import STALE_INTERVALS
@@ -139,11 +140,9 @@ def _sides(
             c.close()
 
 
-def _connect(conninfo: str, side: str, conns: list[Conn]) -> Conn:
+def _connect(conninfo: str, side: pgconn.Side, conns: list[Conn]) -> Conn:
     try:
-        conn = psycopg.connect(
-            conninfo, autocommit=True, connect_timeout=10, application_name="applier drop"
-        )
+        conn = pgconn.connect(conninfo, side=side, purpose="applier drop")
     except psycopg.Error as e:
         raise TransientError(
             f"{side} unreachable ({redact_dsn(conninfo)}): {_first_line(e)}",

@@ -73,8 +73,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 from psycopg import sql
-from psycopg.conninfo import make_conninfo
 
+from . import pgconn
 from .apply.tally import count_fault, fault_side
 from .config import Config
 from .errors import ConfigError
@@ -160,7 +160,11 @@ class SlotProbe:
     def _query(self) -> tuple[int | None, int] | None:
         try:
             if self._conn is None or self._conn.closed:
-                self._conn = psycopg.connect(self._conninfo(), autocommit=True)
+                self._conn = pgconn.connect(
+                    self.cfg.source.conninfo(), side="source", purpose="applier metrics",
+                    connect_timeout=PROBE_TIMEOUT,
+                    extra={"statement_timeout": str(PROBE_TIMEOUT * 1000)},
+                )  # fmt: skip
             row = self._conn.execute(SLOT_SQL, (self.cfg.source.slot,)).fetchone()
         except (psycopg.Error, ConfigError) as e:
             log.debug("metrics: reading the slot's retained WAL failed: %s", e)
@@ -171,14 +175,6 @@ class SlotProbe:
         if row is None or row[1] is None:
             return None
         return (None if row[0] is None else int(row[0])), int(row[1])
-
-    def _conninfo(self) -> str:
-        return make_conninfo(
-            self.cfg.source.conninfo(),
-            application_name="applier metrics",
-            connect_timeout=PROBE_TIMEOUT,
-            options=f"-c statement_timeout={PROBE_TIMEOUT * 1000}",
-        )
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
+from . import pgconn
 from .config import Config
 from .errors import ApplierError, ConfigError, PermanentError
 from .redact import redact_dsn
@@ -141,29 +142,21 @@ def _refuse_unknown_revision(current: str | None, cfg: AlembicConfig) -> None:
 
 
 def _connect(conninfo: str) -> Any:
+    """A target connection in transactions (SQLAlchemy's and alembic's), pinned as every
+    other (:mod:`applier.pgconn`): a database's or role's timeouts, serializable
+    default or search_path must not fail (or bound, or hijack) the migrations either."""
     try:
-        conn = psycopg.connect(conninfo)
+        return pgconn.connect(conninfo, side="target", purpose="applier migrate", autocommit=False)
     except psycopg.OperationalError as e:
         raise ConfigError(
             f"cannot connect to the target ({redact_dsn(conninfo)}): {str(e).strip()}",
             hint="check [target] dsn and that the server is up",
         ) from None
-    _pin(conn)
-    return conn
-
-
-def _pin(conn: psycopg.Connection[Any]) -> None:
-    """The apply session's pinned settings: a database's or role's timeouts or
-    serializable default must not fail (or bound) the migrations either."""
-    from .apply.targetconn import DEFAULT_TIMEOUT, pin, pinned_settings
-
-    pin(conn, pinned_settings(conn.info.server_version, DEFAULT_TIMEOUT))
-    conn.commit()
 
 
 def current_revision(conninfo: str) -> str | None:
     with _connect(conninfo) as conn:
-        exists = conn.execute("SELECT to_regclass('applier.alembic_version')").fetchone()
+        exists = conn.execute("SELECT pg_catalog.to_regclass('applier.alembic_version')").fetchone()
         if not exists or exists[0] is None:
             return None
         row = conn.execute("SELECT version_num FROM applier.alembic_version").fetchone()

@@ -40,6 +40,7 @@ from typing import Any, TextIO
 import psycopg
 from psycopg.rows import dict_row
 
+from . import pgconn
 from .config import Config, _check_table_pattern
 from .errors import ConfigError, PermanentError, TransientError
 from .lsn import Lsn
@@ -209,9 +210,7 @@ def target(cfg: Config, *, write: bool) -> Iterator[psycopg.Connection[Any]]:
     """
     conninfo = cfg.target.conninfo()
     with _target_errors(conninfo):
-        conn = psycopg.connect(
-            conninfo, autocommit=True, connect_timeout=10, application_name="applier skip"
-        )
+        conn = pgconn.connect(conninfo, side="target", purpose="applier skip")
     try:
         if write:
             from .schema import schema_at_head, upgrade_target

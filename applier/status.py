@@ -40,6 +40,7 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 
+from . import pgconn
 from .config import Config
 from .errors import ApplierError, describe_error_record
 from .health import STALE_INTERVALS, assess
@@ -153,14 +154,20 @@ def collect(cfg: Config) -> Status:
     return st
 
 
-def _query(conninfo: str, query: str | sql.Composed, arg: str) -> dict[str, Any] | None:
-    with psycopg.connect(conninfo, connect_timeout=5, autocommit=True) as conn:
+def _connect(conninfo: str, side: pgconn.Side) -> psycopg.Connection[Any]:
+    return pgconn.connect(conninfo, side=side, purpose="applier status", connect_timeout=5)
+
+
+def _query(
+    conninfo: str, side: pgconn.Side, query: str | sql.Composed, arg: str
+) -> dict[str, Any] | None:
+    with _connect(conninfo, side) as conn:
         return conn.cursor(row_factory=dict_row).execute(query, (arg,)).fetchone()
 
 
 def _source_side(cfg: Config, st: Status) -> None:
     try:
-        st.slot = _query(cfg.source.conninfo(), SLOT_SQL, cfg.source.slot)
+        st.slot = _query(cfg.source.conninfo(), "source", SLOT_SQL, cfg.source.slot)
     except psycopg.Error as e:
         st.source_reachable = False
         st.errors.append(f"source unreachable ({redact_dsn(cfg.source.dsn)}): {_first_line(e)}")
@@ -175,9 +182,11 @@ def _source_side(cfg: Config, st: Status) -> None:
 def _target_side(cfg: Config, st: Status) -> None:
     conninfo = cfg.target.conninfo()
     try:
-        st.origin_progress = _query(conninfo, ORIGIN_SQL, cfg.origin)
-        with psycopg.connect(conninfo, connect_timeout=5, autocommit=True) as conn:
-            has_schema = conn.execute("SELECT to_regclass('applier.worker_status')").fetchone()
+        st.origin_progress = _query(conninfo, "target", ORIGIN_SQL, cfg.origin)
+        with _connect(conninfo, "target") as conn:
+            has_schema = conn.execute(
+                "SELECT pg_catalog.to_regclass('applier.worker_status')"
+            ).fetchone()
             if has_schema and has_schema[0] is not None:
                 st.worker = (
                     conn.cursor(row_factory=dict_row).execute(WORKER_SQL, (cfg.origin,)).fetchone()

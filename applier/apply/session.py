@@ -3,14 +3,15 @@
 Target session
 ==============
 
-One connection applies every change. It is set up once:
-``session_replication_role = replica`` (target triggers and FK checks behave
-as for the built-in subscriber), ``search_path = pg_catalog`` (every name we
-send is schema-qualified anyway, so nothing on the target can hijack an
-operator or function), ``TimeZone = UTC``, ``DateStyle = ISO``,
-``IntervalStyle = postgres``, ``client_encoding = UTF8`` (the replication
-connection sends UTF8 text, see worker), ``synchronous_commit`` from the
-config, and ``pg_replication_origin_session_setup(origin)``: this session
+One connection applies every change. Like every connection applier opens it
+starts pinned (:mod:`applier.pgconn`: ``search_path = pg_catalog``, so nothing
+on the target can hijack an operator or function; ``TimeZone = UTC``,
+``DateStyle = ISO``, ``IntervalStyle = postgres``, ``client_encoding = UTF8``,
+as the replication connection's text; no timeouts, read committed). It is
+then set up once: ``session_replication_role = replica`` (target triggers and
+FK checks behave as for the built-in subscriber; needs a privilege, so not
+in the startup packet, where a refusal is FATAL), ``synchronous_commit`` from
+the config, and ``pg_replication_origin_session_setup(origin)``: this session
 owns the origin, so each commit records the source position atomically.
 
 Executor
@@ -119,16 +120,10 @@ LOCAL_LSNS = (
 
 
 def session_settings(synchronous_commit: str) -> list[tuple[str, str]]:
-    """The apply session's own settings (see "Target session"); the pinned
-    timeouts and isolation come with every target connection (targetconn)."""
+    """The apply session's own settings (see "Target session"); the formats,
+    search_path, timeouts and isolation come with every connection (pgconn)."""
     return [
         ("session_replication_role", "replica"),
-        ("search_path", "pg_catalog"),
-        ("timezone", "UTC"),
-        ("datestyle", "ISO"),
-        ("intervalstyle", "postgres"),
-        ("client_encoding", "UTF8"),
-        ("extra_float_digits", "3"),
         ("synchronous_commit", synchronous_commit),
     ]
 

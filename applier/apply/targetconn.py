@@ -3,15 +3,10 @@
 Pinned settings
 ===============
 
-Every target connection (the apply session, the catalog and status
-connections) pins the settings a role or database default could change under
-us (``ALTER ROLE/DATABASE ... SET``): ``statement_timeout``, ``lock_timeout``,
-``idle_in_transaction_session_timeout`` and (PostgreSQL 17+)
-``transaction_timeout`` to 0, since a group or a COPY run may legitimately
-take long and a wait on a lock is not an error; and
-``default_transaction_isolation = 'read committed'``, the isolation the
-built-in apply worker uses (under ``serializable``, COMMIT can fail with
-40001 after the origin stamp, over and over).
+Every target connection is opened by :func:`applier.pgconn.connect`, which pins
+in its startup packet what a role or database default could change under us
+(formats, ``search_path``, timeouts, isolation: see that module); this one adds
+the server's side of the keepalives (below).
 
 A stalled connection
 ====================
@@ -60,6 +55,7 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from applier import pgconn
 from applier.errors import ConnectionLost
 from applier.redact import redact_dsn
 
@@ -87,47 +83,22 @@ def client_keepalives(conninfo: str, timeout: float) -> str:
     return make_conninfo(conninfo, **extra) if extra else conninfo
 
 
-#: Timeouts that a role's or database's defaults must not impose on our sessions.
-TIMEOUT_SETTINGS: tuple[tuple[str, str], ...] = (
-    ("statement_timeout", "0"),
-    ("lock_timeout", "0"),
-    ("idle_in_transaction_session_timeout", "0"),
-)
-
-
-def no_timeouts(server_version: int) -> list[tuple[str, str]]:
-    """The timeouts off and read committed: for every target session, also the bootstrap's."""
-    out = [*TIMEOUT_SETTINGS, ("default_transaction_isolation", "read committed")]
-    if server_version >= 170000:
-        out.append(("transaction_timeout", "0"))
-    return out
-
-
-def pinned_settings(server_version: int, timeout: float) -> list[tuple[str, str]]:
-    """The settings no role or database default may change (see "Pinned settings")."""
-    return [
-        *no_timeouts(server_version),
-        # The server's side of the socket (see "A stalled connection").
-        ("tcp_keepalives_idle", KEEPALIVES["keepalives_idle"]),
-        ("tcp_keepalives_interval", KEEPALIVES["keepalives_interval"]),
-        ("tcp_keepalives_count", KEEPALIVES_COUNT),
-        ("tcp_user_timeout", str(int(timeout * 1000))),
-    ]
+def server_keepalives(timeout: float) -> dict[str, str]:
+    """The server's side of the socket (see "A stalled connection")."""
+    return {
+        "tcp_keepalives_idle": KEEPALIVES["keepalives_idle"],
+        "tcp_keepalives_interval": KEEPALIVES["keepalives_interval"],
+        "tcp_keepalives_count": KEEPALIVES_COUNT,
+        "tcp_user_timeout": str(int(timeout * 1000)),
+    }
 
 
 def pin(conn: psycopg.Connection[Any], settings: list[tuple[str, str]]) -> None:
     """Set ``settings`` for the session (outside a transaction, or committed by the
-    caller: a rolled-back set_config is undone).
-
-    ``statement_timeout`` goes first, alone: a statement runs under the timeout in
-    force when it starts, and a database's 1 ms default cancelled the whole list.
-    """
-    first = [(n, v) for n, v in settings if n == "statement_timeout"]
-    if first:
-        conn.execute("SELECT pg_catalog.set_config('statement_timeout', %s, false)", (first[0][1],))
-        settings = [(n, v) for n, v in settings if n != "statement_timeout"]
+    caller: a rolled-back set_config is undone): those that cannot go in the startup
+    packet (:mod:`applier.pgconn`), e.g. one that needs a privilege to be set."""
     conn.execute(
-        "SELECT count(pg_catalog.set_config(n, v, false)) "
+        "SELECT pg_catalog.count(pg_catalog.set_config(n, v, false)) "
         "FROM ROWS FROM (pg_catalog.unnest(%s::pg_catalog.text[]), "
         "pg_catalog.unnest(%s::pg_catalog.text[])) AS s(n, v)",
         ([n for n, _ in settings], [v for _, v in settings]),
@@ -152,10 +123,9 @@ def backend_busy(conninfo: str, pid: int, terminate: bool) -> str | None:
     effort), so it releases the replication origin at once.
     """
     try:
-        with psycopg.connect(
-            conninfo, autocommit=True, connect_timeout=CONNECT_TIMEOUT,
-            application_name="applier probe",
-        ) as conn:  # fmt: skip
+        with pgconn.connect(
+            conninfo, side="target", purpose="applier probe", connect_timeout=CONNECT_TIMEOUT
+        ) as conn:
             row = conn.execute(
                 "SELECT state, wait_event_type, wait_event FROM pg_catalog.pg_stat_activity "
                 "WHERE pid = %s",
@@ -337,25 +307,24 @@ def _end_abandoned(conn: psycopg.Connection[Any]) -> None:
 def connect(
     conninfo: str, application_name: str, timeout: float = DEFAULT_TIMEOUT, **kw: Any
 ) -> GuardedConnection:
-    """An autocommit target connection: keepalives, pinned settings, a watchdog."""
+    """An autocommit target connection: pinned settings (:mod:`applier.pgconn`),
+    keepalives on both sides of the socket, a watchdog."""
     ci = client_keepalives(conninfo, timeout)
     # psycopg's own automatic preparation stays off: it answers a ROLLBACK (and a
     # ROLLBACK PREPARED) with DEALLOCATE ALL, which would drop the session's
     # statements too (issue 12, item 19).
     kw.setdefault("prepare_threshold", None)
     try:
-        conn = GuardedConnection.connect(
-            ci, autocommit=True, application_name=application_name,
-            connect_timeout=CONNECT_TIMEOUT, **kw,
+        conn: GuardedConnection = pgconn.connect(
+            ci, side="target", purpose=application_name, connect_timeout=CONNECT_TIMEOUT,
+            extra=server_keepalives(timeout), connection_class=GuardedConnection, **kw,
         )  # fmt: skip
     except psycopg.OperationalError as e:
         raise ConnectionLost(
             f"cannot connect to the target ({redact_dsn(conninfo)}): {str(e).strip()}",
             hint="check [target] dsn and that the server is up; applier run retries",
         ) from None
-    settings = pinned_settings(conn.info.server_version, timeout)
     try:
-        pin(conn, settings)
         row = conn.execute(
             "SELECT backend_start FROM pg_catalog.pg_stat_activity "
             "WHERE pid = pg_catalog.pg_backend_pid()"

@@ -65,6 +65,7 @@ from typing import Any
 
 import psycopg
 
+from applier import pgconn
 from applier.config import Config
 from applier.errors import SourceError
 from applier.lsn import Lsn
@@ -183,8 +184,8 @@ class Until:
 def current_wal_lsn(cfg: Config) -> Lsn:
     """The source's ``pg_current_wal_lsn()`` now (``run --until-caught-up``, cutover)."""
     try:
-        with psycopg.connect(
-            cfg.source.conninfo(), autocommit=True, application_name="applier", connect_timeout=30
+        with pgconn.connect(
+            cfg.source.conninfo(), side="source", purpose="applier", connect_timeout=30
         ) as conn:
             row = conn.execute("SELECT pg_catalog.pg_current_wal_lsn()::text").fetchone()
     except psycopg.Error as e:

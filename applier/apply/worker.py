@@ -104,7 +104,6 @@ from types import FrameType
 from typing import Any
 
 import psycopg
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from tenacity import RetryCallState, Retrying, retry_if_exception
 
 from applier.config import Config
@@ -150,14 +149,10 @@ log = logging.getLogger("applier.apply")
 
 
 def source_conninfo(cfg: Config) -> str:
-    """The source DSN with the session settings that make text values portable."""
-    base = cfg.source.conninfo()
-    params = conninfo_to_dict(base)
-    opts = str(params.get("options") or "")
-    ours = "-c datestyle=ISO -c intervalstyle=postgres -c extra_float_digits=3 -c timezone=UTC"
-    # Keepalives and tcp_user_timeout (unless the DSN sets them): see targetconn.
-    base = client_keepalives(base, cfg.apply.timeout)
-    return make_conninfo(base, options=f"{opts} {ours}".strip(), client_encoding="UTF8")
+    """The source DSN with keepalives and tcp_user_timeout (unless the DSN sets them:
+    see targetconn); the session settings that make text values portable come with
+    every connection (applier.pgconn)."""
+    return client_keepalives(cfg.source.conninfo(), cfg.apply.timeout)
 
 
 #: A session that streamed this long without a fault counts as healthy (resets

@@ -44,9 +44,10 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from .. import pgconn
 from ..errors import BootstrapError
 from .clients import program
-from .sessions import child_connection, pin_target, pinned_source_conninfo
+from .sessions import child_connection
 
 #: Sessions of copy tasks on the target: no trigger or FK check fires for
 #: copied rows (they were checked on the source), and commits need not wait
@@ -92,6 +93,8 @@ class SliceTask:
     #: picks its psql by them on its own machine (:func:`.clients.pick`).
     source_major: int = 0
     client_bin_dir: str | None = None
+    #: The source's server_version (its child pins what that version has: pgconn).
+    source_version: int | None = None
 
     @property
     def label(self) -> str:
@@ -138,10 +141,7 @@ def copy_slice(task: SliceTask) -> SliceResult:
 
 
 def _copy_slice(task: SliceTask) -> SliceResult:
-    with psycopg.connect(
-        task.target_conninfo, autocommit=True, application_name="applier-bootstrap"
-    ) as tgt:
-        pin_target(tgt)
+    with pgconn.connect(task.target_conninfo, side="target", purpose="applier-bootstrap") as tgt:
         for stmt in _TARGET_SETTINGS:
             tgt.execute(stmt)
         _try_replica_role(tgt)
@@ -149,7 +149,7 @@ def _copy_slice(task: SliceTask) -> SliceResult:
         start = time.monotonic()
         with tgt.transaction():
             tgt.execute(
-                "SELECT pg_advisory_xact_lock(hashtext(%s))",
+                "SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext(%s))",
                 (f"applier-bootstrap:{task.slot}:{task.run_id}:{task.label}",),
             )
             if _is_done(tgt, task):
@@ -159,7 +159,7 @@ def _copy_slice(task: SliceTask) -> SliceResult:
             tgt.execute(
                 "INSERT INTO applier.bootstrap_slice "
                 "(slot, run_id, src_schema, src_name, slice_no, rows, bytes, seconds, done_at) "
-                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, clock_timestamp())",
+                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, pg_catalog.clock_timestamp())",
                 (task.slot, task.run_id, task.src_schema, task.src_name, task.slice_no,
                  rows, nbytes, seconds),
             )  # fmt: skip
@@ -184,8 +184,8 @@ def _take_permit(tgt: psycopg.Connection[Any], task: SliceTask) -> None:
     key = f"applier-bootstrap-permits:{task.slot}:{task.run_id}"
     while True:
         row = tgt.execute(
-            "SELECT i FROM generate_series(0, %s - 1) i "
-            "WHERE pg_try_advisory_lock(hashtext(%s), i) LIMIT 1",
+            "SELECT i FROM pg_catalog.generate_series(0, %s - 1) i "
+            "WHERE pg_catalog.pg_try_advisory_lock(pg_catalog.hashtext(%s), i) LIMIT 1",
             (task.parallelism, key),
         ).fetchone()
         if row is not None:
@@ -219,7 +219,9 @@ def source_command(task: SliceTask) -> Iterator[tuple[list[str], dict[str, str]]
     the snapshot name. Keep the block open until the child has started.
     """
     set_snapshot = sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(task.snapshot))
-    conninfo = pinned_source_conninfo(task.source_conninfo)
+    conninfo = pgconn.pinned_conninfo(
+        task.source_conninfo, "source", server_version=task.source_version
+    )
     with child_connection(conninfo) as child:
         argv = [
             *_buffered_stdout(),

@@ -66,6 +66,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from .. import pgconn
 from ..apply.mapping import Catalog
 from ..config import Config
 from ..errors import AlreadyBootstrapped, BootstrapError
@@ -429,6 +430,7 @@ def build_tasks(cfg: Config, plan: SourcePlan, run_id: int, snapshot: str) -> li
             tasks.append(
                 SliceTask(
                     source_conninfo=cfg.source.conninfo(),
+                    source_version=pgconn.known_version(cfg.source.conninfo()),
                     target_conninfo=cfg.target.conninfo(),
                     snapshot=snapshot,
                     slot=cfg.source.slot,

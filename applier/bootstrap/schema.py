@@ -35,6 +35,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from .. import pgconn
 from ..errors import BootstrapError
 from .clients import program
 from .plan import quote_qual
@@ -67,7 +68,7 @@ def dump(
         args.append(f"--snapshot={snapshot}")
     for schema, name in tables:
         args += ["-t", quote_qual(schema, name)]  # quoted: an exact name, not a pattern
-    with child_connection(conninfo) as child:
+    with child_connection(pgconn.pinned_conninfo(conninfo, "source")) as child:
         args.append(f"--dbname={child.dbname}")
         proc = subprocess.run(args, env=child.env, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -165,14 +166,22 @@ def create_types(src: Conn, tgt: Conn, types: Iterable[MissingType]) -> None:
     """Create what :func:`missing_types` found: extensions (which may fail) first, enums."""
     for nsp, typ, _kind, ext in sorted(types, key=lambda t: t[3] is None):
         if ext:
-            _create_extension(tgt, ext, quote_qual(nsp, typ))
+            _create_extension(tgt, ext, nsp, typ)
         else:
             _create_enum(src, tgt, nsp, typ)
 
 
-def _create_extension(tgt: Conn, ext: str, qual: str) -> None:
+def _create_extension(tgt: Conn, ext: str, nsp: str, typ: str) -> None:
+    qual = quote_qual(nsp, typ)
     try:
-        tgt.execute(sql.SQL("CREATE EXTENSION IF NOT EXISTS {}").format(sql.Identifier(ext)))
+        # In the type's schema: with search_path pinned to pg_catalog (pgconn), the
+        # default would be pg_catalog, where nothing may be created.
+        ensure_schemas(tgt, [nsp])
+        tgt.execute(
+            sql.SQL("CREATE EXTENSION IF NOT EXISTS {} SCHEMA {}").format(
+                sql.Identifier(ext), sql.Identifier(nsp)
+            )
+        )
     except psycopg.Error as e:
         first = str(e).strip().splitlines()[0]
         raise BootstrapError(

@@ -18,12 +18,12 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from .. import pgconn
 from ..config import Config
 from ..errors import BootstrapError, SourceError
 from ..privileges import check, scope_of
 from ..redact import redact_dsn
 from .plan import discover, published_tables, quote_qual
-from .sessions import pin_target
 
 log = logging.getLogger(__name__)
 Conn = psycopg.Connection[Any]
@@ -95,16 +95,11 @@ def sync_sequences(cfg: Config) -> int:
     return 0
 
 
-def connect(conninfo: str, side: str) -> Conn:
-    """An autocommit connection; an unreachable server is a one-line error.
-
-    A target session is pinned (formats, timeouts, isolation: :mod:`.sessions`).
-    """
+def connect(conninfo: str, side: pgconn.Side) -> Conn:
+    """An autocommit connection, pinned (:mod:`applier.pgconn`); an unreachable server
+    is a one-line error."""
     try:
-        conn = psycopg.connect(conninfo, autocommit=True, application_name="applier-bootstrap")
-        if side == "target":
-            pin_target(conn)
-        return conn
+        return pgconn.connect(conninfo, side=side, purpose="applier-bootstrap")
     except psycopg.OperationalError as e:
         first = str(e).strip().splitlines()[-1] if str(e).strip() else "connection failed"
         kind = SourceError if side == "source" else BootstrapError

@@ -1,22 +1,13 @@
-"""The bootstrap's connections: the settings they are pinned to, and how a
-``psql``/``pg_dump`` child gets its connection without exposing a secret.
+"""How a ``psql``/``pg_dump`` child of the bootstrap gets its connection without
+exposing a secret.
 
 Pinned settings
 ---------------
-Every target session (the driver's and each copy task's) and the source
-``psql`` children that stream the copies run with the same output formats as
-the stream (``source_conninfo`` in :mod:`applier.apply.worker`):
-``client_encoding`` UTF8 on both ends (a LATIN1 source reaches a UTF8 target
-as UTF-8; the server converts), ``DateStyle`` ISO, ``IntervalStyle``
-postgres, ``extra_float_digits`` 3 and ``TimeZone`` UTC, so a text-format
-COPY reads back exactly what it wrote whatever the source database's or
-role's defaults say. Target sessions also get ``statement_timeout``,
-``lock_timeout``, ``idle_in_transaction_session_timeout`` and (PG17+)
-``transaction_timeout`` 0 and ``default_transaction_isolation`` read
-committed: a timeout or a serializable default set on the target's database
-or role would otherwise kill a long COPY, an index build, or the driver's
-transaction that stays open while ``pg_dump`` runs. The source children get
-the three timeouts too (a long COPY must not be cancelled by them).
+Every session of the bootstrap, the children's included, is pinned as every
+connection applier opens (:mod:`applier.pgconn`): the children get the
+settings in their conninfo's ``options`` (:func:`applier.pgconn.pinned_conninfo`),
+so a text-format COPY reads back exactly what it wrote whatever the source
+database's or role's defaults say, and no timeout kills a long COPY.
 
 Child processes
 ---------------
@@ -36,39 +27,10 @@ import os
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
-import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from ..apply.targetconn import TIMEOUT_SETTINGS, no_timeouts, pin
 from ..errors import BootstrapError
-
-#: Output formats of a text COPY (and of everything else), as the stream's.
-FORMAT_SETTINGS: tuple[tuple[str, str], ...] = (
-    ("client_encoding", "UTF8"),
-    ("datestyle", "ISO"),
-    ("intervalstyle", "postgres"),
-    ("extra_float_digits", "3"),
-    ("timezone", "UTC"),
-)
-
-
-def target_settings(server_version: int) -> list[tuple[str, str]]:
-    return [*FORMAT_SETTINGS, *no_timeouts(server_version)]
-
-
-def pin_target(conn: psycopg.Connection[Any]) -> None:
-    """Pin a target session's formats, timeouts and isolation (one round trip)."""
-    pin(conn, target_settings(conn.info.server_version))
-
-
-def pinned_source_conninfo(conninfo: str) -> str:
-    """The source DSN of a COPY child: formats and timeouts pinned in ``options``."""
-    params = conninfo_to_dict(conninfo)
-    ours = " ".join(f"-c {k}={v}" for k, v in (*FORMAT_SETTINGS[1:], *TIMEOUT_SETTINGS))
-    opts = f"{params.get('options') or ''} {ours}".strip()  # the last -c of a name wins
-    return make_conninfo(conninfo, options=opts, client_encoding="UTF8")
 
 
 @dataclass(frozen=True)

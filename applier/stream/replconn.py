@@ -35,6 +35,7 @@ from typing import Any, Literal
 
 import psycopg
 
+from applier import pgconn
 from applier.errors import (
     ApplierError,
     ConnectionLost,
@@ -250,16 +251,14 @@ class ReplicationConnection:
     def open(
         cls, conninfo: str, *, application_name: str = "applier", connect_timeout: int = 10
     ) -> ReplicationConnection:
-        """Connect with ``replication=database``; map refusals to errors with hints."""
+        """Connect with ``replication=database``, the session pinned (:mod:`applier.pgconn`:
+        pgoutput's text values take the walsender's formats); map refusals to errors."""
         redacted = redact_dsn(conninfo)
         try:
-            conn = psycopg.connect(
-                conninfo,
-                replication="database",
-                autocommit=True,
-                application_name=application_name,
+            conn: psycopg.Connection[Any] = pgconn.connect(
+                conninfo, side="source", purpose=application_name, replication=True,
                 connect_timeout=connect_timeout,
-            )
+            )  # fmt: skip
         except psycopg.Error as e:
             err = error_from_psycopg(e, where=f"cannot open a replication connection to {redacted}")
             raise err from None

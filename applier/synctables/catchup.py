@@ -16,6 +16,7 @@ from typing import Any
 
 import psycopg
 
+from .. import pgconn
 from ..apply.handlers import IDLE, Applier
 from ..apply.tablesync import cas_state, read_states
 from ..apply.worker import Worker
@@ -133,9 +134,12 @@ class CatchUp(Worker):
     def _worker_position(self) -> Lsn | None:
         """The worker's slot's confirmed position on the source (None: no such slot)."""
         if self._src is None:
-            self._src = psycopg.connect(self.main.source.conninfo(), autocommit=True)
+            self._src = pgconn.connect(
+                self.main.source.conninfo(), side="source", purpose="applier-sync-tables"
+            )
         row = self._src.execute(
-            "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
+            "SELECT confirmed_flush_lsn::text FROM pg_catalog.pg_replication_slots "
+            "WHERE slot_name = %s",
             (self.main.source.slot,),
         ).fetchone()
         return Lsn.parse(row[0]) if row and row[0] else None

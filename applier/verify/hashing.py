@@ -9,10 +9,10 @@ COPY does; cheaper than a ``::text`` cast per column), a NULL as an empty
 field, an empty string as ``""`` (and any value with blanks, commas, quotes
 or parentheses quoted), so that NULL, ``''`` and ``'NULL'`` never hash alike.
 The text forms depend on session settings, so every verify session pins
-those of the bootstrap and the stream
-(:data:`applier.bootstrap.sessions.FORMAT_SETTINGS`: UTF8, DateStyle ISO,
-IntervalStyle postgres, extra_float_digits 3, TimeZone UTC): the same
-values print the same on PostgreSQL 15 and 18.
+those of the bootstrap and the stream, as every connection applier opens
+(:mod:`applier.pgconn`: UTF8, DateStyle ISO, IntervalStyle postgres,
+extra_float_digits 3, TimeZone UTC): the same values print the same on
+PostgreSQL 15 and 18.
 
 Range hash
 ----------
@@ -58,8 +58,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from ..apply.targetconn import pin
-from ..bootstrap.sessions import FORMAT_SETTINGS
+from .. import pgconn
 from ..errors import PermanentError
 from ..lsn import Lsn
 from ..redact import redact_dsn
@@ -72,29 +71,23 @@ class VerifyError(PermanentError):
     """``applier verify`` could not complete (exit 3)."""
 
 
-def connect(conninfo: str, side: str, statement_timeout: float) -> Conn:
-    """An autocommit session with the pinned formats and the verify's own timeouts."""
+def connect(conninfo: str, side: pgconn.Side, statement_timeout: float) -> Conn:
+    """An autocommit session, pinned (:mod:`applier.pgconn`), with the verify's own
+    statement and lock timeouts."""
+    ms = str(int(statement_timeout * 1000))
     try:
         # No server-side prepared statements: a generic plan of a range query
         # does not know how narrow the range is and may scan the whole table.
-        conn = psycopg.connect(
-            conninfo, autocommit=True, application_name="applier-verify", prepare_threshold=None
-        )
+        conn: Conn = pgconn.connect(
+            conninfo, side=side, purpose="applier-verify", prepare_threshold=None,
+            extra={"statement_timeout": ms, "lock_timeout": ms},
+        )  # fmt: skip
     except psycopg.OperationalError as e:
         first = str(e).strip().splitlines()[-1] if str(e).strip() else "connection failed"
         raise VerifyError(
             f"cannot connect to the {side} ({redact_dsn(conninfo)}): {first}",
             hint=f"check [{side}] dsn and that the server is up",
         ) from None
-    ms = str(int(statement_timeout * 1000))
-    settings = [
-        *FORMAT_SETTINGS,
-        ("statement_timeout", ms),
-        ("lock_timeout", ms),
-        ("idle_in_transaction_session_timeout", "0"),
-        ("default_transaction_isolation", "read committed"),
-    ]
-    pin(conn, settings)
     return conn
 
 
