@@ -47,3 +47,26 @@ def test_a_server_without_a_setting_is_connected_to_without_it(pair: Pair) -> No
     ) as c2:
         assert c2.execute("SHOW lock_timeout").fetchone() == ("7s",)
         assert c2.execute("SHOW idle_session_timeout").fetchone() == ("0",)
+
+
+def test_a_first_connection_leaves_no_fatal_on_an_older_server(pair: Pair) -> None:
+    """The first connection to a DSN asks a server only for what every supported
+    version has: a 15 server's log gets no FATAL for transaction_timeout (DBAs
+    watch those logs), and an 18 target still gets it pinned on that connection,
+    over a database default that would cut a long transaction."""
+    for cluster, db, side in (
+        (pair.pub, pair.pub_db, "source"),
+        (pair.sub, pair.sub_db, "target"),
+    ):
+        dsn = cluster.dsn(db) + " application_name=pgconn_first"
+        with cluster.connect(db) as admin:
+            admin.autocommit = True
+            if admin.info.server_version >= 170000:
+                admin.execute(f'ALTER DATABASE "{db}" SET transaction_timeout = 1500')
+        before = cluster.logfile.read_text(errors="replace")
+        with pgconn.connect(dsn, side=side, purpose="pgconn first") as conn:  # type: ignore[arg-type]
+            if conn.info.server_version >= 170000:
+                assert conn.execute("SHOW transaction_timeout").fetchone() == ("0",)
+            assert conn.execute("SHOW idle_session_timeout").fetchone() == ("0",)
+        added = cluster.logfile.read_text(errors="replace")[len(before) :]
+        assert "unrecognized configuration parameter" not in added
