@@ -27,11 +27,16 @@ connections take them too (the walsender formats pgoutput's text values with
 its session's ``DateStyle`` etc.), and the ``psql``/``pg_dump`` children of the
 bootstrap get them through :func:`pinned_conninfo`.
 
-A setting a server does not know is a FATAL error at startup, so the ones
-newer than the oldest supported server (:data:`VERSIONED`) go only to servers
-that have them: the first connection to a server whose version is not known
-yet asks for them all and, refused, connects again without the one named;
-the version is then remembered for that DSN.
+A setting a server does not know is a FATAL error at startup, and a FATAL
+line in a server's log is what its DBA watches for, so the ones newer than
+some supported servers (:data:`VERSIONED`) go in the startup packet only to
+servers known to have them. The first connection to a DSN (version not known
+yet) sends the ones every supported target has (:data:`STARTUP_SINCE`) and,
+connected, sets the rest that the server has with one plain ``SET`` before
+anything else runs (a transaction timeout cannot cut a statement of
+microseconds); later connections to that DSN know the version and send them
+all at startup. Should even the first packet be refused for one (a source
+older than 14), it connects again without it.
 
 What is pinned is :func:`settings`; a few settings that need a privilege or
 depend on the session are still set after connecting
@@ -93,6 +98,10 @@ VERSIONED: tuple[tuple[str, str, int, str], ...] = (
     ("idle_session_timeout", "0", 140000, "the status and probe connections idle"),
     ("transaction_timeout", "0", 170000, "a long COPY or group is legitimate"),
 )
+
+#: A first connection (server version not known) sends at startup the versioned
+#: settings this old, and sets the newer ones once connected (see "How").
+STARTUP_SINCE = 140000
 
 #: applier writes on the target only; on the source it reads (slots are made and
 #: dropped by functions and replication commands, which read-only allows).
@@ -203,7 +212,7 @@ def connect(
     if replication:
         kw["replication"] = "database"
     version = _versions.get(conninfo)
-    pinned = settings(side, version, extra)
+    pinned = settings(side, STARTUP_SINCE if version is None else version, extra)
     while True:
         ci = make_conninfo(
             conninfo, options=startup_options(conninfo, pinned), client_encoding="UTF8"
@@ -219,8 +228,30 @@ def connect(
                 raise
             log.debug("the %s server lacks %s; connecting without it", side, name)
             del pinned[name]
+    if version is None:
+        _set_newer(conn, settings(side, conn.info.server_version, extra), pinned)
     _versions[conninfo] = conn.info.server_version
     return conn
+
+
+def _set_newer(
+    conn: psycopg.Connection[Any], wanted: Mapping[str, str], sent: Mapping[str, str]
+) -> None:
+    """Set what ``wanted`` has beyond what the startup packet ``sent`` (see "How").
+
+    A plain SET through libpq, outside psycopg's transaction handling: it is
+    committed at once on any connection, and a replication connection (which
+    takes no extended-protocol query) runs it too.
+    """
+    for name, value in wanted.items():
+        if name in sent:
+            continue
+        stmt = f"SET {name} = '{value}'"  # names and values are our own constants
+        res = conn.pgconn.exec_(stmt.encode())
+        if res.status != psycopg.pq.ExecStatus.COMMAND_OK:
+            msg = (res.error_message or b"").decode(errors="replace").strip()
+            conn.close()
+            raise psycopg.OperationalError(f"cannot pin {name} on a new connection: {msg}")
 
 
 def _unknown_versioned(e: psycopg.OperationalError, pinned: Mapping[str, str]) -> str | None:
