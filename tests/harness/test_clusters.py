@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from conftest import Pair
 
 from applier.localpg import LocalCluster
@@ -36,3 +37,9 @@ def test_pair_has_distinct_servers_and_fresh_databases(pair: Pair) -> None:
     assert pair.pub_exec("SELECT count(*) FROM pg_tables WHERE schemaname = 'public'") == [(0,)]
     assert pair.sub.execute("SHOW wal_level") == [("logical",)]
     assert int(pair.sub.execute("SHOW server_version_num")[0][0]) // 10000 == pair.sub.version
+
+
+@pytest.mark.parametrize("publisher", [14, 16, 17], indirect=True)
+def test_every_other_version_starts_and_decodes(publisher: tuple[LocalCluster, str]) -> None:
+    """14 and 17 (fetched by scripts/fetch-postgres) and 16 (pgserver) start as 15 and 18 do."""
+    test_publisher_decodes_a_change_through_a_logical_slot(publisher)
