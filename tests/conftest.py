@@ -188,6 +188,11 @@ PAIRS = {
     "16-17": (16, 17),
     "18-14": (18, 14),
 }
+#: ``pair``'s own two and the core pairs: for tests of what differs between versions
+#: (protocol, slot syntax, catalog queries, pg_dump output).
+CORE_PAIRS = ["15-15", "15-18", "14-18", "17-18"]
+#: The core pairs and the smoke pairs: for the few tests every pair runs.
+SMOKE_PAIRS = [*CORE_PAIRS, "16-17", "18-14"]
 
 
 @pytest.fixture(params=["15-15", "15-18"])

@@ -6,7 +6,8 @@ import json
 import subprocess
 import sys
 
-from conftest import Pair
+import pytest
+from conftest import SMOKE_PAIRS, Pair
 
 from applier.schema import upgrade_target
 
@@ -19,6 +20,7 @@ def _status(cfg_path: str) -> tuple[int, dict[str, object], str]:
     return proc.returncode, json.loads(proc.stdout or "{}"), proc.stderr
 
 
+@pytest.mark.parametrize("pair", SMOKE_PAIRS, indirect=True)
 def test_status_reports_slot_origin_and_lag(pair: Pair) -> None:
     pair.pub_exec("CREATE TABLE t (id int primary key); CREATE PUBLICATION pub FOR TABLE t")
     pair.pub_exec(f"SELECT pg_create_logical_replication_slot('{pair.slot}', 'pgoutput')")
