@@ -168,11 +168,8 @@ def _fetched_bin(version: int) -> Path:
     def populate(tmp: Path) -> None:
         shutil.copytree(install, tmp / install.name, symlinks=True)
 
-    return (
-        _readable_copy(f"pg{install.name}", install, Path(install.name), populate)
-        / (install.name)
-        / "bin"
-    )
+    inner = Path(install.name)
+    return _readable_copy(f"pg{install.name}", install, inner, populate) / inner / "bin"
 
 
 def bin_dir(version: int) -> Path:
