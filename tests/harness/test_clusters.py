@@ -41,5 +41,5 @@ def test_pair_has_distinct_servers_and_fresh_databases(pair: Pair) -> None:
 
 @pytest.mark.parametrize("publisher", [14, 16, 17], indirect=True)
 def test_every_other_version_starts_and_decodes(publisher: tuple[LocalCluster, str]) -> None:
-    """14 and 17 (fetched by scripts/fetch-postgres) and 16 (pgserver) start as 15 and 18 do."""
+    """14, 16 and 17 (fetched by scripts/fetch-postgres) start as 15 and 18 do."""
     test_publisher_decodes_a_change_through_a_logical_slot(publisher)
