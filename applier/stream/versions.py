@@ -38,6 +38,10 @@ log = logging.getLogger("applier.stream")
 
 #: The oldest source with pgoutput.
 MIN_SOURCE = 10
+#: The oldest target applier runs on: the oldest release tested on real servers
+#: (README, "Supported PostgreSQL versions"; 14 is the oldest build that installs
+#: here). Nothing older is known to fail; it is refused because it is untested.
+MIN_TARGET = 14
 
 Snapshot = Literal["export", "nothing", "use"]
 _OLD_SNAPSHOT = {"export": "EXPORT_SNAPSHOT", "nothing": "NOEXPORT_SNAPSHOT", "use": "USE_SNAPSHOT"}
@@ -120,6 +124,16 @@ def check_source(server_version: int, *, failover: bool, binary: bool = False) -
         log.warning(
             "apply.binary needs a PostgreSQL 14+ source (it runs %d): values come as text",
             f.major,
+        )
+
+
+def check_target(server_version: int) -> None:
+    """Refuse (exit 2) a target older than :data:`MIN_TARGET`, before anything is written."""
+    if major(server_version) < MIN_TARGET:
+        raise ConfigError(
+            f"the target runs PostgreSQL {server_version}: applier supports targets "
+            f"{MIN_TARGET} and later",
+            hint=f"point [target] dsn at a PostgreSQL {MIN_TARGET} or later server",
         )
 
 

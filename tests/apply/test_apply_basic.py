@@ -6,9 +6,10 @@ import signal
 
 import pytest
 from applykit import Runner, origin_lsn, wait_equal, wait_for
-from conftest import Pair
+from conftest import CORE_PAIRS, SMOKE_PAIRS, Pair
 
 
+@pytest.mark.parametrize("pair", SMOKE_PAIRS, indirect=True)
 def test_insert_update_delete_default_identity(pair: Pair) -> None:
     pair.both("CREATE TABLE t (id int PRIMARY KEY, v text, n numeric)")
     pair.pub_exec("CREATE PUBLICATION pub FOR ALL TABLES")
@@ -76,6 +77,7 @@ def test_full_identity_duplicates_change_one_row(pair: Pair) -> None:
     assert runner.stop() == 0
 
 
+@pytest.mark.parametrize("pair", CORE_PAIRS, indirect=True)
 def test_toast_unchanged_and_large_values(pair: Pair) -> None:
     pair.both("CREATE TABLE t (id int PRIMARY KEY, big text, small int, bin bytea)")
     pair.pub_exec("ALTER TABLE t ALTER big SET STORAGE EXTERNAL")
@@ -91,6 +93,7 @@ def test_toast_unchanged_and_large_values(pair: Pair) -> None:
     assert runner.stop() == 0
 
 
+@pytest.mark.parametrize("pair", CORE_PAIRS, indirect=True)
 def test_truncate_options_and_skipped_tables(pair: Pair) -> None:
     pair.both(
         "CREATE TABLE a (id serial PRIMARY KEY, v int);"

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from applykit import Runner, table_rows, wait_for
 from conftest import Pair
 
@@ -34,6 +35,7 @@ def _rows(pair: Pair, table: str) -> list[Any]:
     return sorted((json.loads(r) for r in table_rows(pair.sub_exec, table)), key=lambda r: r["id"])
 
 
+@pytest.mark.parametrize("any_pair", ["15-15", "15-18", "18-18", "14-18", "17-18"], indirect=True)
 def test_default_policies_skip_missing_rows_and_stop_on_insert_exists(any_pair: Pair) -> None:
     """update/delete_missing are skipped and logged; insert_exists stops the worker with the
     conflict named and the command that skips its transaction; restarts record it once."""

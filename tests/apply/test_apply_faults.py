@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import pytest
 from applykit import Runner, wait_equal
-from conftest import Pair
+from conftest import CORE_PAIRS, Pair
 
 PGBENCH_SCRIPT = """
 \\set aid random(1, 100000 * :scale)
@@ -100,6 +100,7 @@ def test_walsender_terminated_mid_stream(pair: Pair) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("pair", CORE_PAIRS, indirect=True)
 def test_crash_sigkill_20_times(pair: Pair) -> None:
     """pgbench on the source while applier run is SIGKILLed >= 20 times: no loss, no duplicate."""
     _pgbench_setup(pair)

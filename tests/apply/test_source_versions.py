@@ -1,5 +1,5 @@
 """Source versions: failover slots on PostgreSQL 17+ (refused before), and a PostgreSQL 16
-source (the pgserver wheel) applied into 18."""
+source applied into 18."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ def setup_table(pair: Pair) -> None:
     pair.pub_exec("CREATE PUBLICATION pub FOR ALL TABLES")
 
 
-@pytest.mark.parametrize("any_pair", ["18-18"], indirect=True)
-def test_run_creates_a_failover_slot_on_18(any_pair: Pair) -> None:
+@pytest.mark.parametrize("any_pair", ["18-18", "17-18"], indirect=True)
+def test_run_creates_a_failover_slot_on_17_and_18(any_pair: Pair) -> None:
     pair = any_pair
     setup_table(pair)
     runner = Runner(pair, pair.write_config(source={"failover": True})).start().ready()

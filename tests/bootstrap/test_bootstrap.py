@@ -6,7 +6,7 @@ import itertools
 from typing import Any
 
 import pytest
-from conftest import Pair
+from conftest import SMOKE_PAIRS, Pair
 
 from applier.bootstrap.job import run_bootstrap
 from bootstrap.helpers import assert_same, load
@@ -19,6 +19,7 @@ def _slot_lsn(pair: Pair) -> str:
     return str(pair.pub_exec(q.format(pair.slot))[0][0])
 
 
+@pytest.mark.parametrize("pair", SMOKE_PAIRS, indirect=True)
 def test_bootstrap_copies_everything(pair: Pair, spark: Any) -> None:
     load(pair)
     cfg = pair.config(bootstrap={"slice_size": "64kB"})

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Pair
+from conftest import CORE_PAIRS, Pair
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "apply"))
 from applykit import ROOT, Runner, table_rows, wait_equal, wait_for
@@ -67,6 +67,7 @@ def test_cutover_without_a_worker_applies_in_process(pair: Pair) -> None:
     assert rep["verify"] == "not run"
 
 
+@pytest.mark.parametrize("pair", CORE_PAIRS, indirect=True)
 def test_cutover_with_a_running_worker_waits_for_it(pair: Pair) -> None:
     cfg, runner = _setup(pair)
     runner.start().ready()

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import subprocess
+
+import pytest
 from conftest import Pair
 
-from applier.localpg import LocalCluster
+from applier.localpg import LocalCluster, fetched_installs, installed_bin_dirs
 
 
 def test_publisher_decodes_a_change_through_a_logical_slot(
@@ -36,3 +39,31 @@ def test_pair_has_distinct_servers_and_fresh_databases(pair: Pair) -> None:
     assert pair.pub_exec("SELECT count(*) FROM pg_tables WHERE schemaname = 'public'") == [(0,)]
     assert pair.sub.execute("SHOW wal_level") == [("logical",)]
     assert int(pair.sub.execute("SHOW server_version_num")[0][0]) // 10000 == pair.sub.version
+
+
+@pytest.mark.parametrize("publisher", [14, 16, 17], indirect=True)
+def test_every_other_version_starts_and_decodes(publisher: tuple[LocalCluster, str]) -> None:
+    """14, 16 and 17 (fetched by scripts/fetch-postgres) start as 15 and 18 do."""
+    test_publisher_decodes_a_change_through_a_logical_slot(publisher)
+
+
+def test_fetched_builds_are_client_candidates() -> None:
+    """The bootstrap picks pg_dump/psql among installed_bin_dirs (bootstrap/clients.py):
+    the fetched 14, 16 and 17 are there, and their clients have SSL (the wheel's 18 has not)."""
+    dirs = installed_bin_dirs()
+    for major in (14, 16, 17):
+        install = fetched_installs()[major]
+        assert install / "bin" in dirs
+        out = subprocess.run(
+            [str(install / "bin" / "pg_dump"), "--version"], capture_output=True, text=True
+        ).stdout
+        assert f") {major}." in out
+        # SSL compiled in: the connection to a closed port fails on the port, not on SSL.
+        probe = "host=127.0.0.1 port=1 sslmode=require connect_timeout=2 dbname=x"
+        err = subprocess.run(
+            [str(install / "bin" / "psql"), "-X", f"--dbname={probe}", "-c", "SELECT 1"],
+            capture_output=True,
+            text=True,
+            stdin=subprocess.DEVNULL,
+        ).stderr
+        assert "not compiled in" not in err and "127.0.0.1" in err, err

@@ -6,7 +6,8 @@ import json
 import subprocess
 import sys
 
-from conftest import Pair
+import pytest
+from conftest import SMOKE_PAIRS, Pair
 
 from applier.schema import upgrade_target
 
@@ -19,6 +20,7 @@ def _status(cfg_path: str) -> tuple[int, dict[str, object], str]:
     return proc.returncode, json.loads(proc.stdout or "{}"), proc.stderr
 
 
+@pytest.mark.parametrize("pair", SMOKE_PAIRS, indirect=True)
 def test_status_reports_slot_origin_and_lag(pair: Pair) -> None:
     pair.pub_exec("CREATE TABLE t (id int primary key); CREATE PUBLICATION pub FOR TABLE t")
     pair.pub_exec(f"SELECT pg_create_logical_replication_slot('{pair.slot}', 'pgoutput')")
@@ -158,3 +160,39 @@ def test_status_counts_conflicts_and_prints_the_command_that_skips_the_failed_tx
     )
     _, st, _ = _status(str(cfg))
     assert st["skip_command"] is None
+
+
+#: pg_replication_slots and pg_stat_replication as PostgreSQL 10 and 11 have them (no
+#: wal_status, safe_wal_size (13) nor reply_time (12)), laid over the real ones.
+_PRE_12_CATALOG = """
+CREATE SCHEMA pg11;
+CREATE VIEW pg11.pg_replication_slots AS
+  SELECT slot_name, plugin, slot_type, datoid, database, temporary, active, active_pid,
+         xmin, catalog_xmin, restart_lsn, confirmed_flush_lsn
+  FROM pg_catalog.pg_replication_slots;
+CREATE VIEW pg11.pg_stat_replication AS
+  SELECT pid, usesysid, usename, application_name, client_addr, client_hostname,
+         client_port, backend_start, backend_xmin, state, sent_lsn, write_lsn, flush_lsn,
+         replay_lsn, write_lag, flush_lag, replay_lag, sync_priority, sync_state
+  FROM pg_catalog.pg_stat_replication;
+"""
+
+
+@pytest.mark.parametrize("pair", ["15-18"], indirect=True)  # the catalog is emulated
+def test_status_on_a_source_without_wal_status(pair: Pair) -> None:
+    """Sources 10 to 12 have no wal_status and safe_wal_size (10, 11 no reply_time):
+    status reads them as unknown instead of failing on the slot query."""
+    pair.pub_exec("CREATE TABLE t (id int primary key); CREATE PUBLICATION pub FOR TABLE t")
+    pair.pub_exec(f"SELECT pg_create_logical_replication_slot('{pair.slot}', 'pgoutput')")
+    pair.pub_exec(_PRE_12_CATALOG)
+    upgrade_target(pair.sub_dsn)
+    pair.sub_exec(f"SELECT pg_replication_origin_create('{pair.slot}')")
+    # The session finds the old-shaped views first, as on an old server.
+    old_dsn = f"{pair.pub_dsn} options='-c search_path=pg11,pg_catalog'"
+    cfg = pair.write_config(source={"dsn": old_dsn})
+    rc, st, err = _status(str(cfg))
+    assert rc == 4 and st["health"] == "not_running", (st, err)
+    slot = st["slot"]
+    assert isinstance(slot, dict), st
+    assert slot["wal_status"] is None and slot["safe_wal_size"] is None
+    assert slot["confirmed_flush_lsn"] is not None

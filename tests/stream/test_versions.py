@@ -11,6 +11,7 @@ from applier.errors import ConfigError
 from applier.stream.client import StreamOptions, negotiate
 from applier.stream.versions import (
     check_source,
+    check_target,
     create_slot_sql,
     features,
     max_proto_version,
@@ -82,6 +83,18 @@ def test_check_source_refuses_before_10_and_warns_binary(caplog: pytest.LogCaptu
     with caplog.at_level(logging.WARNING, "applier.stream"):
         check_source(sv(13), failover=False, binary=True)
     assert "values come as text" in caplog.text
+
+
+@pytest.mark.parametrize("major", MAJORS)
+def test_check_target_refuses_before_14(major: int) -> None:
+    """14 is the oldest target tested on real servers (the 18-14 pair); 10..13 are refused."""
+    if major >= 14:
+        check_target(sv(major))
+        return
+    with pytest.raises(ConfigError) as e:
+        check_target(sv(major))
+    assert e.value.exit_code == 2
+    assert f"the target runs PostgreSQL {sv(major)}: applier supports targets 14" in str(e.value)
 
 
 @pytest.mark.parametrize("major", MAJORS)

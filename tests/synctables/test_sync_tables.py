@@ -43,7 +43,7 @@ def _assert_done(pair: Pair, runner: Runner, writer: Writer) -> None:
     assert runner.stop() == 0
 
 
-@pytest.mark.parametrize("pair", ["15-15"], indirect=True)
+@pytest.mark.parametrize("pair", ["15-15", "14-18", "17-18"], indirect=True)
 def test_added_table_copied_while_everything_streams(pair: Pair) -> None:
     runner, writer, cfg = _started(pair)
     proc = sync_tables(cfg)
