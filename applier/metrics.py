@@ -42,7 +42,8 @@ What the numbers mean
   unreachable source only makes the scrape slower (bounded) and the metric
   absent. (From the worker loop it would cost the loop a round trip to the
   source, or a thread anyway.)
-* ``applier_reconnects_total{side}``: faults the worker retried, by the server
+* ``applier_reconnects_total{side}``: reconnection attempts after a fault (a
+  fault retried every second for a minute counts each attempt), by the server
   whose connection failed, told by where the error was raised: the replication
   stream's code (``applier.stream``) is ``source``, a spool file ``local``,
   anything else (apply session, catalog and status connections) ``target``.
@@ -238,7 +239,7 @@ class WorkerCollector(Collector):
         )
         yield _counter(
             "applier_reconnects",
-            "Faults retried by reconnecting, by the side that failed (source, target, local)",
+            "Reconnection attempts after faults, by the side that failed (source, target, local)",
             ["side"],
             {(side,): n for side, n in {"source": 0, "target": 0, **w.reconnects}.items()},
         )

@@ -350,8 +350,7 @@ class Worker:
                 }
             },
         )
-        if exc is not None and first:
-            # A fault, not an attempt: while it is young the retries come every second.
+        if exc is not None:
             count_fault(self.reconnects, exc)
         if exc is not None and self.status is not None:
             self.status.retrying(exc)
