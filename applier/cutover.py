@@ -55,6 +55,7 @@ from .config import Config
 from .errors import EXIT_USAGE, ApplierError, ConfigError, PermanentError
 from .health import HEALTHY
 from .lsn import Lsn
+from .refusal import raise_refusal
 
 log = logging.getLogger("applier.cutover")
 
@@ -265,10 +266,17 @@ def _positions(cfg: Config) -> tuple[str | None, str | None, list[str]]:
     from .apply.origin import origin_progress, prepared_gids
 
     try:
-        with psycopg.connect(cfg.target.conninfo(), autocommit=True, connect_timeout=30) as tgt:
+        tgt_ci, src_ci = cfg.target.conninfo(), cfg.source.conninfo()
+        with (
+            raise_refusal("target", tgt_ci),
+            psycopg.connect(tgt_ci, autocommit=True, connect_timeout=30) as tgt,
+        ):
             progress = origin_progress(tgt, cfg.origin)
             gids = sorted(prepared_gids(tgt, f"applier_{cfg.origin}_"))
-        with psycopg.connect(cfg.source.conninfo(), autocommit=True, connect_timeout=30) as src:
+        with (
+            raise_refusal("source", src_ci),
+            psycopg.connect(src_ci, autocommit=True, connect_timeout=30) as src,
+        ):
             row = src.execute(
                 "SELECT confirmed_flush_lsn::text FROM pg_catalog.pg_replication_slots "
                 "WHERE slot_name = %s",

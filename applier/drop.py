@@ -52,6 +52,7 @@ from .config import Config
 from .errors import PermanentError, TransientError
 from .health import STALE_INTERVALS
 from .redact import redact_dsn
+from .refusal import raise_refusal
 
 Conn = psycopg.Connection[Any]
 
@@ -141,9 +142,10 @@ def _sides(
 
 def _connect(conninfo: str, side: str, conns: list[Conn]) -> Conn:
     try:
-        conn = psycopg.connect(
-            conninfo, autocommit=True, connect_timeout=10, application_name="applier drop"
-        )
+        with raise_refusal(side, conninfo):
+            conn = psycopg.connect(
+                conninfo, autocommit=True, connect_timeout=10, application_name="applier drop"
+            )
     except psycopg.Error as e:
         raise TransientError(
             f"{side} unreachable ({redact_dsn(conninfo)}): {_first_line(e)}",

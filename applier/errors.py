@@ -132,6 +132,11 @@ class BootstrapError(ApplierError):
     """The bootstrap cannot go on; a rerun continues where it stopped."""
 
 
+class BootstrapRefused(BootstrapError, PermanentError):
+    """The bootstrap refuses what it found (non-empty or lacking target tables, a slot
+    that exists, a pg_dump too old for the source): exit 3, a rerun finds it again."""
+
+
 class AlreadyBootstrapped(BootstrapError):
     """The slot's bootstrap is done: `applier bootstrap --if-needed` exits 0 on it."""
 

@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from .config import Config
-from .errors import ApplierError, ConfigError, PermanentError
+from .errors import ApplierError, ConnectionLost, PermanentError
 from .redact import redact_dsn
+from .refusal import raise_refusal
 
 if TYPE_CHECKING:
     from alembic.config import Config as AlembicConfig
@@ -142,11 +143,12 @@ def _refuse_unknown_revision(current: str | None, cfg: AlembicConfig) -> None:
 
 def _connect(conninfo: str) -> Any:
     try:
-        conn = psycopg.connect(conninfo)
+        with raise_refusal("target", conninfo):
+            conn = psycopg.connect(conninfo)
     except psycopg.OperationalError as e:
-        raise ConfigError(
+        raise ConnectionLost(
             f"cannot connect to the target ({redact_dsn(conninfo)}): {str(e).strip()}",
-            hint="check [target] dsn and that the server is up",
+            hint="check that the target server is up and reachable",
         ) from None
     _pin(conn)
     return conn

@@ -44,6 +44,7 @@ from .config import Config, _check_table_pattern
 from .errors import ConfigError, PermanentError, TransientError
 from .lsn import Lsn
 from .redact import redact_dsn
+from .refusal import raise_refusal
 
 KINDS = ("object", "txn", "error")
 OPS = ("insert", "update", "delete", "truncate")
@@ -208,7 +209,7 @@ def target(cfg: Config, *, write: bool) -> Iterator[psycopg.Connection[Any]]:
     other refusal (privileges, say) permanent (exit 3).
     """
     conninfo = cfg.target.conninfo()
-    with _target_errors(conninfo):
+    with _target_errors(conninfo), raise_refusal("target", conninfo):
         conn = psycopg.connect(
             conninfo, autocommit=True, connect_timeout=10, application_name="applier skip"
         )

@@ -37,6 +37,7 @@ from .errors import ApplierError
 from .health import assess
 from .lsn import Lsn
 from .redact import redact_dsn
+from .refusal import raise_refusal
 
 SLOT_SQL = """
 SELECT s.slot_name, s.plugin, s.active, s.active_pid, s.wal_status,
@@ -140,14 +141,20 @@ def collect(cfg: Config) -> Status:
     return st
 
 
-def _query(conninfo: str, sql: str, arg: str) -> dict[str, Any] | None:
-    with psycopg.connect(conninfo, connect_timeout=5, autocommit=True) as conn:
+def _connect(conninfo: str, side: str) -> psycopg.Connection[Any]:
+    """A refused connection is bad configuration (exit 2), not "unreachable" (1)."""
+    with raise_refusal(side, conninfo):
+        return psycopg.connect(conninfo, connect_timeout=5, autocommit=True)
+
+
+def _query(conninfo: str, sql: str, arg: str, side: str) -> dict[str, Any] | None:
+    with _connect(conninfo, side) as conn:
         return conn.cursor(row_factory=dict_row).execute(sql, (arg,)).fetchone()
 
 
 def _source_side(cfg: Config, st: Status) -> None:
     try:
-        st.slot = _query(cfg.source.conninfo(), SLOT_SQL, cfg.source.slot)
+        st.slot = _query(cfg.source.conninfo(), SLOT_SQL, cfg.source.slot, "source")
     except psycopg.Error as e:
         st.source_reachable = False
         st.errors.append(f"source unreachable ({redact_dsn(cfg.source.dsn)}): {_first_line(e)}")
@@ -162,8 +169,8 @@ def _source_side(cfg: Config, st: Status) -> None:
 def _target_side(cfg: Config, st: Status) -> None:
     conninfo = cfg.target.conninfo()
     try:
-        st.origin_progress = _query(conninfo, ORIGIN_SQL, cfg.origin)
-        with psycopg.connect(conninfo, connect_timeout=5, autocommit=True) as conn:
+        st.origin_progress = _query(conninfo, ORIGIN_SQL, cfg.origin, "target")
+        with _connect(conninfo, "target") as conn:
             has_schema = conn.execute("SELECT to_regclass('applier.worker_status')").fetchone()
             if has_schema and has_schema[0] is not None:
                 st.worker = (

@@ -62,6 +62,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from applier.errors import ConnectionLost
 from applier.redact import redact_dsn
+from applier.refusal import refusal
 
 log = logging.getLogger("applier.apply")
 
@@ -349,6 +350,9 @@ def connect(
             connect_timeout=CONNECT_TIMEOUT, **kw,
         )  # fmt: skip
     except psycopg.OperationalError as e:
+        refused = refusal(e, "target", conninfo)
+        if refused is not None:
+            raise refused from None
         raise ConnectionLost(
             f"cannot connect to the target ({redact_dsn(conninfo)}): {str(e).strip()}",
             hint="check [target] dsn and that the server is up; applier run retries",

@@ -78,6 +78,7 @@ from applier.protocol import (
     StreamCommit,
     StreamPrepare,
 )
+from applier.refusal import raise_refusal
 
 from .states import IDLE
 
@@ -182,10 +183,14 @@ class Until:
 
 def current_wal_lsn(cfg: Config) -> Lsn:
     """The source's ``pg_current_wal_lsn()`` now (``run --until-caught-up``, cutover)."""
+    conninfo = cfg.source.conninfo()
     try:
-        with psycopg.connect(
-            cfg.source.conninfo(), autocommit=True, application_name="applier", connect_timeout=30
-        ) as conn:
+        with (
+            raise_refusal("source", conninfo),
+            psycopg.connect(
+                conninfo, autocommit=True, application_name="applier", connect_timeout=30
+            ) as conn,
+        ):
             row = conn.execute("SELECT pg_catalog.pg_current_wal_lsn()::text").fetchone()
     except psycopg.Error as e:
         raise SourceError(

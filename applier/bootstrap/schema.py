@@ -34,7 +34,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from ..errors import BootstrapError
+from ..errors import BootstrapError, BootstrapRefused
 from .clients import program
 from .plan import quote_qual
 from .sessions import child_connection
@@ -61,9 +61,22 @@ def dump(
         args.append(f"--dbname={child.dbname}")
         proc = subprocess.run(args, env=child.env, capture_output=True, text=True)
     if proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or ["(no message)"])[-1]
-        raise BootstrapError(f"pg_dump of the source schema failed: {last}")
+        raise dump_failure(proc.stderr)
     return proc.stdout
+
+
+def dump_failure(stderr: str) -> BootstrapError:
+    """pg_dump's failure as one line; a pg_dump older than the source is permanent (exit 3):
+    rerunning picks the same program (:mod:`.clients` picks the newest there is)."""
+    lines = stderr.strip().splitlines() or ["(no message)"]
+    if any("server version mismatch" in line for line in lines):
+        detail = next((ln for ln in lines if "server version:" in ln), lines[-1])
+        return BootstrapRefused(
+            f"pg_dump is older than the source: {detail.removeprefix('pg_dump: detail: ')}",
+            hint="install the PostgreSQL client tools of the source's major version or newer "
+            "(pg_dump refuses newer servers)",
+        )
+    return BootstrapError(f"pg_dump of the source schema failed: {lines[-1]}")
 
 
 _SET = re.compile(r"^SET\s+(\w+)\s*=")

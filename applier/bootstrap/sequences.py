@@ -21,6 +21,7 @@ from psycopg import sql
 from ..config import Config
 from ..errors import BootstrapError, SourceError
 from ..redact import redact_dsn
+from ..refusal import raise_refusal
 from .plan import discover, quote_qual
 from .sessions import pin_target
 
@@ -97,7 +98,8 @@ def connect(conninfo: str, side: str) -> Conn:
     A target session is pinned (formats, timeouts, isolation: :mod:`.sessions`).
     """
     try:
-        conn = psycopg.connect(conninfo, autocommit=True, application_name="applier-bootstrap")
+        with raise_refusal(side, conninfo):
+            conn = psycopg.connect(conninfo, autocommit=True, application_name="applier-bootstrap")
         if side == "target":
             pin_target(conn)
         return conn

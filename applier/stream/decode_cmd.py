@@ -63,6 +63,7 @@ from applier.protocol import (
     TupleData,
     Update,
 )
+from applier.refusal import check_publications
 from applier.stream.client import LogicalStream, StreamOptions
 from applier.stream.replconn import CREATE_HINT, ReplicationConnection
 
@@ -98,6 +99,7 @@ def run_decode(
     conn = ReplicationConnection.open(cfg.source.conninfo(), application_name="applier-decode")
     try:
         two_phase = _slot_two_phase(conn, slot, cfg.apply.two_phase)
+        check_publications(cfg.source.publications, conn.publications())
     except BaseException:
         conn.close()
         raise

@@ -44,6 +44,7 @@ from applier.errors import (
 )
 from applier.lsn import Lsn
 from applier.redact import redact_dsn
+from applier.refusal import refusal
 from applier.stream import versions
 
 __all__ = [
@@ -261,6 +262,9 @@ class ReplicationConnection:
                 connect_timeout=connect_timeout,
             )
         except psycopg.Error as e:
+            refused = refusal(e, "source", conninfo)
+            if refused is not None:
+                raise refused from None
             err = error_from_psycopg(e, where=f"cannot open a replication connection to {redacted}")
             raise err from None
         log.debug("replication connection open", extra={"ctx": {"dsn": redacted}})
@@ -279,6 +283,10 @@ class ReplicationConnection:
             return cur.fetchall() if cur.description else []
         except psycopg.Error as e:
             raise error_from_psycopg(e, slot=slot, where=where) from None
+
+    def publications(self) -> list[str]:
+        """The names of the database's publications (checked before streaming)."""
+        return [str(r[0]) for r in self.command("SELECT pubname FROM pg_catalog.pg_publication")]
 
     def identify_system(self) -> SystemInfo:
         systemid, timeline, xlogpos, dbname = self.command("IDENTIFY_SYSTEM")[0]

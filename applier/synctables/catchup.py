@@ -22,6 +22,7 @@ from ..apply.worker import Worker
 from ..config import Config
 from ..errors import ApplierError, PermanentError
 from ..lsn import Lsn
+from ..refusal import raise_refusal
 
 log = logging.getLogger(__name__)
 Conn = psycopg.Connection[Any]
@@ -133,7 +134,9 @@ class CatchUp(Worker):
     def _worker_position(self) -> Lsn | None:
         """The worker's slot's confirmed position on the source (None: no such slot)."""
         if self._src is None:
-            self._src = psycopg.connect(self.main.source.conninfo(), autocommit=True)
+            conninfo = self.main.source.conninfo()
+            with raise_refusal("source", conninfo):
+                self._src = psycopg.connect(conninfo, autocommit=True)
         row = self._src.execute(
             "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
             (self.main.source.slot,),

@@ -63,6 +63,7 @@ from ..bootstrap.sessions import FORMAT_SETTINGS
 from ..errors import PermanentError
 from ..lsn import Lsn
 from ..redact import redact_dsn
+from ..refusal import raise_refusal
 from .ranges import Bound, KeyRange, VTable, bucket_of, key_text, range_where, relation
 
 Conn = psycopg.Connection[Any]
@@ -77,9 +78,13 @@ def connect(conninfo: str, side: str, statement_timeout: float) -> Conn:
     try:
         # No server-side prepared statements: a generic plan of a range query
         # does not know how narrow the range is and may scan the whole table.
-        conn = psycopg.connect(
-            conninfo, autocommit=True, application_name="applier-verify", prepare_threshold=None
-        )
+        with raise_refusal(side, conninfo):
+            conn = psycopg.connect(
+                conninfo,
+                autocommit=True,
+                application_name="applier-verify",
+                prepare_threshold=None,
+            )
     except psycopg.OperationalError as e:
         first = str(e).strip().splitlines()[-1] if str(e).strip() else "connection failed"
         raise VerifyError(
