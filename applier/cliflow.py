@@ -97,10 +97,15 @@ def verify(
     help="Seconds to wait for `applier run` to take a caught-up table over.",
 )
 @click.option("--quiet", is_flag=True, help="No live progress display.")
+@click.option(
+    "--without-worker",
+    is_flag=True,
+    help="Copy even though no `applier run` is running; wait --timeout for one to take over.",
+)
 @exits_cleanly
 def sync_tables(
     config_path: Path | None, patterns: tuple[str, ...], truncate: bool, timeout: float,
-    quiet: bool,
+    quiet: bool, without_worker: bool,
 ) -> int:  # fmt: skip
     """Copy tables added to the publication while `applier run` streams everything else.
 
@@ -109,6 +114,15 @@ def sync_tables(
     snapshot (a Spark job, as bootstrap), caught up from its own slot, and
     handed over to the running worker at a transaction boundary; its state is
     in applier.table_sync. Rerun after a crash: it continues where it stopped.
+
+    \b
+    Exit codes:
+      0  every table copied and handed over (or nothing to copy)
+      1  a failure that may pass (a server unreachable), or --timeout passed
+         waiting for the worker to take a table over; rerun to continue
+      2  bad configuration or usage, a server refuses what the config names
+      3  no `applier run` is running to hand over to (checked before any
+         copy; --without-worker skips the check), or a table it cannot copy
     """
     from .extras import require_spark
 
@@ -116,8 +130,9 @@ def sync_tables(
     from .synctables.command import run_sync_tables
 
     return run_sync_tables(
-        load_cfg(config_path), list(patterns), truncate=truncate, timeout=timeout, quiet=quiet
-    )
+        load_cfg(config_path), list(patterns), truncate=truncate, timeout=timeout, quiet=quiet,
+        without_worker=without_worker,
+    )  # fmt: skip
 
 
 @click.command()
