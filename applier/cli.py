@@ -246,7 +246,8 @@ def status(config_path: Path | None, as_json: bool) -> int:
     Exit codes (status's own; when several hold, the first of 1, 5, 3, 4):
       0  healthy: the worker runs (heartbeat fresh), slot fine
       1  the source or the target is unreachable
-      2  bad configuration or usage
+      2  bad configuration or usage, or a server refuses what the config
+         names (wrong password, no such role or database)
       3  the worker stopped on an error (printed, with what to do)
       4  no worker running, or its heartbeat is stale (older than three
          [apply] status_interval: killed or hung)
