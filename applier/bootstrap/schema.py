@@ -156,7 +156,7 @@ def missing_types(src: Conn, tgt: Conn, tables: Iterable[tuple[str, str]]) -> li
         if tgt.execute("SELECT to_regtype(%s)", (qual,)).fetchone() != (None,):
             continue
         if not ext and kind != "e":
-            raise BootstrapError(
+            raise BootstrapRefused(
                 f"type {nsp}.{typ} used by the copied tables does not exist on the target",
                 hint="create it on the target (same definition as on the source) and rerun",
             )
@@ -178,7 +178,7 @@ def _create_extension(tgt: Conn, ext: str, qual: str) -> None:
         tgt.execute(sql.SQL("CREATE EXTENSION IF NOT EXISTS {}").format(sql.Identifier(ext)))
     except psycopg.Error as e:
         first = str(e).strip().splitlines()[0]
-        raise BootstrapError(
+        raise BootstrapRefused(
             f"type {qual} (extension {ext}) is missing on the target and CREATE EXTENSION "
             f"failed: {first}",
             hint=f"install extension {ext} on the target server and rerun",
