@@ -13,7 +13,8 @@ restart); only that branch is retried.
 
 Exit codes mean the same in every command (``EXIT_*`` below): 0 ok, 1 a
 transient failure (a restart may cure it: systemd restarts), 2 bad
-configuration or usage, 3 an error that a restart will not fix
+configuration or usage (also a server refusing what the config names:
+:mod:`applier.refusal`), 3 an error that a restart will not fix
 (:class:`PermanentError`: an apply error, a missing slot, a different
 source); ``conf/applier.service`` has ``RestartPreventExitStatus=2 3``.
 """
