@@ -55,7 +55,8 @@ def cli() -> None:
       0  stopped cleanly
       1  transient failure: a restart may cure it (systemd restarts)
       2  bad configuration or usage, or a missing extra (the error names
-         the pip install, e.g. 'pg-applier[spark]' for bootstrap)
+         the pip install, e.g. 'pg-applier[spark]' for bootstrap), or a server
+         refuses what the config names (password, role, database, publication)
       3  stopped on an error a restart will not fix (apply error, slot
          missing, wrong source, unfinished bootstrap): a person must act
     """
@@ -100,10 +101,12 @@ def run(
     \b
     Exit codes:
       0  stopped by SIGTERM/SIGINT, or the --until position reached
-      1  a failure that may pass (target unreachable at start, a source
-         refusal such as a missing publication); systemd restarts it.
-         Connection losses while running are retried in-process.
-      2  bad configuration or usage
+      1  a failure that may pass (a server unreachable or starting up at
+         start); systemd restarts it. Connection losses while running are
+         retried in-process.
+      2  bad configuration or usage, or a server refuses what the config
+         names: wrong password, no such role or database, no pg_hba.conf
+         line, a publication the source lacks
       3  a restart will not fix it: the target refused a change, the slot is
          missing or not applier's, the source is another one, a bootstrap of
          the slot is unfinished; the error line says what to do
@@ -243,7 +246,8 @@ def status(config_path: Path | None, as_json: bool) -> int:
     Exit codes (status's own; when several hold, the first of 1, 5, 3, 4):
       0  healthy: the worker runs (heartbeat fresh), slot fine
       1  the source or the target is unreachable
-      2  bad configuration or usage
+      2  bad configuration or usage, or a server refuses what the config
+         names (wrong password, no such role or database)
       3  the worker stopped on an error (printed, with what to do)
       4  no worker running, or its heartbeat is stale (older than three
          [apply] status_interval: killed or hung)

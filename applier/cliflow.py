@@ -33,6 +33,12 @@ from .cliutil import config_option, exits_cleanly, load_cfg
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option(
+    "--strict-sequences",
+    is_flag=True,
+    help="A sequence behind the source is a difference even while `applier run` replicates "
+    "(by default it is reported as not yet synced: sync-sequences copies them at cutover).",
+)
+@click.option(
     "--diff-out",
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
@@ -45,6 +51,7 @@ def verify(
     chunk_rows: int | None,
     rounds: int,
     as_json: bool,
+    strict_sequences: bool,
     diff_out: Path | None,
 ) -> int:
     """Compare the target with the source, data and schema, while writes go on (Spark job).
@@ -54,9 +61,13 @@ def verify(
     later rounds so that rows still in flight are not reported, and compares
     tables, columns, keys, indexes, constraints and sequences.
 
+    While a worker replicates, sequences behind the source are reported as
+    not yet synced (sync-sequences copies them at cutover) and do not count
+    as differences, unless --strict-sequences.
+
     \b
     Exit codes:
-      0  equal
+      0  equal (sequences not yet synced are listed, not counted)
       1  differences found
       2  bad configuration or usage, or the spark extra missing
       3  the verify could not complete (a server, a query or Spark failed)
@@ -76,6 +87,7 @@ def verify(
         rounds=rounds,
         as_json=as_json,
         diff_out=diff_out,
+        strict_sequences=strict_sequences,
     )
 
 
@@ -97,10 +109,15 @@ def verify(
     help="Seconds to wait for `applier run` to take a caught-up table over.",
 )
 @click.option("--quiet", is_flag=True, help="No live progress display.")
+@click.option(
+    "--without-worker",
+    is_flag=True,
+    help="Copy even though no `applier run` is running; wait --timeout for one to take over.",
+)
 @exits_cleanly
 def sync_tables(
     config_path: Path | None, patterns: tuple[str, ...], truncate: bool, timeout: float,
-    quiet: bool,
+    quiet: bool, without_worker: bool,
 ) -> int:  # fmt: skip
     """Copy tables added to the publication while `applier run` streams everything else.
 
@@ -109,6 +126,15 @@ def sync_tables(
     snapshot (a Spark job, as bootstrap), caught up from its own slot, and
     handed over to the running worker at a transaction boundary; its state is
     in applier.table_sync. Rerun after a crash: it continues where it stopped.
+
+    \b
+    Exit codes:
+      0  every table copied and handed over (or nothing to copy)
+      1  a failure that may pass (a server unreachable), or --timeout passed
+         waiting for the worker to take a table over; rerun to continue
+      2  bad configuration or usage, a server refuses what the config names
+      3  no `applier run` is running to hand over to (checked before any
+         copy; --without-worker skips the check), or a table it cannot copy
     """
     from .extras import require_spark
 
@@ -116,8 +142,9 @@ def sync_tables(
     from .synctables.command import run_sync_tables
 
     return run_sync_tables(
-        load_cfg(config_path), list(patterns), truncate=truncate, timeout=timeout, quiet=quiet
-    )
+        load_cfg(config_path), list(patterns), truncate=truncate, timeout=timeout, quiet=quiet,
+        without_worker=without_worker,
+    )  # fmt: skip
 
 
 @click.command()

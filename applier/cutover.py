@@ -33,8 +33,9 @@ Steps
 4. Report the target's prepared transactions of this origin left open (a
    PREPARE before X whose COMMIT PREPARED has not come: finish it on the
    source, then rerun).
-5. ``--verify``: one round of :func:`applier.verify.compare`; the report names
-   the tables that differ and how (rows, schema).
+5. ``--verify``: one round of :func:`applier.verify.compare`, with the strict
+   check of sequences (step 3 synced them); the report names the tables that
+   differ and how (rows, schema, sequences).
 6. Print the report and what to do next (``--json``: the same as one object).
 
 Exit codes as for ``verify``: 0 caught up (and equal with ``--verify``), 1
@@ -328,7 +329,8 @@ def _verify(cfg: Config, rep: Report) -> int:
     from .verify import compare  # its heavy parts (Spark) are imported when it runs
 
     try:
-        report = compare(cfg, rounds=1)
+        # Strict: the sequences were synced just before, so one behind is a real difference.
+        report = compare(cfg, rounds=1, strict_sequences=True)
     except ApplierError as e:
         rep.verify = f"could not complete: {e}"
         return EXIT_INCOMPLETE

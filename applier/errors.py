@@ -13,7 +13,8 @@ restart); only that branch is retried.
 
 Exit codes mean the same in every command (``EXIT_*`` below): 0 ok, 1 a
 transient failure (a restart may cure it: systemd restarts), 2 bad
-configuration or usage, 3 an error that a restart will not fix
+configuration or usage (also a server refusing what the config names:
+:mod:`applier.refusal`), 3 an error that a restart will not fix
 (:class:`PermanentError`: an apply error, a missing slot, a different
 source); ``conf/applier.service`` has ``RestartPreventExitStatus=2 3``.
 """
@@ -130,6 +131,11 @@ class SchemaMismatch(ApplyError):
 
 class BootstrapError(ApplierError):
     """The bootstrap cannot go on; a rerun continues where it stopped."""
+
+
+class BootstrapRefused(BootstrapError, PermanentError):
+    """The bootstrap refuses what it found (non-empty or lacking target tables, a slot
+    that exists, a pg_dump too old for the source): exit 3, a rerun finds it again."""
 
 
 class AlreadyBootstrapped(BootstrapError):

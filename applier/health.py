@@ -19,7 +19,8 @@ code  health           when
 When several hold, the first in the table's order wins (1, 5, 3, 4): a
 server that cannot be reached hides the rest; a lost slot needs a
 re-bootstrap whatever the worker does, so it outranks the worker's error.
-2 stays bad configuration or usage, as for every command.
+2 stays bad configuration or usage, as for every command, and a server that
+refuses the config (:mod:`applier.refusal`) is 2, not "unreachable".
 
 The heartbeat's age is measured by the target's clock (``now() -
 heartbeat_at`` in the query), so clock skew between hosts does not matter.

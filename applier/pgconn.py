@@ -55,6 +55,8 @@ from typing import Any, Literal, TypeVar, overload
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from .refusal import refusal
+
 __all__ = [
     "PINNED",
     "VERSIONED",
@@ -207,7 +209,10 @@ def connect(
     ``replication`` opens a ``replication=database`` connection; ``extra`` are
     settings of the caller's that override the pinned ones (a verify's own
     statement_timeout, the server side of keepalives); ``kw`` go to psycopg.
-    Raises psycopg's errors as they are: each caller says what failed its way.
+    A server's refusal of what the config names (a wrong password, a missing role
+    or database, no pg_hba.conf line) raises :class:`applier.refusal.ConnectRefused`
+    (exit 2); other errors are psycopg's as they are: each caller says what failed
+    its way.
     """
     if replication:
         kw["replication"] = "database"
@@ -225,6 +230,11 @@ def connect(
             break
         except psycopg.OperationalError as e:
             if version is not None or (name := _unknown_versioned(e, pinned)) is None:
+                # A refusal (password, role, database, pg_hba) is the config's fault:
+                # one place decides, for every command (applier.refusal).
+                refused = refusal(e, side, conninfo)
+                if refused is not None:
+                    raise refused from None
                 raise
             log.debug("the %s server lacks %s; connecting without it", side, name)
             del pinned[name]

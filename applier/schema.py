@@ -20,7 +20,7 @@ import psycopg
 
 from . import pgconn
 from .config import Config
-from .errors import ApplierError, ConfigError, PermanentError
+from .errors import ApplierError, ConfigError, ConnectionLost, PermanentError
 from .redact import redact_dsn
 from .stream.versions import check_target
 
@@ -155,9 +155,9 @@ def _connect(conninfo: str) -> Any:
     try:
         conn = pgconn.connect(conninfo, side="target", purpose="applier migrate", autocommit=False)
     except psycopg.OperationalError as e:
-        raise ConfigError(
+        raise ConnectionLost(
             f"cannot connect to the target ({redact_dsn(conninfo)}): {str(e).strip()}",
-            hint="check [target] dsn and that the server is up",
+            hint="check that the target server is up and reachable",
         ) from None
     try:
         check_target(conn.info.server_version)

@@ -237,12 +237,14 @@ def make_pair(pool: ClusterPool, tmp_path: Path) -> Iterator[Callable[..., Pair]
     made: list[Pair] = []
 
     def make(pub_version: int = 15, sub_version: int = 15, **kw: Any) -> Pair:
-        # pub_hba / pub_files: see LocalCluster (e.g. a TLS-only, password-only source).
+        # pub_hba / sub_hba / pub_files: see LocalCluster (e.g. a TLS-only, password-only source).
         pub = pool.dedicated(
             "pub", pub_version, settings=kw.get("pub_settings"),
             hba=kw.get("pub_hba", ()), files=kw.get("pub_files"),
         )  # fmt: skip
-        sub = pool.dedicated("sub", sub_version, settings=kw.get("sub_settings"))
+        sub = pool.dedicated(
+            "sub", sub_version, settings=kw.get("sub_settings"), hba=kw.get("sub_hba", ())
+        )
         p = _new_pair(pub, sub, tmp_path)
         made.append(p)
         return p

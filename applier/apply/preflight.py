@@ -15,6 +15,10 @@ pass:
 0. **The source's version can do what the config asks**
    (:func:`applier.stream.versions.check_source`): ``[source] failover``
    needs PostgreSQL 17+, else :class:`~applier.errors.ConfigError`, exit 2.
+   **The publications exist** (:func:`applier.refusal.check_publications`):
+   pgoutput looks them up only when the first change arrives, so a
+   misspelled name would pass START_REPLICATION, log "connected" and fail
+   later; refused here (exit 2), naming the missing and the existing ones.
 1. **No unfinished bootstrap of the slot** (``applier.bootstrap_run`` phase
    other than ``done``). Applying onto half-copied tables drops UPDATEs of
    rows not copied yet as "missing" and confirms positions; the bootstrap's
@@ -73,6 +77,7 @@ from applier.errors import (
     SourceMismatch,
 )
 from applier.lsn import Lsn
+from applier.refusal import check_publications
 from applier.stream import versions
 from applier.stream.replconn import ReplicationConnection, SlotState, SystemInfo
 
@@ -94,6 +99,7 @@ def check_before_streaming(
     versions.check_source(
         repl.server_version, failover=cfg.source.failover, binary=cfg.apply.binary
     )
+    check_publications(cfg.source.publications, repl.publications())
     check_no_unfinished_bootstrap(target, slot)
     info = repl.identify_system()
     check_source(target, repl, origin, slot, info, progress)

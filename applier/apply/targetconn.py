@@ -319,7 +319,7 @@ def connect(
             ci, side="target", purpose=application_name, connect_timeout=CONNECT_TIMEOUT,
             extra=server_keepalives(timeout), connection_class=GuardedConnection, **kw,
         )  # fmt: skip
-    except psycopg.OperationalError as e:
+    except psycopg.OperationalError as e:  # a refusal raised ConnectRefused (pgconn)
         raise ConnectionLost(
             f"cannot connect to the target ({redact_dsn(conninfo)}): {str(e).strip()}",
             hint="check [target] dsn and that the server is up; applier run retries",

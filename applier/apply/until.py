@@ -183,10 +183,9 @@ class Until:
 
 def current_wal_lsn(cfg: Config) -> Lsn:
     """The source's ``pg_current_wal_lsn()`` now (``run --until-caught-up``, cutover)."""
+    conninfo = cfg.source.conninfo()
     try:
-        with pgconn.connect(
-            cfg.source.conninfo(), side="source", purpose="applier", connect_timeout=30
-        ) as conn:
+        with pgconn.connect(conninfo, side="source", purpose="applier", connect_timeout=30) as conn:
             row = conn.execute("SELECT pg_catalog.pg_current_wal_lsn()::text").fetchone()
     except psycopg.Error as e:
         raise SourceError(

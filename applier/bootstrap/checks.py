@@ -1,6 +1,7 @@
 """The bootstrap's checks of the target and the slot, and the truncation they allow.
 
-Every refusal of a bootstrap is made here (and in :func:`.schema.missing_types`)
+Every refusal of a bootstrap is made here (:class:`~applier.errors.BootstrapRefused`,
+exit 3: a restart finds the same tables and slot) (and in :func:`.schema.missing_types`)
 before anything is changed: :func:`check_target` and :func:`check_slot` only
 read; :func:`truncate_tables` empties what :func:`check_target` allowed.
 
@@ -19,7 +20,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from ..errors import BootstrapError
+from ..errors import BootstrapRefused
 from . import schema as ddl
 from .plan import SourcePlan, TableSpec, quote_qual, target_columns
 
@@ -44,7 +45,7 @@ def check_target(
     refused = [t for t in full if t not in mine]
     if refused and not truncate:
         names = ", ".join(f"{s}.{n}" for s, n in sorted(refused))
-        raise BootstrapError(
+        raise BootstrapRefused(
             f"target table(s) {names} are not empty",
             hint="empty them, or pass --truncate to have bootstrap empty them",
         )
@@ -58,7 +59,7 @@ def _check_columns(tgt: Conn, t: TableSpec) -> None:
     dst_cols = target_columns(tgt, t.schema, t.name)
     lacking = [c.name for c in t.columns if c.name not in dst_cols]
     if lacking:
-        raise BootstrapError(
+        raise BootstrapRefused(
             f"target table {t.schema}.{t.name} lacks column(s) {', '.join(lacking)}",
             hint="add the columns on the target (same types as on the source) and rerun",
         )
@@ -68,7 +69,7 @@ def check_slot(src: Conn, slot: str, may_drop: bool) -> None:
     """Refuse a slot that exists unless --recreate-slot or our unfinished run made it."""
     row = src.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (slot,))
     if row.fetchone() is not None and not may_drop:
-        raise BootstrapError(
+        raise BootstrapRefused(
             f"replication slot {slot} exists already on the source",
             hint="use --recreate-slot to drop it and bootstrap anew "
             "(any consumer of that slot loses its position)",

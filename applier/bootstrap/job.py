@@ -69,7 +69,7 @@ from psycopg import sql
 from .. import pgconn
 from ..apply.mapping import Catalog
 from ..config import Config
-from ..errors import AlreadyBootstrapped, BootstrapError
+from ..errors import AlreadyBootstrapped, BootstrapError, BootstrapRefused
 from ..lsn import Lsn
 from ..privileges import check, scope_of
 from ..stream.versions import check_source
@@ -252,7 +252,7 @@ def resolve_targets(tgt: Conn, plan: SourcePlan, slice_size: int, workers: int =
         dst_cols = target_columns(tgt, *t.dst)
         lacking = [c.name for c in t.columns if c.name not in dst_cols]
         if lacking:
-            raise BootstrapError(
+            raise BootstrapRefused(
                 f"target table {t.dst[0]}.{t.dst[1]} lacks column(s) {', '.join(lacking)}",
                 hint="add the columns on the target (same types as on the source) and rerun",
             )
@@ -283,7 +283,7 @@ def copy_under_new_slot(
     try:
         exists = repl.slot_exists(slot)
         if exists and not (recreate_slot or interrupted):
-            raise BootstrapError(
+            raise BootstrapRefused(
                 f"replication slot {slot} exists already on the source",
                 hint="use --recreate-slot to drop it and bootstrap anew "
                 "(any consumer of that slot loses its position)",

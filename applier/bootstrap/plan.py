@@ -28,8 +28,9 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from .. import refusal
 from ..config import Config
-from ..errors import BootstrapError, SourceError
+from ..errors import BootstrapError
 
 Conn = psycopg.Connection[Any]
 log = logging.getLogger(__name__)
@@ -121,15 +122,8 @@ def cut_slices(blocks: int, heap_bytes: int, slice_size: int, workers: int = 1) 
 
 
 def check_publications(conn: Conn, pubs: Sequence[str]) -> None:
-    rows = conn.execute(
-        "SELECT pubname FROM pg_publication WHERE pubname = ANY(%s)", (list(pubs),)
-    ).fetchall()
-    missing = sorted(set(pubs) - {r[0] for r in rows})
-    if missing:
-        raise SourceError(
-            f"publication {', '.join(missing)} does not exist on the source",
-            hint="create it (CREATE PUBLICATION ... FOR TABLE ...) or fix source.publications",
-        )
+    rows = conn.execute("SELECT pubname FROM pg_catalog.pg_publication").fetchall()
+    refusal.check_publications(pubs, [r[0] for r in rows])
 
 
 def published_tables(conn: Conn, cfg: Config) -> dict[tuple[str, str], dict[str, Any]]:

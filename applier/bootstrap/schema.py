@@ -36,7 +36,7 @@ import psycopg
 from psycopg import sql
 
 from .. import pgconn
-from ..errors import BootstrapError
+from ..errors import BootstrapError, BootstrapRefused
 from .clients import program
 from .plan import quote_qual
 from .sessions import child_connection
@@ -72,9 +72,22 @@ def dump(
         args.append(f"--dbname={child.dbname}")
         proc = subprocess.run(args, env=child.env, capture_output=True, text=True)
     if proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or ["(no message)"])[-1]
-        raise BootstrapError(f"pg_dump of the source schema failed: {last}")
+        raise dump_failure(proc.stderr)
     return proc.stdout
+
+
+def dump_failure(stderr: str) -> BootstrapError:
+    """pg_dump's failure as one line; a pg_dump older than the source is permanent (exit 3):
+    rerunning picks the same program (:mod:`.clients` picks the newest there is)."""
+    lines = stderr.strip().splitlines() or ["(no message)"]
+    if any("server version mismatch" in line for line in lines):
+        detail = next((ln for ln in lines if "server version:" in ln), lines[-1])
+        return BootstrapRefused(
+            f"pg_dump is older than the source: {detail.removeprefix('pg_dump: detail: ')}",
+            hint="install the PostgreSQL client tools of the source's major version or newer "
+            "(pg_dump refuses newer servers)",
+        )
+    return BootstrapError(f"pg_dump of the source schema failed: {lines[-1]}")
 
 
 _SET = re.compile(r"^SET\s+(\w+)\s*=")
@@ -154,7 +167,7 @@ def missing_types(src: Conn, tgt: Conn, tables: Iterable[tuple[str, str]]) -> li
         if tgt.execute("SELECT to_regtype(%s)", (qual,)).fetchone() != (None,):
             continue
         if not ext and kind != "e":
-            raise BootstrapError(
+            raise BootstrapRefused(
                 f"type {nsp}.{typ} used by the copied tables does not exist on the target",
                 hint="create it on the target (same definition as on the source) and rerun",
             )
@@ -184,7 +197,7 @@ def _create_extension(tgt: Conn, ext: str, nsp: str, typ: str) -> None:
         )
     except psycopg.Error as e:
         first = str(e).strip().splitlines()[0]
-        raise BootstrapError(
+        raise BootstrapRefused(
             f"type {qual} (extension {ext}) is missing on the target and CREATE EXTENSION "
             f"failed: {first}",
             hint=f"install extension {ext} on the target server and rerun",

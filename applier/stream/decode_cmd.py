@@ -26,6 +26,9 @@ message, e.g. ``0/16B3748 xid=735 INSERT public.t id=1 v='hello'``.
 Stopping: with ``--end`` the command exits 0 once the stream reaches that LSN
 (a message or keepalive at or past it; messages past it are not printed, as
 with ``pg_recvlogical --endpos``); without it, on SIGINT/SIGTERM (exit 0).
+An ``--end`` past the source's current WAL position (IDENTIFY_SYSTEM's) is
+waited for, and said so on stderr: one line at start with both positions,
+then one every ``WAIT_SAY_EVERY`` s.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import logging
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import fields
@@ -63,6 +67,7 @@ from applier.protocol import (
     TupleData,
     Update,
 )
+from applier.refusal import check_publications
 from applier.stream.client import LogicalStream, StreamOptions
 from applier.stream.replconn import CREATE_HINT, ReplicationConnection
 
@@ -72,6 +77,8 @@ log = logging.getLogger("applier.stream")
 
 #: How long one read waits, so a signal is noticed within this many seconds.
 POLL_SECONDS = 0.5
+#: While waiting for an ``--end`` past the source's position, a progress line this often.
+WAIT_SAY_EVERY = 10.0
 
 # Types printed unquoted in the text format.
 _NUMERIC_OIDS = frozenset({16, 20, 21, 23, 26, 700, 701, 1700})
@@ -98,6 +105,8 @@ def run_decode(
     conn = ReplicationConnection.open(cfg.source.conninfo(), application_name="applier-decode")
     try:
         two_phase = _slot_two_phase(conn, slot, cfg.apply.two_phase)
+        check_publications(cfg.source.publications, conn.publications())
+        source_at = conn.identify_system().xlogpos
     except BaseException:
         conn.close()
         raise
@@ -118,8 +127,9 @@ def run_decode(
     stream = LogicalStream(conn, options)
     try:
         stream.start()
+        waiting = _Waiting(end, source_at)
         with _stop_on_signals() as stopping:
-            _pump(stream, write, out, end, stopping)
+            _pump(stream, write, out, end, stopping, waiting)
     except BrokenPipeError:  # `applier decode | head`: the reader has gone, not an error
         pass
     finally:
@@ -147,9 +157,11 @@ def _pump(
     out: TextIO,
     end: Lsn | None,
     stopping: threading.Event,
+    waiting: _Waiting,
 ) -> None:
     while not stopping.is_set():
         batch = stream.read(POLL_SECONDS)
+        waiting.progress(stream.last_received)
         lines = []
         for lsn, msg in batch:
             if end is not None and lsn > end:
@@ -161,6 +173,33 @@ def _pump(
             out.flush()
         if end is not None and (stream.last_received >= end or any(lsn >= end for lsn, _ in batch)):
             return
+
+
+class _Waiting:
+    """Says so when ``--end`` lies past the source's WAL position: the command then waits
+    for WAL that may be long in coming (an idle source writes little), and silence
+    looked like a hang. One line at start, one every :data:`WAIT_SAY_EVERY` s after."""
+
+    def __init__(self, end: Lsn | None, source_at: Lsn) -> None:
+        self.end = end
+        self.active = end is not None and end > source_at
+        self._said = time.monotonic()
+        if self.active:
+            log.warning(
+                f"waiting for the source to reach {end} (it is at {source_at} now): decode "
+                "exits there; the source writes WAL only as it changes. Ctrl-C stops it"
+            )
+
+    def progress(self, received: Lsn) -> None:
+        if not self.active or self.end is None:
+            return
+        if received >= self.end:
+            self.active = False
+        elif time.monotonic() - self._said >= WAIT_SAY_EVERY:
+            self._said = time.monotonic()
+            log.warning(
+                f"still waiting for the source to reach {self.end} (received up to {received})"
+            )
 
 
 @contextmanager

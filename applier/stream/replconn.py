@@ -259,7 +259,7 @@ class ReplicationConnection:
                 conninfo, side="source", purpose=application_name, replication=True,
                 connect_timeout=connect_timeout,
             )  # fmt: skip
-        except psycopg.Error as e:
+        except psycopg.Error as e:  # a refusal raised ConnectRefused (pgconn)
             err = error_from_psycopg(e, where=f"cannot open a replication connection to {redacted}")
             raise err from None
         log.debug("replication connection open", extra={"ctx": {"dsn": redacted}})
@@ -278,6 +278,10 @@ class ReplicationConnection:
             return cur.fetchall() if cur.description else []
         except psycopg.Error as e:
             raise error_from_psycopg(e, slot=slot, where=where) from None
+
+    def publications(self) -> list[str]:
+        """The names of the database's publications (checked before streaming)."""
+        return [str(r[0]) for r in self.command("SELECT pubname FROM pg_catalog.pg_publication")]
 
     def identify_system(self) -> SystemInfo:
         systemid, timeline, xlogpos, dbname = self.command("IDENTIFY_SYSTEM")[0]

@@ -97,7 +97,10 @@ class CatchUp(Worker):
                 self._ask_position(stream)
             return False
         if state == "syncwait":
-            self._say("waiting for applier run to take the table over (is it running?)")
+            self._say(
+                f"caught up; waiting for `applier run` of origin {self.main.origin!r} to take "
+                f"the table over at a transaction boundary (--timeout {self.timeout:.0f} s)"
+            )
             return False
         if state == "handover":
             assert lsn is not None

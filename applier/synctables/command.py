@@ -21,7 +21,8 @@ from ..apply.tablesync import _MARK_READY
 from ..bootstrap.clients import pick
 from ..bootstrap.plan import published_tables
 from ..config import Config, TablesConfig, table_matches
-from ..errors import BootstrapError, ConfigError
+from ..errors import BootstrapError, ConfigError, PermanentError
+from ..health import STALE_INTERVALS
 from ..privileges import check, scope_of
 from .copy import drop_origin, drop_slot
 
@@ -54,7 +55,13 @@ def _literal(part: str) -> str:
 
 
 def run_sync_tables(
-    cfg: Config, patterns: list[str], *, truncate: bool, timeout: float, quiet: bool
+    cfg: Config,
+    patterns: list[str],
+    *,
+    truncate: bool,
+    timeout: float,
+    quiet: bool,
+    without_worker: bool = False,
 ) -> int:
     from ..bootstrap.plan import discover
     from ..bootstrap.sequences import connect
@@ -97,6 +104,8 @@ def run_sync_tables(
             log.info("no table to sync", extra={"ctx": {"origin": cfg.origin}})
             print("sync-tables: nothing to copy (every included table is on the target)")
             return 0
+        if not without_worker and any(_copies(rows.get((t.schema, t.name))) for t in todo):
+            check_worker_runs(tgt, cfg)
         spark = _SparkStarter(cfg)  # started by the first copy (a resumed catch-up needs none)
         try:
             for t in todo:
@@ -108,6 +117,42 @@ def run_sync_tables(
         print(f"sync-tables: {len(todo)} table(s) copied and handed over to applier run: "
               + ", ".join(t.qualname for t in todo))  # fmt: skip
     return 0
+
+
+def _copies(row: tuple[str, bool, str | None] | None) -> bool:
+    """Whether this table's sync starts with (or is in) its copy."""
+    return row is None or row[0] in ("skipped", "init", "copying")
+
+
+def check_worker_runs(tgt: Conn, cfg: Config) -> None:
+    """Refuse (exit 3) before a copy when no worker runs to hand the table over to.
+
+    Without one the copy and catch-up end in ``syncwait`` and the command waits
+    its whole ``--timeout`` (600 s) for nothing. A worker runs when its status
+    row says running (or starting) with a heartbeat fresher than three
+    ``[apply] status_interval``, as ``applier status`` judges it.
+    """
+    row = tgt.execute(
+        "SELECT state, extract(epoch FROM now() - heartbeat_at)::float8 "
+        "FROM applier.worker_status WHERE origin = %s",
+        (cfg.origin,),
+    ).fetchone()
+    stale = STALE_INTERVALS * cfg.apply.status_interval
+    if row is None:
+        why = "it never started"
+    elif row[0] not in ("running", "starting"):
+        why = f"its state is {row[0]}"
+    elif row[1] is None or row[1] > stale:
+        why = f"its heartbeat is {row[1] or 0:.0f} s old (stale after {stale:g} s)"
+    else:
+        return
+    raise PermanentError(
+        f"no `applier run` is running for origin {cfg.origin!r} ({why}): sync-tables "
+        "hands each copied table over to it and would wait --timeout for nothing",
+        hint="start `applier run` first, then rerun sync-tables (or pass --without-worker "
+        "to copy now and wait --timeout for a worker)",
+        origin=cfg.origin,
+    )
 
 
 def _lock(tgt: Conn, origin: str) -> None:

@@ -9,6 +9,10 @@
   narrowing differing ranges down to rows, rounds 2..N rechecking them.
 * :mod:`.report`: rich / ``--json`` / ``--diff-out`` output.
 
+Sequences behind the source while a worker replicates are "not yet synced"
+(copied at cutover), not differences, unless ``--strict-sequences``
+(``cutover --verify`` checks strictly, after its sequence sync).
+
 Exit codes: 0 equal, 1 differences found, 2 usage or configuration, 3 the
 verify could not complete (a server unreachable, a query failed or timed
 out, Spark failed).
@@ -43,17 +47,22 @@ def run_verify(
     as_json: bool = False,
     diff_out: Path | None = None,
     quiet: bool = False,
+    strict_sequences: bool = False,
 ) -> int:
     """Compare source and target; print the report; 0 equal, 1 differences.
 
     Raises :class:`~applier.errors.ConfigError` (exit 2) for bad input and
     :class:`.hashing.VerifyError` (exit 3) when the comparison could not
     complete. ``quiet``: no rich output (``--json`` and ``diff_out`` still
-    written).
+    written). ``strict_sequences``: a sequence behind the source is a
+    difference even while a worker replicates (see :func:`.job.verify`).
     """
     from .report import print_json, print_rich, write_diff_lines
 
-    report = compare(cfg, tables=tables, chunk_rows=chunk_rows, rounds=rounds)
+    report = compare(
+        cfg, tables=tables, chunk_rows=chunk_rows, rounds=rounds,
+        strict_sequences=strict_sequences,
+    )  # fmt: skip
     if diff_out is not None:
         write_diff_lines(report, diff_out)
     if as_json:
@@ -69,6 +78,7 @@ def compare(
     tables: list[str] | None = None,
     chunk_rows: int | None = None,
     rounds: int = 3,
+    strict_sequences: bool = False,
 ) -> Report:
     """Compare source and target (:func:`run_verify` without the printing): the report.
 
@@ -90,6 +100,7 @@ def compare(
             patterns=tables or None,
             chunk_rows=chunk_rows or cfg.verify.chunk_rows,
             rounds=rounds,
+            strict_sequences=strict_sequences,
         )
     except ConfigError:
         raise

@@ -35,7 +35,8 @@ from psycopg import sql
 from ..config import Config
 from .hashing import Catchup, Sides, keys_where
 from .ranges import Bound, KeyRange, VTable, range_where, split_range
-from .report import Diff, Report, TableReport
+from .report import Diff, Report, SchemaDiff, TableReport
+from .schema import SEQUENCE_BEHIND
 
 log = logging.getLogger(__name__)
 
@@ -275,8 +276,14 @@ def verify(
     patterns: list[str] | None,
     chunk_rows: int,
     rounds: int,
+    strict_sequences: bool = False,
 ) -> Report:
-    """Schema, then round 1 on Spark, then the rechecks; the whole report."""
+    """Schema, then round 1 on Spark, then the rechecks; the whole report.
+
+    Sequences behind the source are differences only with ``strict_sequences``
+    or when no worker streams: during live replication they are behind until
+    ``sync-sequences`` runs at cutover, so they go to ``Report.unsynced``.
+    """
     from ..bootstrap.plan import discover, published_tables
     from ..config import table_matches
     from ..privileges import check as check_privileges
@@ -307,6 +314,7 @@ def verify(
         tables = [replace(t, fast_hash=fast) for t in tables_to_verify(src, tgt, cfg, patterns)]
         items = [(t, r) for t in tables for r in first_ranges(src, t, chunk_rows)]
         catchup = catchup_of(cfg, src, tgt)
+        schema, unsynced = split_unsynced(schema, strict_sequences or not catchup.wait)
     finally:
         src.close()
         tgt.close()
@@ -334,7 +342,19 @@ def verify(
         rep.truncated = rep.truncated or r.truncated
     lagging = recheck_rounds(cfg, tables, reports, catchup, rounds)
     report = Report(list(reports.values()), schema, rounds, time.monotonic() - started, lagging)
+    report.unsynced = unsynced
     return report
+
+
+def split_unsynced(
+    schema: list[SchemaDiff], strict: bool
+) -> tuple[list[SchemaDiff], list[SchemaDiff]]:
+    """(differences, sequences not yet synced): behind-the-source sequences move to the
+    second list unless ``strict``; a sequence missing on the target stays a difference."""
+    if strict:
+        return schema, []
+    behind = [s for s in schema if s.kind == "sequence" and s.problem == SEQUENCE_BEHIND]
+    return [s for s in schema if s not in behind], behind
 
 
 def recheck_rounds(

@@ -1,12 +1,17 @@
 """What ``applier verify`` found, and how it is shown.
 
+* Sequences behind the source while a worker replicates are listed as not
+  yet synced (``sync-sequences`` copies them at cutover), not as differences;
+  with the strict check (``--strict-sequences``, ``cutover --verify``) they
+  are schema differences.
 * A rich table per compared table (rows, ranges, differing rows, seconds,
   and a note for tables compared as multisets), then the schema differences
   and the differing rows (the first ones of each table).
 * ``--json``: ``{"equal": bool, "tables": [{"table": "schema.name", "rows": N,
   "ranges": N, "keyed": bool, "seconds": S, "truncated": bool, "differences":
   [{"key": {...} | null, "source": {...} | null, "target": {...} | null}, ...]}],
-  "schema": [{"kind", "table", "name", "problem", "source", "target"}, ...]}``.
+  "schema": [{"kind", "table", "name", "problem", "source", "target"}, ...],
+  "sequences_not_synced": [same fields, ...]}``.
   A table without a key has ``"key": null`` and ``source_count`` /
   ``target_count``: how often each side holds that row.
 * ``--diff-out FILE``: the differences as JSON lines, one row each, with its
@@ -91,6 +96,9 @@ class Report:
     rounds: int
     seconds: float = 0.0
     lagging: int = 0  # catch-up waits that ran out
+    #: Sequences behind the source while a worker replicates: not a difference
+    #: (sequences are copied at cutover), unless the check is strict.
+    unsynced: list[SchemaDiff] = field(default_factory=list)
 
     @property
     def equal(self) -> bool:
@@ -116,6 +124,7 @@ class Report:
             "seconds": round(self.seconds, 3),
             "tables": [t.as_json() for t in self.tables],
             "schema": [s.as_json() for s in self.schema],
+            "sequences_not_synced": [s.as_json() for s in self.unsynced],
         }
 
 
@@ -160,6 +169,12 @@ def print_rich(report: Report) -> None:
             console.print(
                 f"{t.table}: {len(t.differences) - SHOWN} more (use --json or --diff-out)"
             )
+    for s in report.unsynced:
+        console.print(
+            f"[yellow]sequence[/yellow] {s.name}: not yet synced (next value {s.target} on the "
+            f"target, {s.source} on the source): run `applier sync-sequences` at cutover",
+            markup=True,
+        )
     if report.lagging:
         console.print(
             f"{report.lagging} range(s) were compared before the target caught up "

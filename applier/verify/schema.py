@@ -126,6 +126,9 @@ def _by_definition(src: Conn, tgt: Conn, qual: str, label: str) -> list[SchemaDi
     return out
 
 
+#: The problem of a sequence whose next value on the target is behind the source's.
+SEQUENCE_BEHIND = "behind the source (next value)"
+
 _SEQ = """
 SELECT s.last_value, s.is_called, p.seqincrement FROM {} s, pg_sequence p
 WHERE p.seqrelid = %s::regclass
@@ -150,9 +153,5 @@ def compare_sequences(src: Conn, tgt: Conn, tables: list[tuple[str, str]]) -> li
         t_next, _ = _next_value(tgt, qual)
         behind = t_next < s_next if inc > 0 else t_next > s_next
         if behind:
-            out.append(
-                SchemaDiff(
-                    "sequence", label, label, "behind the source (next value)", s_next, t_next
-                )
-            )
+            out.append(SchemaDiff("sequence", label, label, SEQUENCE_BEHIND, s_next, t_next))
     return out

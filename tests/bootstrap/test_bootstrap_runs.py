@@ -144,8 +144,8 @@ def test_missing_publication_cli_exit_code(pair: Pair) -> None:
     pair.pub_exec("CREATE TABLE t (id int PRIMARY KEY)")
     proc = _cli("bootstrap", "--config", str(pair.write_config()), "--quiet")
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 1
-    assert " applier: error: publication pub does not" in err.strip().splitlines()[-1]
+    assert proc.returncode == 2  # the config names what the source lacks: no restart fixes it
+    assert " applier: error: publication(s) 'pub' do not" in err.strip().splitlines()[-1]
 
 
 def test_unreachable_source(pair: Pair) -> None:
@@ -161,8 +161,10 @@ def test_missing_type_refused(pair: Pair) -> None:
     )
     with pytest.raises(
         BootstrapError, match=r"type public\.posint .* does not exist on the target"
-    ):
+    ) as info:
         run_bootstrap(pair.config(), recreate_slot=False, truncate=False, quiet=True)
+    assert info.value.exit_code == 3  # a rerun finds the type missing again (issue 31, item 8)
+    assert pair.pub_exec("SELECT count(*) FROM pg_replication_slots") == [(0,)]
 
 
 def test_non_empty_target_needs_truncate(pair: Pair, spark: Any) -> None:

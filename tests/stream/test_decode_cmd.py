@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import queue
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,7 @@ from streamkit import (
 from workload import BIG
 
 from applier.localpg import LocalCluster
+from applier.lsn import Lsn
 from applier.stream.replconn import ReplicationConnection
 
 APPLIER = str(Path(sys.executable).with_name("applier"))
@@ -182,3 +185,39 @@ def test_decode_never_enables_two_phase_on_the_slot(
     ]
     assert any(o["type"] == "insert" and o["new"] == {"id": "1"} for o in lines)
     cluster.execute(f"SELECT pg_drop_replication_slot('{slot}')", db)
+
+
+def test_decode_end_past_the_source_says_what_it_waits_for(
+    publisher: tuple[LocalCluster, str], tmp_path: Path
+) -> None:
+    """Issue 31, item 10: an --end the source has not reached waited silently."""
+    cluster, db = publisher
+    slot = f"w_{db}"
+    cluster.execute("CREATE TABLE t (id int PRIMARY KEY); CREATE PUBLICATION pub FOR TABLE t", db)
+    with ReplicationConnection.open(cluster.dsn(db)) as rc:
+        rc.create_slot(slot, two_phase=True)  # as the config asks: no warning about it
+        now = rc.identify_system().xlogpos
+    end = Lsn(int(now) + 256 * 1024)
+    config = _config(tmp_path, cluster, db, slot)
+    proc = subprocess.Popen(
+        [APPLIER, "decode", "--config", str(config), "--end", str(end), "--format", "text"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    lines: queue.Queue[str] = queue.Queue()
+    assert proc.stderr is not None
+    reader = threading.Thread(target=lambda: [lines.put(ln) for ln in proc.stderr], daemon=True)  # type: ignore[union-attr]
+    reader.start()
+    try:
+        first = lines.get(timeout=30)
+        assert f"waiting for the source to reach {end}" in first, first
+        assert "it is at" in first and "Ctrl-C" in first
+        # The source stays idle: a progress line comes while it waits.
+        second = lines.get(timeout=30)
+        assert f"still waiting for the source to reach {end}" in second, second
+        # Far past the end: a change after it ends the stream (an idle walsender may not
+        # report its position for a while).
+        cluster.execute("INSERT INTO t SELECT g FROM generate_series(1, 50000) g", db)
+        assert proc.wait(60) == 0
+    finally:
+        proc.kill()
+        proc.wait(30)

@@ -76,7 +76,7 @@ def test_killed_while_copying_then_rerun(pair: Pair) -> None:
 def test_killed_in_catchup_and_worker_killed_at_handover(pair: Pair) -> None:
     runner, writer, cfg = _started(pair)
     assert runner.stop() == 0  # no worker: sync-tables catches up and waits for one
-    proc = sync_tables(cfg, "--timeout", "60")
+    proc = sync_tables(cfg, "--timeout", "60", "--without-worker")
     wait_state(pair, {"syncwait"}, proc)
     time.sleep(1.0)  # the writer goes on: the catch-up applies it
     proc.send_signal(signal.SIGKILL)
@@ -127,7 +127,7 @@ def test_worker_withdraws_a_handover_nobody_finishes(pair: Pair) -> None:
     # (at 20 s: 5 s and 15 s, which this test only waited out).
     runner, writer, cfg = _started(pair, timeout=8.0)
     assert runner.stop() == 0
-    proc = sync_tables(cfg, "--timeout", "60")
+    proc = sync_tables(cfg, "--timeout", "60", "--without-worker")
     wait_state(pair, {"syncwait"}, proc)
     proc.send_signal(signal.SIGKILL)
     proc.wait(30)
