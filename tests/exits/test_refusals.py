@@ -161,3 +161,21 @@ def test_pg_dump_older_than_the_source_is_permanent(pool: ClusterPool) -> None:
     assert err.exit_code == EXIT_PERMANENT
     assert "\n" not in str(err) and "18" in str(err) and "15" in str(err), str(err)
     assert err.hint and "pg_dump" in err.hint
+
+
+@pytest.mark.parametrize("pair", ["15-18", "18-18"], indirect=True)  # 16 reworded the refusal
+@pytest.mark.parametrize("command", ["run", "decode"])
+def test_source_role_without_replication_is_exit_3(pair: Pair, command: str) -> None:
+    """A role without REPLICATION is refused its walsender at every try: a person
+    must ALTER ROLE, so the command stops (exit 3) naming it, never retries."""
+    _table(pair)
+    pair.pub_exec(f"SELECT pg_create_logical_replication_slot('{pair.slot}', 'pgoutput')")
+    pair.pub_exec(
+        "DO $$ BEGIN CREATE ROLE norepl LOGIN; EXCEPTION WHEN duplicate_object THEN END $$"
+    )
+    pair.pub_exec("GRANT SELECT ON t TO norepl")
+    cfg = _config(pair, source={"dsn": pair.pub.dsn(pair.pub_db, user="norepl")})
+    rc, err = _cli(command, cfg)
+    assert rc == EXIT_PERMANENT, err[-3000:]
+    line = _one_error_line(err)
+    assert "REPLICATION" in line and "ALTER ROLE" in line, line
