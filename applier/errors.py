@@ -207,3 +207,8 @@ class AnotherWorker(PermanentError):
 
 class SourceError(ApplierError):
     """The source refused a command (missing publication, privileges, settings)."""
+
+
+class SourceRefused(SourceError, PermanentError):
+    """The source refuses for a reason only a person can change (a role without
+    REPLICATION, ``wal_level`` not logical): exit 3, not retried."""

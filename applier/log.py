@@ -131,6 +131,7 @@ def log_fatal(exc: BaseException, exit_code: int, message: str | None = None) ->
     bare = getattr(exc, "message", None) or str(exc)
     # Text: str(exc) -- message, context and hint in one readable line, no
     # key=value repeat; JSON: the bare message, the fields as fields.
-    logging.getLogger("applier").error(
-        "%s", message or f"error: {exc}", extra={"ctx": fields, "fatal": bare}
-    )
+    # One line whatever the error holds: a server's message may carry a DETAIL on a
+    # line of its own, which a reader of the log (or journalctl -o cat) would lose.
+    line = " ".join((message or f"error: {exc}").split())
+    logging.getLogger("applier").error("%s", line, extra={"ctx": fields, "fatal": bare})

@@ -42,6 +42,7 @@ from applier.errors import (
     SlotExists,
     SlotMissing,
     SourceError,
+    SourceRefused,
 )
 from applier.lsn import Lsn
 from applier.redact import redact_dsn
@@ -175,12 +176,15 @@ def map_server_error(
             **ctx,
         )
     if state == _PREREQUISITE_STATE and "wal_level" in low:
-        return SourceError(text, hint="set wal_level = logical on the source and restart it", **ctx)
+        return SourceRefused(
+            text, hint="set wal_level = logical on the source and restart it", **ctx
+        )
     if state in (_INSUFFICIENT_PRIVILEGE, _INVALID_AUTHORIZATION) or "replication role" in low:
-        return SourceError(
+        # Refused at every try until someone changes the role: permanent (exit 3).
+        return SourceRefused(
             text,
-            hint="the source role needs the REPLICATION attribute (ALTER ROLE ... REPLICATION) "
-            "and a pg_hba.conf line allowing it to connect",
+            hint="the source role needs the REPLICATION attribute: run ALTER ROLE ... "
+            "REPLICATION on the source (and a pg_hba.conf line allowing it to connect)",
             **ctx,
         )
     if state == _INVALID_PASSWORD:
