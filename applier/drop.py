@@ -49,9 +49,9 @@ import psycopg
 from psycopg import sql
 
 from . import pgconn
+from .apply.holder import last_worker
 from .config import Config
 from .errors import PermanentError, TransientError
-from .health import STALE_INTERVALS
 from .redact import redact_dsn
 
 Conn = psycopg.Connection[Any]
@@ -212,16 +212,11 @@ def _check_worker(tgt: Conn, hold: Conn | None, cfg: Config, plan: Plan) -> None
             plan.refusals.append(f"a worker holds origin {cfg.origin!r}: {_first_line(e)}")
     if not _exists(tgt, "applier.worker_status"):
         return
-    row = tgt.execute(
-        "SELECT pid, host, extract(epoch FROM now() - heartbeat_at)::float8 "
-        "FROM applier.worker_status WHERE origin = %s AND state IN ('running', 'starting')",
-        (cfg.origin,),
-    ).fetchone()
-    stale = STALE_INTERVALS * cfg.apply.status_interval
-    if row is not None and row[2] is not None and row[2] <= stale:
+    last = last_worker(tgt, cfg.origin)
+    if last is not None and last.runs(cfg.apply.status_interval):
         plan.refusals.append(
-            f"a worker runs for origin {cfg.origin!r} (pid {row[0]} on {row[1]}, "
-            f"heartbeat {row[2]:.0f} s ago)"
+            f"a worker runs for origin {cfg.origin!r} (pid {last.pid} on {last.host}, "
+            f"heartbeat {last.heartbeat_age or 0:.0f} s ago)"
         )
 
 

@@ -46,6 +46,7 @@ from typing import Any
 import psycopg
 
 from applier.errors import AnotherWorker, ApplierError, TransientError
+from applier.health import STALE_INTERVALS
 
 #: SQLSTATE object_in_use: the origin is set up by another session.
 OBJECT_IN_USE = "55006"
@@ -59,6 +60,25 @@ class LastWorker:
     pid: int | None
     state: str
     heartbeat_age: float | None
+
+    def runs(self, status_interval: float) -> bool:
+        """The one rule of "a worker runs" as seen from the row alone (drop, sync-tables,
+        and ``applier status`` say it so): its state is running (or starting) and its
+        heartbeat is fresher than :data:`~applier.health.STALE_INTERVALS` status
+        intervals. A worker on this host is told more surely by its process
+        (:func:`is_other_worker`)."""
+        return (
+            self.state in ("running", "starting")
+            and self.heartbeat_age is not None
+            and self.heartbeat_age <= STALE_INTERVALS * status_interval
+        )
+
+    def why_not_running(self, status_interval: float) -> str:
+        """Why :meth:`runs` is False, for a refusal's words."""
+        if self.state not in ("running", "starting"):
+            return f"its state is {self.state}"
+        stale = STALE_INTERVALS * status_interval
+        return f"its heartbeat is {self.heartbeat_age or 0:.0f} s old (stale after {stale:g} s)"
 
 
 def is_other_worker(
@@ -109,7 +129,7 @@ def origin_taken(
     bpid = holder_pid(refused.message)
     try:
         backend = _backend(conn, bpid)
-        last = _last_worker(conn, origin)
+        last = last_worker(conn, origin)
     except psycopg.Error:
         return refused  # cannot tell: the wait, as for an abandoned backend
     here = (socket.gethostname(), os.getpid())
@@ -154,7 +174,8 @@ def _backend(conn: psycopg.Connection[Any], pid: int | None) -> str:
     return f" (application {row[0]!r} from {row[1]}, since {row[2]})"
 
 
-def _last_worker(conn: psycopg.Connection[Any], origin: str) -> LastWorker | None:
+def last_worker(conn: psycopg.Connection[Any], origin: str) -> LastWorker | None:
+    """The origin's status row (None: no worker ever ran on it)."""
     row = conn.execute(
         "SELECT host, pid, state, extract(epoch FROM now() - heartbeat_at)::float8 "
         "FROM applier.worker_status WHERE origin = %s",

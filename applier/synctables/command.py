@@ -17,12 +17,12 @@ from typing import Any
 import msgspec
 import psycopg
 
+from ..apply.holder import last_worker
 from ..apply.tablesync import _MARK_READY
 from ..bootstrap.clients import pick
 from ..bootstrap.plan import published_tables
 from ..config import Config, TablesConfig, table_matches
 from ..errors import BootstrapError, ConfigError, PermanentError
-from ..health import STALE_INTERVALS
 from ..privileges import check, scope_of
 from .copy import drop_origin, drop_slot
 
@@ -132,20 +132,10 @@ def check_worker_runs(tgt: Conn, cfg: Config) -> None:
     row says running (or starting) with a heartbeat fresher than three
     ``[apply] status_interval``, as ``applier status`` judges it.
     """
-    row = tgt.execute(
-        "SELECT state, extract(epoch FROM now() - heartbeat_at)::float8 "
-        "FROM applier.worker_status WHERE origin = %s",
-        (cfg.origin,),
-    ).fetchone()
-    stale = STALE_INTERVALS * cfg.apply.status_interval
-    if row is None:
-        why = "it never started"
-    elif row[0] not in ("running", "starting"):
-        why = f"its state is {row[0]}"
-    elif row[1] is None or row[1] > stale:
-        why = f"its heartbeat is {row[1] or 0:.0f} s old (stale after {stale:g} s)"
-    else:
+    last = last_worker(tgt, cfg.origin)
+    if last is not None and last.runs(cfg.apply.status_interval):
         return
+    why = "it never started" if last is None else last.why_not_running(cfg.apply.status_interval)
     raise PermanentError(
         f"no `applier run` is running for origin {cfg.origin!r} ({why}): sync-tables "
         "hands each copied table over to it and would wait --timeout for nothing",
