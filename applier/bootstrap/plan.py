@@ -239,7 +239,7 @@ def discover(conn: Conn, cfg: Config) -> SourcePlan:
             if kind != "r" or (nsp, rel) in specs:
                 continue
             if info["upd"] and (ident == "n" or (ident == "d" and not has_pk)):
-                _warn_no_identity(nsp, rel)
+                _warn_no_identity(conn.info.dbname, nsp, rel)
             specs[(nsp, rel)] = TableSpec(
                 schema=nsp,
                 name=rel,
@@ -258,18 +258,20 @@ def discover(conn: Conn, cfg: Config) -> SourcePlan:
     )
 
 
-#: Tables already warned about in this process: one command reads the plan
-#: several times (bootstrap for the copy and the sequences; verify, and
-#: cutover --verify, three times), and one warning per table is enough.
-_warned_no_identity: set[tuple[str, str]] = set()
+#: Tables already warned about in this process, by source database: one command
+#: reads the plan several times (bootstrap for the copy and the sequences;
+#: verify, and cutover --verify, three times), and one warning per table is
+#: enough. The database is part of the key: a process that serves several
+#: (the tests, a script calling applier's functions) warns for each.
+_warned_no_identity: set[tuple[str, str, str]] = set()
 
 
-def _warn_no_identity(nsp: str, rel: str) -> None:
+def _warn_no_identity(dbname: str, nsp: str, rel: str) -> None:
     # As the built-in subscriber: an insert-only table (a log) needs no
     # identity; the source itself refuses its UPDATEs and DELETEs.
-    if (nsp, rel) in _warned_no_identity:
+    if (dbname, nsp, rel) in _warned_no_identity:
         return
-    _warned_no_identity.add((nsp, rel))
+    _warned_no_identity.add((dbname, nsp, rel))
     log.warning(
         "table %s.%s has no replica identity: it is copied and its INSERTs replicated, "
         "but UPDATE and DELETE on it will fail on the source while it is published for them "

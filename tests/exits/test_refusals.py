@@ -52,7 +52,9 @@ def _config(pair: Pair, level: str = "warning", **sections: dict[str, object]) -
 
 
 def _slots(pair: Pair) -> list[tuple[object, ...]]:
-    return pair.pub_exec("SELECT slot_name FROM pg_replication_slots WHERE database IS NOT NULL")
+    return pair.pub_exec(
+        "SELECT slot_name FROM pg_replication_slots WHERE database = current_database()"
+    )
 
 
 def _table(pair: Pair) -> None:

@@ -6,10 +6,13 @@ import json
 import subprocess
 import sys
 
+import psycopg
 import pytest
 from conftest import SMOKE_PAIRS, Pair
+from psycopg.rows import dict_row
 
 from applier.schema import upgrade_target
+from applier.status import SLOT_SQL
 
 
 def _status(cfg_path: str) -> tuple[int, dict[str, object], str]:
@@ -181,18 +184,21 @@ CREATE VIEW pg11.pg_stat_replication AS
 @pytest.mark.parametrize("pair", ["15-18"], indirect=True)  # the catalog is emulated
 def test_status_on_a_source_without_wal_status(pair: Pair) -> None:
     """Sources 10 to 12 have no wal_status and safe_wal_size (10, 11 no reply_time):
-    status reads them as unknown instead of failing on the slot query."""
+    status's slot query reads them as unknown instead of failing.
+
+    applier pins ``search_path`` to pg_catalog on every connection (applier.pgconn),
+    so the old-shaped views are put first on a plain session's path here, and the
+    query status sends is run on it."""
     pair.pub_exec("CREATE TABLE t (id int primary key); CREATE PUBLICATION pub FOR TABLE t")
     pair.pub_exec(f"SELECT pg_create_logical_replication_slot('{pair.slot}', 'pgoutput')")
     pair.pub_exec(_PRE_12_CATALOG)
-    upgrade_target(pair.sub_dsn)
-    pair.sub_exec(f"SELECT pg_replication_origin_create('{pair.slot}')")
-    # The session finds the old-shaped views first, as on an old server.
-    old_dsn = f"{pair.pub_dsn} options='-c search_path=pg11,pg_catalog'"
-    cfg = pair.write_config(source={"dsn": old_dsn})
-    rc, st, err = _status(str(cfg))
-    assert rc == 4 and st["health"] == "not_running", (st, err)
-    slot = st["slot"]
-    assert isinstance(slot, dict), st
+    with psycopg.connect(pair.pub_dsn, autocommit=True) as conn:
+        conn.execute("SET search_path = pg11, pg_catalog")
+        assert conn.execute(
+            "SELECT to_jsonb(s) ? 'wal_status' FROM pg_replication_slots s LIMIT 1"
+        ).fetchone() == (False,)  # the emulation holds
+        slot = conn.cursor(row_factory=dict_row).execute(SLOT_SQL, (pair.slot,)).fetchone()
+    assert slot is not None
     assert slot["wal_status"] is None and slot["safe_wal_size"] is None
-    assert slot["confirmed_flush_lsn"] is not None
+    assert slot["reply_time"] is None and slot["failover"] is None
+    assert slot["confirmed_flush_lsn"] is not None and slot["retained_bytes"] is not None
