@@ -463,3 +463,117 @@ def test_plain_messages_decode_as_their_python_twins(data: bytes) -> None:
         decoder._tuple = saved
     assert _outcome(speedups.row_decoders[chr(data[0])], data) == expected
     assert _outcome(decoder.PgOutputDecoder(2).decode, data) == expected
+
+
+# ------------------------------------- borrowed references across Python code
+
+
+def _insert_frame(i: int, fill: int) -> bytes:
+    """An XLogData of an Insert outside a stream block, at WAL 0x100 + i."""
+    payload = (
+        b"I" + struct.pack(">I", 16384) + b"N" + encode_tuple(TupleData.text(bytes([fill]) * 3))
+    )
+    return b"w" + struct.pack(">QQq", 0x100 + i, 0x100 + i, 0) + payload
+
+
+@needs_native
+def test_hold_rows_keeps_its_row_while_a_collection_drops_it() -> None:
+    """A garbage collection during the read of a row (a gc.callbacks hook here) that
+    drops the run's reference to the row's bytes: the row held is still those bytes'
+    (it read freed memory: another object's values, and took a reference to it)."""
+    import gc
+
+    assert native is not None
+    width = 24  # a tuple this wide is not from the free list: its allocation may collect
+    head = b"U" + struct.pack(">II", 7, 16384) + b"N"
+
+    def row(fill: int) -> bytes:
+        return head + encode_tuple(TupleData(b"t" * width, (bytes([fill]) * 40,) * width))
+
+    original = row(ord("a"))
+    datas: list[Any] = [row(ord("a"))]  # an equal object, not the same
+    junk: list[bytes] = []
+    armed = [True]
+
+    def hook(phase: str, info: dict[str, int]) -> None:
+        if armed[0] and phase == "start":
+            armed[0] = False
+            datas[0] = None  # the row's only other reference
+            junk.extend(row(ord("z")) for _ in range(50))  # what would reuse its memory
+
+    rows: dict[Any, Any] = {}
+    threshold = gc.get_threshold()
+    gc.callbacks.append(hook)
+    gc.set_threshold(1)
+    try:
+        got = native.hold_rows(datas, [1], 0, width, (0,), rows, None, None, 1, 0, 256, 10**9)
+    finally:
+        gc.set_threshold(*threshold)
+        gc.callbacks.remove(hook)
+    assert not armed[0], "no collection ran during hold_rows"
+    assert got == (1, len(original))
+    [(values, kinds, (lsn, data, no, txn))] = rows.values()
+    assert values == (bytes([ord("a")]) * 40,) * width and kinds == b"t" * width
+    assert data == original and (lsn, no, txn) == (1, 1, None)
+
+
+@needs_native
+def test_an_insert_run_keeps_its_item_while_its_constructor_drops_it() -> None:
+    """take_xlog turns a lone Insert's item into (its lsn, InsertRun(...)) with the
+    item borrowed from ``out`` across the InsertRun's construction (Python code):
+    when that drops the item, the run still gets the item's LSN (it read freed
+    memory: another tuple's)."""
+    from applier.lsn import Lsn
+    from applier.protocol import Insert, InsertRun, StreamedChange, StreamedRun
+
+    assert native is not None
+    out: list[Any] = []
+    junk: list[Any] = []
+
+    class Dropping(InsertRun):
+        def __init__(self, *args: Any) -> None:
+            super().__init__(*args)
+            out[-1] = None  # the item being replaced: its only reference
+            junk.extend((Lsn(0xDEAD), None) for _ in range(50))
+
+    frames = iter([_insert_frame(i, 97 + i) for i in range(3)])
+
+    def get() -> tuple[int, bytes]:
+        f = next(frames, None)
+        return (0, b"") if f is None else (len(f), f)
+
+    group = (StreamedChange, StreamedRun, Insert, Dropping)
+    state: list[Any] = [0, 0, 0, None, None, 0]
+    assert native.take_xlog(get, decoder.PgOutputDecoder(2), out, 100, Lsn, state, group) == 0
+    [(lsn, run)] = out
+    assert lsn == Lsn(0x100) and type(run) is Dropping
+    assert run.lsns == [0x101, 0x102] and run.first.new.values == (b"aaa",)
+
+
+@needs_native
+def test_a_run_keeps_its_lists_while_get_drops_it() -> None:
+    """The lists of the run being gathered were borrowed from the run (held by
+    ``out``) across get(): when get drops the run, later rows went into freed lists
+    (other lists, made after)."""
+    from applier.lsn import Lsn
+    from applier.protocol import Insert, InsertRun, StreamedChange, StreamedRun
+
+    assert native is not None
+    out: list[Any] = []
+    junk: list[list[Any]] = []
+    frames = [_insert_frame(i, 97 + i) for i in range(4)]
+    calls = [0]
+
+    def get() -> tuple[int, bytes]:
+        calls[0] += 1
+        if calls[0] == 3:  # the run the second Insert started is out[-1]
+            out[-1] = None
+            junk.extend([] for _ in range(50))
+        f = frames[calls[0] - 1] if calls[0] <= len(frames) else None
+        return (0, b"") if f is None else (len(f), f)
+
+    group = (StreamedChange, StreamedRun, Insert, InsertRun)
+    state: list[Any] = [0, 0, 0, None, None, 0]
+    assert native.take_xlog(get, decoder.PgOutputDecoder(2), out, 100, Lsn, state, group) == 0
+    assert out == [None] and not any(junk)
+    assert state[:3] == [4, sum(map(len, frames)), 0x103]
