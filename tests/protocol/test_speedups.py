@@ -272,6 +272,19 @@ def test_copy_row_edges() -> None:
             native.copy_binary_row(bad)  # type: ignore[arg-type]
 
 
+@needs_native
+def test_copy_binary_row_refuses_too_many_values_as_its_twin() -> None:
+    """COPY binary counts a row's values in an int16: over 32767, the C framer raised
+    OverflowError where its twin raises struct.error."""
+    assert native is not None
+    row: list[bytes | None] = [None] * 32_768
+    with pytest.raises(struct.error):
+        copyrun._binary_row_py(row)
+    with pytest.raises(struct.error):
+        native.copy_binary_row(row)
+    assert native.copy_binary_row(row[1:]) == copyrun._binary_row_py(row[1:])
+
+
 # ------------------------------------------------------- the merge lane's loop
 
 #: Rows of a 3-column table keyed on (0,) or (0, 2): small key values so keys repeat.
