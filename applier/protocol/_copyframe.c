@@ -8,6 +8,24 @@
 
 /* ------------------------------------------------------------------ COPY rows */
 
+/* struct.error, what the Python twins raise for a row COPY binary cannot count. */
+static PyObject *struct_error;
+
+/* struct.error, looked up once when the module is imported: 0, or -1 with an
+ * exception set. */
+int
+spd_copyframe_init(void)
+{
+    if (struct_error != NULL)
+        return 0;
+    PyObject *mod = PyImport_ImportModule("struct");
+    if (mod == NULL)
+        return -1;
+    struct_error = PyObject_GetAttrString(mod, "error");
+    Py_DECREF(mod);
+    return struct_error == NULL ? -1 : 0;
+}
+
 /* A value of a row: its bytes, borrowed from a bytes object or held through a
  * buffer view for other bytes-like objects (bytearray, memoryview). */
 typedef struct {
@@ -166,10 +184,11 @@ spd_copy_binary_row(PyObject *module, PyObject *values)
         return NULL;
     }
     Py_ssize_t n = row.n;
-    /* The same limits as struct.pack(">h") and (">i") in the Python twin. */
+    /* The same limits as struct.pack(">h") and (">i") in the Python twin, and
+     * its error: struct.error. */
     if (n > INT16_MAX) {
         row_release(&row);
-        PyErr_SetString(PyExc_OverflowError, "a COPY binary row holds at most 32767 values");
+        PyErr_SetString(struct_error, "a COPY binary row holds at most 32767 values");
         return NULL;
     }
     Py_ssize_t total = 2;
@@ -177,7 +196,7 @@ spd_copy_binary_row(PyObject *module, PyObject *values)
         Value *v = &row.vals[i];
         if (!v->is_null && v->len > INT32_MAX) {
             row_release(&row);
-            PyErr_SetString(PyExc_OverflowError, "a COPY binary value is at most 2**31-1 bytes");
+            PyErr_SetString(struct_error, "a COPY binary value is at most 2**31-1 bytes");
             return NULL;
         }
         total += 4 + (v->is_null ? 0 : v->len);

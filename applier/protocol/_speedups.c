@@ -63,8 +63,8 @@
  *                           handlers.Applier.dispatch (the rest: fallback).
  *
  * Only the stable C API is used and nothing is kept between calls but the
- * shared all-text kinds objects, interned attribute names and what
- * bind_rows gave, set once at import, so there is no state to reason about.
+ * shared all-text kinds objects, interned attribute names, struct.error and
+ * what bind_rows gave, set once at import, so there is no state to reason about.
  */
 #include "_speedups.h"
 
@@ -112,7 +112,8 @@ static struct PyModuleDef module_def = {
 PyMODINIT_FUNC
 PyInit__speedups(void)
 {
-    if (spd_tuples_init() < 0 || spd_readloop_init() < 0 || spd_dispatch_init() < 0)
+    if (spd_tuples_init() < 0 || spd_copyframe_init() < 0 || spd_readloop_init() < 0 ||
+        spd_dispatch_init() < 0)
         return NULL;
     return PyModule_Create(&module_def);
 }

@@ -40,6 +40,7 @@ PyObject *spd_copy_text_row(PyObject *module, PyObject *values);
 PyObject *spd_copy_binary_row(PyObject *module, PyObject *values);
 PyObject *spd_tuple_text_line(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *spd_tuple_text_lines(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+int spd_copyframe_init(void);
 
 /* _readloop.c: the stream client's read loop. */
 PyObject *spd_take_xlog(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
