@@ -17,6 +17,8 @@ import struct
 import subprocess
 import sys
 import types
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -476,6 +478,85 @@ def test_plain_messages_decode_as_their_python_twins(data: bytes) -> None:
         decoder._tuple = saved
     assert _outcome(speedups.row_decoders[chr(data[0])], data) == expected
     assert _outcome(decoder.PgOutputDecoder(2).decode, data) == expected
+
+
+# ------------------------------------------------------------------ bytes-likes
+
+
+@contextmanager
+def pure_python() -> Iterator[None]:
+    """The Python twins all the way down: the readers and framers they call are the
+    chosen ones (C, when built), which a twin comparison must not use."""
+    from applier.apply import mergelane
+
+    patches = [
+        (decoder, "_tuple", reader._tuple_py),
+        (copyrun, "_tuple", reader._tuple_py),
+        (copyrun, "text_row", copyrun._text_row_py),
+        (copyrun, "tuple_text_line", copyrun._tuple_text_line_py),
+        (mergelane, "read_tuple", reader._read_tuple_py),
+    ]
+    saved = [(mod, name, getattr(mod, name)) for mod, name, _ in patches]
+    try:
+        for mod, name, twin in patches:
+            setattr(mod, name, twin)
+        yield
+    finally:
+        for mod, name, value in saved:
+            setattr(mod, name, value)
+
+
+def _insert_bytes(values: tuple[bytes | None, ...]) -> bytes:
+    return b"I" + struct.pack(">I", 42) + b"N" + encode_tuple(TupleData.text(*values))
+
+
+_LIKES = [bytearray, memoryview]
+
+
+@needs_native
+@pytest.mark.parametrize("like", _LIKES)
+def test_readers_take_the_bytes_likes_their_twins_take(like: type) -> None:
+    """tuple_data, tuple_text_line(s) and the row decoders read a bytearray or a
+    memoryview as their Python twins do (they raised TypeError: data must be bytes)."""
+    assert native is not None and speedups.row_decoders is not None
+    data = _insert_bytes((b"1", None, b"a\tb\\"))
+    with pure_python():
+        want_tuple = reader._read_tuple_py(like(data), 6)
+        want_line = copyrun._tuple_text_line_py(like(data), 6)
+        want_lines = copyrun._tuple_text_lines_py([like(data), data], 0, 6, 3, 10**6)
+        want_insert = decoder._insert(like(data))
+    assert native.tuple_data(like(data), 6) == want_tuple
+    assert native.tuple_text_line(like(data), 6) == want_line
+    assert native.tuple_text_lines([like(data), data], 0, 6, 3, 10**6) == want_lines
+    assert speedups.row_decoders["I"](like(data)) == want_insert
+    assert decoder.decode_insert(like(data)) == want_insert
+
+
+@pytest.mark.parametrize("like", _LIKES)
+def test_text_rows_escape_bytes_likes(like: type) -> None:
+    """The Python framer escaped no memoryview value (b"\\t" in a memoryview is
+    False): a tab in a value split the COPY line."""
+    row = [b"a\tb", None, b"\\\n"]
+    want = b"a\\tb\t\\N\t\\\\\\n\n"
+    wrapped = [None if v is None else like(v) for v in row]
+    assert copyrun._text_row_py(row) == want
+    assert copyrun._text_row_py(wrapped) == want
+    if native is not None:
+        assert native.copy_text_row(wrapped) == want
+
+
+@pytest.mark.parametrize("like", _LIKES)
+def test_hold_rows_takes_bytes_only_in_both_twins(like: type) -> None:
+    """A run's rows are bytes (the stream's payloads): both twins refuse another
+    type with TypeError (the Python twin held a memoryview's rows, and failed on a
+    bytearray's only when a key value was hashed)."""
+    from applier.apply import mergelane
+
+    data = b"U" + struct.pack(">II", 7, 16384) + b"N" + encode_tuple(TupleData.text(b"1"))
+    twins = [mergelane._hold_rows_py] + ([] if native is None else [native.hold_rows])
+    for hold in twins:
+        with pure_python(), pytest.raises(TypeError):
+            hold([like(data)], [1], 0, 1, (0,), {}, None, None, 1, 0, 256, 10**9)
 
 
 # ------------------------------------- borrowed references across Python code
