@@ -303,18 +303,18 @@ text_line_write(const unsigned char *buf, Py_ssize_t pos, Py_ssize_t n, unsigned
 PyObject *
 spd_tuple_text_line(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    const unsigned char *buf;
-    Py_ssize_t size, pos, n;
-    if (spd_data_pos_args(args, nargs, "tuple_text_line", &buf, &size, &pos) < 0)
+    SpdBytes data;
+    Py_ssize_t pos, n;
+    if (spd_data_pos_args(args, nargs, "tuple_text_line", &data, &pos) < 0)
         return NULL;
-    Py_ssize_t total = text_line_size(buf, size, pos, &n);
+    Py_ssize_t total = text_line_size(data.buf, data.len, pos, &n);
+    PyObject *out = total < 0 ? NULL : PyBytes_FromStringAndSize(NULL, total);
+    if (out != NULL)
+        text_line_write(data.buf, pos, n, (unsigned char *)PyBytes_AS_STRING(out));
+    spd_bytes_close(&data);
     if (total < 0)
         return Py_BuildValue("(On)", Py_None, (Py_ssize_t)-1);
-    PyObject *out = PyBytes_FromStringAndSize(NULL, total);
-    if (out == NULL)
-        return NULL;
-    text_line_write(buf, pos, n, (unsigned char *)PyBytes_AS_STRING(out));
-    return Py_BuildValue("(Nn)", out, n);
+    return out == NULL ? NULL : Py_BuildValue("(Nn)", out, n);
 }
 
 /* tuple_text_lines(datas, start, pos, width, limit) -> (lines, count): the COPY
@@ -345,12 +345,12 @@ spd_tuple_text_lines(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_ssize_t end = start, total = 0;
     /* First pass: which rows make lines, and the bytes they take. */
     while (end < count && total < limit) {
-        PyObject *d = PyList_GET_ITEM(datas, end);
+        SpdBytes d;
         Py_ssize_t width;
-        if (!PyBytes_Check(d))
-            break;
-        Py_ssize_t size = text_line_size((const unsigned char *)PyBytes_AS_STRING(d),
-                                         PyBytes_GET_SIZE(d), pos, &width);
+        if (spd_bytes_open(&d, PyList_GET_ITEM(datas, end), "tuple_text_lines") < 0)
+            return NULL; /* not bytes-like: its twin's TypeError */
+        Py_ssize_t size = text_line_size(d.buf, d.len, pos, &width);
+        spd_bytes_close(&d);
         if (size < 0 || width != want)
             break;
         total += size;
@@ -358,12 +358,21 @@ spd_tuple_text_lines(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     if (end == start)
         return Py_BuildValue("(yn)", "", (Py_ssize_t)0);
+    /* No Python code runs from the first pass to the end of the second (a bytes
+     * object is not tracked by the garbage collector: allocating one collects
+     * nothing), so datas holds the same rows, unchanged. */
     PyObject *out = PyBytes_FromStringAndSize(NULL, total);
     if (out == NULL)
         return NULL;
     unsigned char *o = (unsigned char *)PyBytes_AS_STRING(out);
-    for (Py_ssize_t i = start; i < end; i++)
-        o = text_line_write((const unsigned char *)PyBytes_AS_STRING(PyList_GET_ITEM(datas, i)),
-                            pos, want, o);
+    for (Py_ssize_t i = start; i < end; i++) {
+        SpdBytes d;
+        if (spd_bytes_open(&d, PyList_GET_ITEM(datas, i), "tuple_text_lines") < 0) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        o = text_line_write(d.buf, pos, want, o);
+        spd_bytes_close(&d);
+    }
     return Py_BuildValue("(Nn)", out, end - start);
 }

@@ -51,7 +51,7 @@ hold_one(PyObject *data, PyObject *lsns, Py_ssize_t j, Py_ssize_t width, const P
          Py_ssize_t ncols, PyObject *rows, PyObject *keys, PyObject *txn, long long no)
 {
     int updates = keys == Py_None;
-    if (!PyBytes_Check(data)) {
+    if (!PyBytes_CheckExact(data)) { /* as its twin: type(data) is bytes */
         PyErr_SetString(PyExc_TypeError, "hold_rows: datas must hold bytes");
         return -1;
     }

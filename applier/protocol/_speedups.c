@@ -6,9 +6,11 @@
  * the one extension), split along these seams; _speedups.h declares what they
  * share. This file holds only the module definition.
  *
- * Each function computes exactly what its pure-Python twin computes (the
- * twins stay the reference and the fallback; applier/protocol/speedups.py
- * chooses, tests/protocol/test_speedups.py checks them equal):
+ * Each function computes exactly what its pure-Python twin computes, takes
+ * the argument types it takes (data: bytes, bytearray or memoryview) and
+ * raises the exception types it raises (the twins stay the reference and the
+ * fallback; applier/protocol/speedups.py chooses, tests/protocol/test_speedups.py
+ * checks them equal, on random and malformed input):
  *
  * _tuples.c, TupleData reading:
  *
