@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from applier import __version__
@@ -671,3 +671,169 @@ def test_a_run_keeps_its_lists_while_get_drops_it() -> None:
     assert native.take_xlog(get, decoder.PgOutputDecoder(2), out, 100, Lsn, state, group) == 0
     assert out == [None] and not any(junk)
     assert state[:3] == [4, sum(map(len, frames)), 0x103]
+
+
+# -------------------------------------------- twins on random and malformed input
+#
+# Each C function against its Python twin (pure_python(): no C below it), on
+# valid, damaged and random bytes, as bytes, bytearray or memoryview, and on
+# arguments of the wrong type: equal results (==: a twin's values are slices of
+# its input, so a bytearray's are bytearrays), or the same exception type.
+# Positions are offsets a caller computes: 0 up to past the end of the data.
+
+_NOT_BYTES = st.sampled_from([None, "text", 5])
+#: Not data to read (a str or a list of ints the Python readers index, by accident:
+#: no caller passes one).
+_NOT_DATA = st.sampled_from([None, 5])
+
+
+def _result(fn: Any, *args: Any) -> tuple[str, Any]:
+    try:
+        return "ok", fn(*args)
+    except Exception as exc:  # any type: what the twins are compared on
+        return "error", type(exc).__name__
+
+
+def _twins(c_fn: Any, py_fn: Any, *args: Any) -> tuple[str, Any]:
+    got = _result(c_fn, *args)
+    with pure_python():
+        want = _result(py_fn, *args)
+    assert got == want, args
+    return got
+
+
+@st.composite
+def tuple_bytes(draw: st.DrawFn) -> bytes:
+    """A TupleData: valid, damaged or random bytes, after a prefix."""
+    how = draw(st.sampled_from(["valid", "damaged", "random"]))
+    if how == "valid":
+        body = encode_tuple(draw(tuples()))
+    elif how == "damaged":
+        body = draw(damaged())[0]
+    else:
+        body = draw(st.binary(max_size=24))
+    return draw(st.binary(max_size=6)) + body + draw(st.binary(max_size=2))
+
+
+_LIKE = st.sampled_from([bytes, bytearray, memoryview])
+
+
+@st.composite
+def data_args(draw: st.DrawFn) -> tuple[Any, int]:
+    data = draw(tuple_bytes())
+    pos = draw(st.integers(0, len(data) + 3))
+    if draw(st.integers(0, 9)) == 0:
+        return draw(_NOT_DATA), pos
+    return draw(_LIKE)(data), pos
+
+
+@needs_native
+@SETTINGS
+@given(args=data_args())
+def test_tuple_readers_agree_on_anything(args: tuple[Any, int]) -> None:
+    assert native is not None
+    _twins(native.tuple_data, reader._read_tuple_py, *args)
+    _twins(native.tuple_text_line, copyrun._tuple_text_line_py, *args)
+
+
+@needs_native
+@SETTINGS
+@given(
+    datas=st.lists(data_args(), max_size=5),
+    start=st.integers(0, 6),
+    width=st.integers(0, 13),
+    limit=st.sampled_from([0, 1, 40, 10**9]),
+)
+def test_tuple_text_lines_agree_on_anything(
+    datas: list[tuple[Any, int]], start: int, width: int, limit: int
+) -> None:
+    assert native is not None
+    pos = datas[0][1] if datas else 0
+    rows = [d for d, _ in datas]
+    _twins(native.tuple_text_lines, copyrun._tuple_text_lines_py, rows, start, pos, width, limit)
+
+
+_CELLS = st.none() | _ESCAPY | _ESCAPY.map(bytearray) | _ESCAPY.map(memoryview)
+
+
+@needs_native
+@SETTINGS
+@given(
+    row=st.lists(_CELLS, max_size=12) | st.lists(_CELLS | _NOT_BYTES, max_size=4),
+    shape=st.sampled_from([list, tuple, "other"]),
+)
+@example(row=[None, 5], shape=list)  # bytes(5) is five NUL bytes, not an error
+def test_copy_rows_agree_on_anything(row: list[Any], shape: Any) -> None:
+    assert native is not None
+    values: Any = (5 if row else b"ab") if shape == "other" else shape(row)
+    _twins(native.copy_text_row, copyrun._text_row_py, values)
+    _twins(native.copy_binary_row, copyrun._binary_row_py, values)
+
+
+@st.composite
+def row_message(draw: st.DrawFn) -> Any:
+    """Begin, Commit, Insert, Update, Delete: valid, damaged or random, any bytes-like."""
+    if draw(st.booleans()):
+        data = draw(plain_messages())
+    else:
+        data = bytes([draw(st.sampled_from(b"BCIUD"))]) + draw(st.binary(max_size=30))
+    return draw(_LIKE)(data)
+
+
+def _decoded(decode: Any, data: Any) -> tuple[str, Any]:
+    try:
+        return "ok", decode(data)
+    except DecodeError as exc:  # the same words and offset, from either
+        return "DecodeError", (str(exc), exc.offset)
+    except Exception as exc:
+        return "error", type(exc).__name__
+
+
+@needs_native
+@SETTINGS
+@given(data=row_message())
+def test_row_decoders_agree_on_anything(data: Any) -> None:
+    assert speedups.row_decoders is not None
+    tag = bytes(data[:1]).decode()
+    twin = {"B": decoder._begin, "C": decoder._commit, "I": decoder._insert}
+    twin |= {"U": decoder._update, "D": decoder._delete}
+    got = _decoded(speedups.row_decoders[tag], data)
+    with pure_python():
+        assert got == _decoded(twin[tag], data)
+
+
+@needs_native
+@SETTINGS
+@given(
+    datas=lane_runs(),
+    extra=st.lists(_NOT_BYTES | _LIKE.map(lambda like: like(b"U")), max_size=1),
+    lsns_short=st.booleans(),
+    start=st.integers(-1, 3),
+    key=st.sampled_from([(0,), (0, 2), (3,), (-1,)]),
+    delete=st.booleans(),
+)
+@example(datas=[], extra=[], lsns_short=False, start=0, key=(3,), delete=False)
+@example(datas=[], extra=[b"U"], lsns_short=False, start=-1, key=(0,), delete=False)
+def test_hold_rows_agrees_on_anything(
+    datas: list[Any],
+    extra: list[Any],
+    lsns_short: bool,
+    start: int,
+    key: tuple[int, ...],
+    delete: bool,
+) -> None:
+    """Rows the loop stops at, rows not bytes, fewer LSNs than rows, a start before
+    the first row, a key column outside the width."""
+    from applier.apply.mergelane import _hold_rows_py
+
+    assert native is not None
+    datas = datas + extra
+    lsns = [0x1000 + i for i in range(len(datas) - (1 if lsns_short and datas else 0))]
+    out = []
+    for hold in (native.hold_rows, _hold_rows_py):
+        rows: Any = [] if delete else {}
+        keys = set() if delete else None
+        with pure_python():
+            got = _result(hold, datas, lsns, start, 3, key, rows, keys, None, 1, 0, 8, 10**9)
+        out.append((got, rows, keys))
+    assert out[0] == out[1]
