@@ -68,8 +68,8 @@ def row_format(params: Params, fmts: Formats) -> int:
 
 
 def _escape(v: bytes) -> bytes:
-    if type(v) is not bytes:  # a memoryview: `in` would compare its ints, find nothing
-        v = bytes(v)
+    if type(v) is memoryview:  # `in` would compare its ints, and find nothing
+        v = v.tobytes()
     if b"\\" in v:
         v = v.replace(b"\\", b"\\\\")
     if b"\t" in v:

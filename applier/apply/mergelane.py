@@ -197,6 +197,8 @@ def _hold_rows_py(
     """
     if len(key) > MAX_KEY:
         return 0, size
+    if start < 0 or not all(0 <= c < width for c in key):  # as the C twin, row or not
+        raise ValueError("hold_rows: start < 0, or a key column outside the width")
     k0 = key[0] if len(key) == 1 else -1
     j, n = start, len(datas)
     while j < n:
