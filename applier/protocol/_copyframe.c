@@ -39,7 +39,7 @@ typedef struct {
 #define SMALL_ROW 64
 
 typedef struct {
-    PyObject *seq; /* PySequence_Fast result */
+    PyObject *seq; /* the values: a tuple, or a list of bytes and None */
     Py_ssize_t n;
     Value *vals;
     Value small[SMALL_ROW];
@@ -58,6 +58,18 @@ row_release(Row *row)
     Py_XDECREF(row->seq);
 }
 
+/* Whether the list holds only bytes and None (what a row of the stream holds). */
+static int
+bytes_or_none(PyObject *list)
+{
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(list); i++) {
+        PyObject *o = PyList_GET_ITEM(list, i);
+        if (o != Py_None && !PyBytes_Check(o))
+            return 0;
+    }
+    return 1;
+}
+
 static int
 row_open(Row *row, PyObject *values)
 {
@@ -66,6 +78,15 @@ row_open(Row *row, PyObject *values)
     row->seq = PySequence_Fast(values, "a COPY row must be a sequence");
     if (row->seq == NULL)
         return -1;
+    /* The bytes of each value are borrowed until the row is written. Of bytes
+     * and None nothing runs; but a buffer view of another type (another
+     * library's) may run code that changes the caller's list and drops values
+     * read before: then the values are read from a tuple copy, ours. */
+    if (row->seq == values && PyList_Check(values) && !bytes_or_none(values)) {
+        Py_SETREF(row->seq, PyList_AsTuple(values));
+        if (row->seq == NULL)
+            return -1;
+    }
     Py_ssize_t n = PySequence_Fast_GET_SIZE(row->seq);
     if (n <= SMALL_ROW) {
         row->vals = row->small;
