@@ -842,3 +842,115 @@ def test_hold_rows_agrees_on_anything(
             got = _result(hold, datas, lsns, start, 3, key, rows, keys, None, 1, 0, 8, 10**9)
         out.append((got, rows, keys))
     assert out[0] == out[1]
+
+
+@st.composite
+def copydata_frames(draw: st.DrawFn) -> list[bytes]:
+    """What libpq may hand the read loop: XLogData of valid, damaged or random row
+    messages, keepalives, and CopyData that is neither or cut short."""
+    frames = []
+    for i in range(draw(st.integers(0, 8))):
+        header = struct.pack(">QQq", 0x100 + i, 0x100 + i, 1000 + i)
+        how = draw(st.sampled_from(["xlog", "xlog", "xlog", "keepalive", "cut", "empty", "junk"]))
+        if how == "xlog":
+            frames.append(b"w" + header + draw(plain_messages()))
+        elif how == "keepalive":
+            frames.append(b"k" + struct.pack(">Qqb", 0x100 + i, 1000 + i, 0))
+        elif how == "cut":
+            frames.append(b"w" + header[: draw(st.integers(0, len(header) - 1))])
+        elif how == "empty":
+            frames.append(b"w" + header)
+        else:
+            frames.append(draw(st.binary(min_size=1, max_size=12)))
+    return frames
+
+
+def _read_all(frames: list[bytes], c_loop: bool) -> Any:
+    """What the stream reads of ``frames``, with the C loop or its twin; or the error."""
+    from protocol_helpers import fake_stream
+
+    from applier.stream import takeloop
+
+    saved = takeloop._take_xlog
+    if not c_loop:
+        takeloop._take_xlog = None
+    try:
+        stream, _ = fake_stream(2, frames)
+        try:
+            got: Any = stream.read(0)
+        except Exception as exc:  # any type: what the twins are compared on
+            got = (type(exc).__name__, str(exc), getattr(exc, "context", None))
+        return got, stream.last_received, stream.messages_received, stream.last_send_time
+    finally:
+        takeloop._take_xlog = saved
+
+
+@needs_native
+@SETTINGS
+@given(frames=copydata_frames())
+def test_the_read_loops_agree_on_anything(frames: list[bytes]) -> None:
+    """take_xlog (C) and TakeLoop._take_py: the same items, positions and counts, or
+    the same error with the same context."""
+    assert _read_all(frames, c_loop=True) == _read_all(frames, c_loop=False)
+
+
+class _ScriptedPg:
+    """get_copy_data(1) from a script: n > 0 a message of n bytes, 0 nothing
+    buffered, -1 the COPY's end, None an OperationalError (a lost connection)."""
+
+    def __init__(self, script: list[int | None]) -> None:
+        self.script = list(script)
+        self.calls: list[str] = []
+
+    def consume_input(self) -> None:
+        self.calls.append("consume")
+
+    def get_copy_data(self, async_: int) -> tuple[int, bytes]:
+        self.calls.append("get")
+        n = self.script.pop(0) if self.script else 0
+        if n is None:
+            import psycopg
+
+            raise psycopg.OperationalError("lost")
+        return n, bytes([n % 256]) * max(n, 0)
+
+
+def _fill(script: list[int | None], room: int, c_loop: bool) -> Any:
+    from array import array
+    from functools import partial
+
+    from applier.stream.readahead import ReadAhead
+
+    pg = _ScriptedPg(script)
+    buf = bytearray()
+    lens = array("q")
+    try:
+        if c_loop:
+            assert native is not None
+            packed = bytearray()
+            try:
+                got: Any = (
+                    native.fill_copy(
+                        pg.consume_input, partial(pg.get_copy_data, 1), buf, packed, room
+                    )
+                    == 1
+                )
+            finally:
+                lens.frombytes(packed)
+        else:
+            got = ReadAhead._fill_py(types.SimpleNamespace(_pgconn=pg), buf, lens, room)  # type: ignore[arg-type]
+    except Exception as exc:  # any type: what the twins are compared on
+        got = type(exc).__name__
+    return got, bytes(buf), list(lens), pg.calls
+
+
+@needs_native
+@SETTINGS
+@given(
+    script=st.lists(st.none() | st.sampled_from([-1, 0, 0]) | st.integers(1, 40), max_size=12),
+    room=st.integers(0, 120),
+)
+def test_the_fill_loops_agree_on_anything(script: list[int | None], room: int) -> None:
+    """fill_copy (C) and ReadAhead._fill_py: the same bytes and lengths taken, the
+    same calls to libpq, the same end or error."""
+    assert _fill(script, room, c_loop=True) == _fill(script, room, c_loop=False)
