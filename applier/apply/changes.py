@@ -167,10 +167,16 @@ class Changes:
 
     def on_insert_run(self, lsn: Lsn, m: InsertRun) -> None:
         """Inserts into one relation in a row: the first through :meth:`on_insert`, the
-        others through the insert lane (applier.apply.insertlane) where it takes them."""
+        others through the insert lane (applier.apply.insertlane) where it takes them;
+        in a transaction applied before, the others are only decoded (checked)."""
         self.on_insert(lsn, m.first)
         txn = self.txn
         if txn is None or txn.skip:  # applied already: so is every row of it
+            # Each row decoded all the same, as the stream decodes every Insert
+            # outside a run (of a run's rows it read only the head): a corrupt
+            # stream is an error, skipped or not.
+            for data in m.datas:
+                decode_insert(data)
             return
         # Whether the lane may take any of them is the same for every row: asked once.
         rm = self.relmaps.get(m.first.relation_oid)

@@ -67,7 +67,9 @@ def row_format(params: Params, fmts: Formats) -> int:
     return BINARY if fmts.count(0) == params.count(None) else NO_COPY
 
 
-def _escape(v: bytes) -> bytes:
+def _escape(v: bytes | memoryview) -> bytes:
+    if type(v) is memoryview:  # `in` would compare its ints, and find nothing
+        v = v.tobytes()
     if b"\\" in v:
         v = v.replace(b"\\", b"\\\\")
     if b"\t" in v:

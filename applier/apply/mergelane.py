@@ -191,15 +191,20 @@ def _hold_rows_py(
     Each row is ``(values, kinds, (lsn, data, no, txn))``, ``no`` counting on.
     Left to the caller: a malformed row or one not ``width`` wide, any unchanged
     TOAST value (``u``), a DELETE of a key held already, and every row of a key
-    of more than :data:`MAX_KEY` columns. The C twin (``hold_rows`` in
+    of more than :data:`MAX_KEY` columns. ``datas`` holds bytes (the stream's
+    payloads): another type is a TypeError. The C twin (``hold_rows`` in
     _holdrun.c) computes exactly this.
     """
     if len(key) > MAX_KEY:
         return 0, size
+    if start < 0 or not all(0 <= c < width for c in key):  # as the C twin, row or not
+        raise ValueError("hold_rows: start < 0, or a key column outside the width")
     k0 = key[0] if len(key) == 1 else -1
     j, n = start, len(datas)
     while j < n:
         data = datas[j]
+        if type(data) is not bytes:  # as the C twin: a memoryview's rows were held
+            raise TypeError("hold_rows: datas must hold bytes")
         got = read_tuple(data, 10)
         if got is None:
             break

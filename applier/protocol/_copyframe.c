@@ -8,6 +8,24 @@
 
 /* ------------------------------------------------------------------ COPY rows */
 
+/* struct.error, what the Python twins raise for a row COPY binary cannot count. */
+static PyObject *struct_error;
+
+/* struct.error, looked up once when the module is imported: 0, or -1 with an
+ * exception set. */
+int
+spd_copyframe_init(void)
+{
+    if (struct_error != NULL)
+        return 0;
+    PyObject *mod = PyImport_ImportModule("struct");
+    if (mod == NULL)
+        return -1;
+    struct_error = PyObject_GetAttrString(mod, "error");
+    Py_DECREF(mod);
+    return struct_error == NULL ? -1 : 0;
+}
+
 /* A value of a row: its bytes, borrowed from a bytes object or held through a
  * buffer view for other bytes-like objects (bytearray, memoryview). */
 typedef struct {
@@ -21,7 +39,7 @@ typedef struct {
 #define SMALL_ROW 64
 
 typedef struct {
-    PyObject *seq; /* PySequence_Fast result */
+    PyObject *seq; /* the values: a tuple, or a list of bytes and None */
     Py_ssize_t n;
     Value *vals;
     Value small[SMALL_ROW];
@@ -40,6 +58,18 @@ row_release(Row *row)
     Py_XDECREF(row->seq);
 }
 
+/* Whether the list holds only bytes and None (what a row of the stream holds). */
+static int
+bytes_or_none(PyObject *list)
+{
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(list); i++) {
+        PyObject *o = PyList_GET_ITEM(list, i);
+        if (o != Py_None && !PyBytes_Check(o))
+            return 0;
+    }
+    return 1;
+}
+
 static int
 row_open(Row *row, PyObject *values)
 {
@@ -48,6 +78,15 @@ row_open(Row *row, PyObject *values)
     row->seq = PySequence_Fast(values, "a COPY row must be a sequence");
     if (row->seq == NULL)
         return -1;
+    /* The bytes of each value are borrowed until the row is written. Of bytes
+     * and None nothing runs; but a buffer view of another type (another
+     * library's) may run code that changes the caller's list and drops values
+     * read before: then the values are read from a tuple copy, ours. */
+    if (row->seq == values && PyList_Check(values) && !bytes_or_none(values)) {
+        Py_SETREF(row->seq, PyList_AsTuple(values));
+        if (row->seq == NULL)
+            return -1;
+    }
     Py_ssize_t n = PySequence_Fast_GET_SIZE(row->seq);
     if (n <= SMALL_ROW) {
         row->vals = row->small;
@@ -166,10 +205,11 @@ spd_copy_binary_row(PyObject *module, PyObject *values)
         return NULL;
     }
     Py_ssize_t n = row.n;
-    /* The same limits as struct.pack(">h") and (">i") in the Python twin. */
+    /* The same limits as struct.pack(">h") and (">i") in the Python twin, and
+     * its error: struct.error. */
     if (n > INT16_MAX) {
         row_release(&row);
-        PyErr_SetString(PyExc_OverflowError, "a COPY binary row holds at most 32767 values");
+        PyErr_SetString(struct_error, "a COPY binary row holds at most 32767 values");
         return NULL;
     }
     Py_ssize_t total = 2;
@@ -177,7 +217,7 @@ spd_copy_binary_row(PyObject *module, PyObject *values)
         Value *v = &row.vals[i];
         if (!v->is_null && v->len > INT32_MAX) {
             row_release(&row);
-            PyErr_SetString(PyExc_OverflowError, "a COPY binary value is at most 2**31-1 bytes");
+            PyErr_SetString(struct_error, "a COPY binary value is at most 2**31-1 bytes");
             return NULL;
         }
         total += 4 + (v->is_null ? 0 : v->len);
@@ -284,18 +324,18 @@ text_line_write(const unsigned char *buf, Py_ssize_t pos, Py_ssize_t n, unsigned
 PyObject *
 spd_tuple_text_line(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    const unsigned char *buf;
-    Py_ssize_t size, pos, n;
-    if (spd_data_pos_args(args, nargs, "tuple_text_line", &buf, &size, &pos) < 0)
+    SpdBytes data;
+    Py_ssize_t pos, n;
+    if (spd_data_pos_args(args, nargs, "tuple_text_line", &data, &pos) < 0)
         return NULL;
-    Py_ssize_t total = text_line_size(buf, size, pos, &n);
+    Py_ssize_t total = text_line_size(data.buf, data.len, pos, &n);
+    PyObject *out = total < 0 ? NULL : PyBytes_FromStringAndSize(NULL, total);
+    if (out != NULL)
+        text_line_write(data.buf, pos, n, (unsigned char *)PyBytes_AS_STRING(out));
+    spd_bytes_close(&data);
     if (total < 0)
         return Py_BuildValue("(On)", Py_None, (Py_ssize_t)-1);
-    PyObject *out = PyBytes_FromStringAndSize(NULL, total);
-    if (out == NULL)
-        return NULL;
-    text_line_write(buf, pos, n, (unsigned char *)PyBytes_AS_STRING(out));
-    return Py_BuildValue("(Nn)", out, n);
+    return out == NULL ? NULL : Py_BuildValue("(Nn)", out, n);
 }
 
 /* tuple_text_lines(datas, start, pos, width, limit) -> (lines, count): the COPY
@@ -326,12 +366,12 @@ spd_tuple_text_lines(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_ssize_t end = start, total = 0;
     /* First pass: which rows make lines, and the bytes they take. */
     while (end < count && total < limit) {
-        PyObject *d = PyList_GET_ITEM(datas, end);
+        SpdBytes d;
         Py_ssize_t width;
-        if (!PyBytes_Check(d))
-            break;
-        Py_ssize_t size = text_line_size((const unsigned char *)PyBytes_AS_STRING(d),
-                                         PyBytes_GET_SIZE(d), pos, &width);
+        if (spd_bytes_open(&d, PyList_GET_ITEM(datas, end), "tuple_text_lines") < 0)
+            return NULL; /* not bytes-like: its twin's TypeError */
+        Py_ssize_t size = text_line_size(d.buf, d.len, pos, &width);
+        spd_bytes_close(&d);
         if (size < 0 || width != want)
             break;
         total += size;
@@ -339,12 +379,21 @@ spd_tuple_text_lines(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     if (end == start)
         return Py_BuildValue("(yn)", "", (Py_ssize_t)0);
+    /* No Python code runs from the first pass to the end of the second (a bytes
+     * object is not tracked by the garbage collector: allocating one collects
+     * nothing), so datas holds the same rows, unchanged. */
     PyObject *out = PyBytes_FromStringAndSize(NULL, total);
     if (out == NULL)
         return NULL;
     unsigned char *o = (unsigned char *)PyBytes_AS_STRING(out);
-    for (Py_ssize_t i = start; i < end; i++)
-        o = text_line_write((const unsigned char *)PyBytes_AS_STRING(PyList_GET_ITEM(datas, i)),
-                            pos, want, o);
+    for (Py_ssize_t i = start; i < end; i++) {
+        SpdBytes d;
+        if (spd_bytes_open(&d, PyList_GET_ITEM(datas, i), "tuple_text_lines") < 0) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        o = text_line_write(d.buf, pos, want, o);
+        spd_bytes_close(&d);
+    }
     return Py_BuildValue("(Nn)", out, end - start);
 }

@@ -20,7 +20,9 @@ callee(PyObject *msg, PyObject *handlers, PyObject *applier, PyObject *fallback)
         return Py_NewRef(fallback);
     Py_INCREF(entry); /* the attribute reads below run no code of ours, but may */
     PyObject *call = NULL, *state = PyObject_GetAttr(applier, state_name);
-    int ok = state == NULL ? -1 : PySet_Contains(PyTuple_GET_ITEM(entry, 0), state);
+    /* Python's `in`, as Applier.dispatch's (a frozenset's lookup, as fast as
+     * PySet_Contains, which refused any other container with a SystemError). */
+    int ok = state == NULL ? -1 : PySequence_Contains(PyTuple_GET_ITEM(entry, 0), state);
     Py_XDECREF(state);
     if (ok == 0)
         call = Py_NewRef(fallback);
@@ -33,6 +35,24 @@ callee(PyObject *msg, PyObject *handlers, PyObject *applier, PyObject *fallback)
     }
     Py_DECREF(entry);
     return call;
+}
+
+/* A batch's item as a new reference to a 2-tuple, unpacked as its twin's `for
+ * lsn, msg in batch` unpacks it (an item that is not a tuple of two: any
+ * iterable of two); NULL with its errors: TypeError for what is not iterable,
+ * ValueError for another number of values. */
+static PyObject *
+pair(PyObject *item)
+{
+    if (PyTuple_CheckExact(item) && PyTuple_GET_SIZE(item) == 2)
+        return Py_NewRef(item);
+    PyObject *t = PySequence_Tuple(item);
+    if (t == NULL || PyTuple_GET_SIZE(t) == 2)
+        return t;
+    PyErr_Format(PyExc_ValueError, "dispatch_batch: an item of %zd values, not (lsn, msg)",
+                 PyTuple_GET_SIZE(t));
+    Py_DECREF(t);
+    return NULL;
 }
 
 /* dispatch_batch(batch, handlers, applier, fallback, worker) -> None
@@ -56,12 +76,10 @@ spd_dispatch_batch(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     PyObject *batch = args[0], *handlers = args[1], *applier = args[2];
     PyObject *fallback = args[3], *worker = args[4];
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(batch); i++) {
-        PyObject *item = PyList_GET_ITEM(batch, i);
-        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 2) {
-            PyErr_SetString(PyExc_TypeError, "dispatch_batch: an item is not (lsn, msg)");
+        /* Held: a handler may drop the batch's last reference. */
+        PyObject *item = pair(PyList_GET_ITEM(batch, i));
+        if (item == NULL)
             return NULL;
-        }
-        Py_INCREF(item); /* a handler may drop the batch's last reference */
         PyObject *argv[2] = {PyTuple_GET_ITEM(item, 0), PyTuple_GET_ITEM(item, 1)};
         PyObject *call = callee(argv[1], handlers, applier, fallback);
         PyObject *r = NULL;

@@ -43,6 +43,66 @@ held_row(PyObject *values, PyObject *kinds, PyObject *lsn, PyObject *data, long 
     return row;
 }
 
+/* Hold one row, `data` (the message's bytes, which the caller holds a reference
+ * to), its LSN lsns[j]: 0 held, 1 not held (the loop stops there), -1 with an
+ * exception set. */
+static int
+hold_one(PyObject *data, PyObject *lsns, Py_ssize_t j, Py_ssize_t width, const Py_ssize_t *cols,
+         Py_ssize_t ncols, PyObject *rows, PyObject *keys, PyObject *txn, long long no)
+{
+    int updates = keys == Py_None;
+    if (!PyBytes_CheckExact(data)) { /* as its twin: type(data) is bytes */
+        PyErr_SetString(PyExc_TypeError, "hold_rows: datas must hold bytes");
+        return -1;
+    }
+    const unsigned char *buf = (const unsigned char *)PyBytes_AS_STRING(data);
+    Py_ssize_t len = PyBytes_GET_SIZE(data), end;
+    PyObject *kinds, *values;
+    int got = spd_read_tuple(buf, len, ROW_AT, &kinds, &values, &end);
+    if (got <= 0)
+        return got < 0 ? -1 : 1;
+    if (end != len || PyBytes_GET_SIZE(kinds) != width ||
+        memchr(PyBytes_AS_STRING(kinds), 'u', (size_t)width) != NULL) {
+        Py_DECREF(kinds);
+        Py_DECREF(values);
+        return 1;
+    }
+    PyObject *k = row_key(values, cols, ncols);
+    if (k == NULL) {
+        Py_DECREF(kinds);
+        Py_DECREF(values);
+        return -1;
+    }
+    /* Read after the checks, as its twin reads lsns[j]; held, as data is. */
+    PyObject *lsn = j < PyList_GET_SIZE(lsns) ? Py_NewRef(PyList_GET_ITEM(lsns, j)) : NULL;
+    if (lsn == NULL) {
+        PyErr_SetString(PyExc_IndexError, "hold_rows: fewer lsns than datas");
+        Py_DECREF(k);
+        Py_DECREF(kinds);
+        Py_DECREF(values);
+        return -1;
+    }
+    if (!updates) {
+        int held = PySet_Contains(keys, k);
+        if (held == 0)
+            held = PySet_Add(keys, k) < 0 ? -1 : 0;
+        if (held != 0) {
+            Py_DECREF(lsn);
+            Py_DECREF(k);
+            Py_DECREF(kinds);
+            Py_DECREF(values);
+            return held < 0 ? -1 : 1;
+        }
+    }
+    PyObject *row = held_row(values, kinds, lsn, data, no, txn);
+    int failed = row == NULL ||
+                 (updates ? PyDict_SetItem(rows, k, row) : PyList_Append(rows, row)) < 0;
+    Py_XDECREF(row);
+    Py_DECREF(lsn);
+    Py_DECREF(k);
+    return failed ? -1 : 0;
+}
+
 /* hold_rows(datas, lsns, start, width, key, rows, keys, txn, no, size, max_rows,
  * max_bytes) -> (count, size): see _hold_rows_py, whose every check this makes
  * in the same order. */
@@ -87,62 +147,28 @@ spd_hold_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             return NULL;
         }
     }
-    Py_ssize_t n = PyList_GET_SIZE(datas);
-    if (start < 0 || PyList_GET_SIZE(lsns) < n) {
-        PyErr_SetString(PyExc_ValueError, "hold_rows: start < 0, or fewer lsns than datas");
+    if (start < 0) {
+        PyErr_SetString(PyExc_ValueError, "hold_rows: start < 0");
         return NULL;
     }
     Py_ssize_t j = start;
-    while (j < n) {
-        PyObject *data = PyList_GET_ITEM(datas, j);
-        if (!PyBytes_Check(data)) {
-            PyErr_SetString(PyExc_TypeError, "hold_rows: datas must hold bytes");
+    /* The lists' sizes are read on every row, and each row's bytes and LSN held
+     * by a reference of ours while it is read and held: the allocations on the
+     * way can run a garbage collection, hence Python code (gc.callbacks, a
+     * __del__), which may change the lists and drop their items. */
+    while (j < PyList_GET_SIZE(datas)) {
+        PyObject *data = Py_NewRef(PyList_GET_ITEM(datas, j));
+        int stop = hold_one(data, lsns, j, width, cols, ncols, rows, keys, txn, no);
+        if (stop < 0) {
+            Py_DECREF(data);
             return NULL;
         }
-        const unsigned char *buf = (const unsigned char *)PyBytes_AS_STRING(data);
-        Py_ssize_t len = PyBytes_GET_SIZE(data), end;
-        PyObject *kinds, *values;
-        int got = spd_read_tuple(buf, len, ROW_AT, &kinds, &values, &end);
-        if (got < 0)
-            return NULL;
-        if (got == 0)
-            break;
-        if (end != len || PyBytes_GET_SIZE(kinds) != width ||
-            memchr(PyBytes_AS_STRING(kinds), 'u', (size_t)width) != NULL) {
-            Py_DECREF(kinds);
-            Py_DECREF(values);
+        if (stop) {
+            Py_DECREF(data);
             break;
         }
-        PyObject *k = row_key(values, cols, ncols);
-        if (k == NULL) {
-            Py_DECREF(kinds);
-            Py_DECREF(values);
-            return NULL;
-        }
-        if (!updates) {
-            int held = PySet_Contains(keys, k);
-            if (held != 0) {
-                Py_DECREF(k);
-                Py_DECREF(kinds);
-                Py_DECREF(values);
-                if (held < 0)
-                    return NULL;
-                break;
-            }
-            if (PySet_Add(keys, k) < 0) {
-                Py_DECREF(k);
-                Py_DECREF(kinds);
-                Py_DECREF(values);
-                return NULL;
-            }
-        }
-        PyObject *row = held_row(values, kinds, PyList_GET_ITEM(lsns, j), data, no, txn);
-        int failed = row == NULL ||
-                     (updates ? PyDict_SetItem(rows, k, row) : PyList_Append(rows, row)) < 0;
-        Py_XDECREF(row);
-        Py_DECREF(k);
-        if (failed)
-            return NULL;
+        Py_ssize_t len = PyBytes_GET_SIZE(data);
+        Py_DECREF(data);
         if (updates)
             size += len;
         no += 1;

@@ -121,32 +121,43 @@ start_run(PyObject *first, PyObject *payload, unsigned long long start, PyObject
     }
     Py_XDECREF(at);
     Py_DECREF(first);
-    if (run != NULL) {
-        *datas = d; /* borrowed from here on: the run holds them */
-        *lsns = l;
-        if (head != NULL)
-            memcpy(head, PyBytes_AS_STRING(payload), (size_t)head_len);
+    if (run == NULL) {
+        Py_XDECREF(d);
+        Py_XDECREF(l);
+        return NULL;
     }
-    Py_XDECREF(d);
-    Py_XDECREF(l);
+    /* The caller's references, not borrowed from the run: Python code runs before
+     * the next row is appended (get(), a collection), and may drop the run. */
+    *datas = d;
+    *lsns = l;
+    if (head != NULL)
+        memcpy(head, PyBytes_AS_STRING(payload), (size_t)head_len);
     return run;
 }
 
 /* Turn out's last item, (lsn, Insert), into (lsn, insert_run(Insert, [payload],
- * [start])); the run's lists go to the caller's. 0, or -1 with an exception. */
+ * [start])); the run's lists go to the caller's. 0, 1 when out's last item is
+ * no longer that (Python code, get(), changed out: no run then), or -1 with an
+ * exception. */
 static int
 start_insert_run(PyObject *out, PyObject *payload, unsigned long long start,
-                 PyObject *insert_run, PyObject **datas, PyObject **lsns)
+                 PyObject *insert_type, PyObject *insert_run, PyObject **datas, PyObject **lsns)
 {
     Py_ssize_t last_at = PyList_GET_SIZE(out) - 1;
-    PyObject *item = PyList_GET_ITEM(out, last_at);
+    if (last_at < 0)
+        return 1;
+    PyObject *last = PyList_GET_ITEM(out, last_at);
+    if (!PyTuple_Check(last) || PyTuple_GET_SIZE(last) != 2 ||
+        Py_TYPE(PyTuple_GET_ITEM(last, 1)) != (PyTypeObject *)insert_type)
+        return 1;
+    /* Held, not borrowed: insert_run is Python code, and may drop it from out. */
+    PyObject *item = Py_NewRef(PyList_GET_ITEM(out, last_at));
     PyObject *first = PyTuple_GET_ITEM(item, 1);
     Py_INCREF(first);
     PyObject *run = start_run(first, payload, start, insert_run, datas, lsns, NULL, 0);
-    if (run == NULL)
-        return -1;
-    PyObject *replaced = PyTuple_Pack(2, PyTuple_GET_ITEM(item, 0), run);
-    Py_DECREF(run);
+    PyObject *replaced = run == NULL ? NULL : PyTuple_Pack(2, PyTuple_GET_ITEM(item, 0), run);
+    Py_XDECREF(run);
+    Py_DECREF(item);
     if (replaced == NULL)
         return -1;
     return PyList_SetItem(out, last_at, replaced); /* steals; drops the old item */
@@ -256,7 +267,7 @@ spd_take_xlog(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         insert_type = PyTuple_GET_ITEM(args[6], 2);
         insert_run = PyTuple_GET_ITEM(args[6], 3);
     }
-    /* The run being gathered: borrowed, its item is in `out` for as long. */
+    /* The lists of the run being gathered (our references: see start_run). */
     PyObject *run_datas = NULL, *run_lsns = NULL;
     unsigned char run_head[GROUP_HEAD];
     Py_ssize_t head_len = GROUP_HEAD;
@@ -363,21 +374,26 @@ spd_take_xlog(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                 last = end;
             continue;
         }
-        run_datas = run_lsns = NULL;
+        Py_CLEAR(run_datas);
+        Py_CLEAR(run_lsns);
         if (lone_insert && PyBytes_GET_SIZE(payload) >= PLAIN_HEAD &&
             memcmp(PyBytes_AS_STRING(payload), lone_head, PLAIN_HEAD) == 0) {
             lone_insert = 0;
-            if (start_insert_run(out, payload, start, insert_run, &run_datas, &run_lsns) < 0) {
+            int started = start_insert_run(out, payload, start, insert_type, insert_run,
+                                           &run_datas, &run_lsns);
+            if (started < 0) {
                 Py_DECREF(payload);
                 goto error;
             }
-            Py_DECREF(payload);
-            memcpy(run_head, lone_head, PLAIN_HEAD);
-            head_len = PLAIN_HEAD;
-            room -= 1;
-            if (end > last)
-                last = end;
-            continue;
+            if (started == 0) {
+                Py_DECREF(payload);
+                memcpy(run_head, lone_head, PLAIN_HEAD);
+                head_len = PLAIN_HEAD;
+                room -= 1;
+                if (end > last)
+                    last = end;
+                continue;
+            }
         }
         lone_insert = 0;
         PyObject *handler = handler_for(decoder, payload);
@@ -423,11 +439,15 @@ spd_take_xlog(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         if (end > last)
             last = end;
     }
+    Py_XDECREF(run_datas);
+    Py_XDECREF(run_lsns);
     if (chunk_close(&chunk) < 0 || put_state(state, count, nbytes, last, sent) < 0)
         return NULL;
     return PyLong_FromLong(status);
 
 error:
+    Py_XDECREF(run_datas);
+    Py_XDECREF(run_lsns);
     {
         PyObject *exc_type, *exc_value, *exc_tb;
         PyErr_Fetch(&exc_type, &exc_value, &exc_tb);

@@ -6,9 +6,11 @@
  * the one extension), split along these seams; _speedups.h declares what they
  * share. This file holds only the module definition.
  *
- * Each function computes exactly what its pure-Python twin computes (the
- * twins stay the reference and the fallback; applier/protocol/speedups.py
- * chooses, tests/protocol/test_speedups.py checks them equal):
+ * Each function computes exactly what its pure-Python twin computes, takes
+ * the argument types it takes (data: bytes, bytearray or memoryview) and
+ * raises the exception types it raises (the twins stay the reference and the
+ * fallback; applier/protocol/speedups.py chooses, tests/protocol/test_speedups.py
+ * checks them equal, on random and malformed input):
  *
  * _tuples.c, TupleData reading:
  *
@@ -63,8 +65,8 @@
  *                           handlers.Applier.dispatch (the rest: fallback).
  *
  * Only the stable C API is used and nothing is kept between calls but the
- * shared all-text kinds objects, interned attribute names and what
- * bind_rows gave, set once at import, so there is no state to reason about.
+ * shared all-text kinds objects, interned attribute names, struct.error and
+ * what bind_rows gave, set once at import, so there is no state to reason about.
  */
 #include "_speedups.h"
 
@@ -112,7 +114,8 @@ static struct PyModuleDef module_def = {
 PyMODINIT_FUNC
 PyInit__speedups(void)
 {
-    if (spd_tuples_init() < 0 || spd_readloop_init() < 0 || spd_dispatch_init() < 0)
+    if (spd_tuples_init() < 0 || spd_copyframe_init() < 0 || spd_readloop_init() < 0 ||
+        spd_dispatch_init() < 0)
         return NULL;
     return PyModule_Create(&module_def);
 }

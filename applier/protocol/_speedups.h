@@ -21,6 +21,49 @@ read_u32(const unsigned char *p)
     return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | (uint32_t)p[3];
 }
 
+/* The bytes of a bytes-like argument (bytes, bytearray, memoryview: what the
+ * Python twins index and slice alike): bytes read in place, any other through a
+ * buffer view, which holds a reference to it and keeps a bytearray from being
+ * resized. */
+typedef struct {
+    const unsigned char *buf;
+    Py_ssize_t len;
+    int has_view;
+    Py_buffer view;
+} SpdBytes;
+
+/* 0, or -1 with an exception set (TypeError, naming `name`, for a non-bytes-like). */
+static inline int
+spd_bytes_open(SpdBytes *b, PyObject *obj, const char *name)
+{
+    b->has_view = 0;
+    if (PyBytes_Check(obj)) {
+        b->buf = (const unsigned char *)PyBytes_AS_STRING(obj);
+        b->len = PyBytes_GET_SIZE(obj);
+        return 0;
+    }
+    if (!PyObject_CheckBuffer(obj)) {
+        PyErr_Format(PyExc_TypeError, "%s: data must be bytes-like, not %.100s", name,
+                     Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    if (PyObject_GetBuffer(obj, &b->view, PyBUF_SIMPLE) < 0)
+        return -1;
+    b->has_view = 1;
+    b->buf = (const unsigned char *)b->view.buf;
+    b->len = b->view.len;
+    return 0;
+}
+
+static inline void
+spd_bytes_close(SpdBytes *b)
+{
+    if (b->has_view) {
+        b->has_view = 0;
+        PyBuffer_Release(&b->view);
+    }
+}
+
 /* Hidden from the .so's dynamic symbols: as when the module was one file,
  * PyInit__speedups is all it exports. */
 #if defined(__GNUC__)
@@ -28,8 +71,8 @@ read_u32(const unsigned char *p)
 #endif
 
 /* _tuples.c: TupleData reading. */
-int spd_data_pos_args(PyObject *const *args, Py_ssize_t nargs, const char *name,
-                      const unsigned char **buf, Py_ssize_t *size, Py_ssize_t *pos);
+int spd_data_pos_args(PyObject *const *args, Py_ssize_t nargs, const char *name, SpdBytes *data,
+                      Py_ssize_t *pos);
 PyObject *spd_tuple_data(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 int spd_read_tuple(const unsigned char *buf, Py_ssize_t size, Py_ssize_t pos, PyObject **kinds,
                    PyObject **values, Py_ssize_t *end);
@@ -40,6 +83,7 @@ PyObject *spd_copy_text_row(PyObject *module, PyObject *values);
 PyObject *spd_copy_binary_row(PyObject *module, PyObject *values);
 PyObject *spd_tuple_text_line(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *spd_tuple_text_lines(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+int spd_copyframe_init(void);
 
 /* _readloop.c: the stream client's read loop. */
 PyObject *spd_take_xlog(PyObject *module, PyObject *const *args, Py_ssize_t nargs);

@@ -11,26 +11,20 @@
 #define ALL_TEXT_MAX 128
 static PyObject *all_text_kinds[ALL_TEXT_MAX];
 
-/* The (data, pos) arguments of tuple_data and tuple_text_line: 0, or -1 with an
- * exception set. */
+/* The (data, pos) arguments of tuple_data and tuple_text_line: 0 with `data`
+ * open (spd_bytes_close it), or -1 with an exception set. */
 int
-spd_data_pos_args(PyObject *const *args, Py_ssize_t nargs, const char *name,
-                  const unsigned char **buf, Py_ssize_t *size, Py_ssize_t *pos)
+spd_data_pos_args(PyObject *const *args, Py_ssize_t nargs, const char *name, SpdBytes *data,
+                  Py_ssize_t *pos)
 {
     if (nargs != 2) {
         PyErr_Format(PyExc_TypeError, "%s(data, pos) takes 2 arguments", name);
         return -1;
     }
-    if (!PyBytes_Check(args[0])) {
-        PyErr_Format(PyExc_TypeError, "%s: data must be bytes", name);
-        return -1;
-    }
     *pos = PyLong_AsSsize_t(args[1]);
     if (*pos == -1 && PyErr_Occurred())
         return -1;
-    *buf = (const unsigned char *)PyBytes_AS_STRING(args[0]);
-    *size = PyBytes_GET_SIZE(args[0]);
-    return 0;
+    return spd_bytes_open(data, args[0], name);
 }
 
 /* Read the TupleData at buf[pos:size]: 1 with new references in *kinds and
@@ -118,12 +112,13 @@ spd_read_tuple(const unsigned char *buf, Py_ssize_t size, Py_ssize_t pos, PyObje
 PyObject *
 spd_tuple_data(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    const unsigned char *buf;
-    Py_ssize_t size, pos, end;
+    SpdBytes data;
+    Py_ssize_t pos, end;
     PyObject *kinds, *values;
-    if (spd_data_pos_args(args, nargs, "tuple_data", &buf, &size, &pos) < 0)
+    if (spd_data_pos_args(args, nargs, "tuple_data", &data, &pos) < 0)
         return NULL;
-    int got = spd_read_tuple(buf, size, pos, &kinds, &values, &end);
+    int got = spd_read_tuple(data.buf, data.len, pos, &kinds, &values, &end);
+    spd_bytes_close(&data);
     if (got < 0)
         return NULL;
     if (got == 0)

@@ -20,7 +20,7 @@ from applier.apply.mapping import Catalog
 from applier.apply.origin import ensure_origin, origin_progress
 from applier.apply.session import TargetSession
 from applier.apply.spool import SpoolSet
-from applier.errors import ApplierError, ApplyError, ProtocolError
+from applier.errors import ApplierError, ApplyError, DecodeError, ProtocolError
 from applier.lsn import Lsn
 from applier.protocol import (
     Begin,
@@ -28,6 +28,7 @@ from applier.protocol import (
     Commit,
     CommitPrepared,
     Insert,
+    InsertRun,
     PgOutputMessage,
     Relation,
     StreamStart,
@@ -133,6 +134,35 @@ def test_tuple_not_matching_its_relation_on_a_skipped_table(kit: Kit, dump: str)
     kit.applier.abandon()
     assert kit.pair.sub_exec("SELECT count(*) FROM t") == [(0,)]
     assert kit.pair.sub_exec("SELECT count(*) FROM applier.skipped_changes") == [(0,)]
+    assert kit.progress() == Lsn(0)
+
+
+@pytest.mark.parametrize("skipped", [False, True], ids=["applied", "applied_before"])
+@pytest.mark.parametrize("cut", [1, -1], ids=["truncated", "trailing_byte"])
+def test_a_malformed_insert_in_a_run_is_an_error_skipped_or_not(
+    kit: Kit, skipped: bool, cut: int
+) -> None:
+    """An InsertRun's rows are bytes the stream did not decode (only their head was
+    read): each must be decoded, as each Insert outside a run is, also when its
+    transaction was applied before and is skipped (its rows were then dropped
+    unread: a corrupt stream passed)."""
+    good = encode(Insert(None, REL.oid, TupleData.text(b"2", b"b")), 3)
+    bad = encode(Insert(None, REL.oid, TupleData.text(b"3", b"c")), 3)
+    bad = bad[:-1] if cut == 1 else bad + b"\x00"
+    first = Insert(None, REL.oid, TupleData.text(b"1", b"a"))
+    run = InsertRun(first, [good, bad], [0x1003, 0x1004])
+    if skipped:  # the transaction ends before the origin's progress: applied before
+        kit.applier.progress = Lsn(0x6000)
+    decoder = PgOutputDecoder(3)
+    begin, rel, commit = _txn(703)
+    with pytest.raises(DecodeError) as info:
+        for n, m in enumerate([begin, rel]):
+            kit.applier.dispatch(Lsn(0x1000 + n), decoder.decode(encode(m, 3)))
+        kit.applier.dispatch(Lsn(0x1002), run)
+        kit.applier.dispatch(Lsn(0x1005), decoder.decode(encode(commit, 3)))
+    assert info.value.offset is not None, info.value
+    kit.applier.abandon()
+    assert kit.pair.sub_exec("SELECT count(*) FROM t") == [(0,)]
     assert kit.progress() == Lsn(0)
 
 

@@ -163,3 +163,54 @@ def test_bad_arguments_are_a_type_error() -> None:
         speedups.dispatch_batch([A()], h.handlers, h, h.dispatch, h)
     with pytest.raises(TypeError):
         speedups.dispatch_batch((), h.handlers, h, h.dispatch, h)  # type: ignore[arg-type]
+
+
+def _outcome(loop: str, batch: list[Any], entry: Any = None) -> Any:
+    """_run's outcome with A's handlers entry replaced, and any error's type."""
+    h = Harness({"A": ["txn"], "B": []})
+    if entry is not None:
+        h.handlers[A] = entry(h.handlers[A])
+    try:
+        if loop == "c":
+            assert speedups.dispatch_batch is not None
+            speedups.dispatch_batch(batch, h.handlers, h, h.dispatch, h)
+        else:
+            Worker._dispatch_py(h, batch, h.dispatch)  # type: ignore[arg-type]
+        outcome: Any = "ok"
+    except Exception as e:  # any type: what is compared
+        outcome = type(e).__name__
+    return [e for e in h.log if e[0] != "dispatch"], outcome, h.state
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        lambda e: (list(e[0]), e[1]),  # states in a list: `in` works
+        lambda e: (tuple(e[0]), e[1]),
+        lambda e: (5, e[1]),  # not a container: TypeError
+        lambda e: (e[0], e[1], None),  # not a pair: the dispatch method's way
+        lambda e: [e[0], e[1]],
+    ],
+    ids=["list", "tuple", "int", "triple", "pair-list"],
+)
+def test_a_malformed_handlers_entry_is_taken_as_the_python_loop_takes_it(entry: Any) -> None:
+    """A handlers entry whose states are not a set: the C loop raised SystemError
+    (PySet_Contains), the Python loop's `in` works or raises TypeError."""
+    batch = [(1, A()), (2, B()), (3, A())]
+    c = _outcome("c", batch, entry)
+    assert c == _outcome("python", batch, entry)
+    assert c[1] != "SystemError"
+
+
+@pytest.mark.parametrize(
+    "item", [[1, "A"], (1, "A", None), (1,), "A"], ids=["list", "triple", "single", "str"]
+)
+def test_a_malformed_batch_item_is_taken_as_the_python_loop_takes_it(item: Any) -> None:
+    """A batch item that is not an (lsn, msg) tuple: the Python loop unpacks a pair
+    of any kind and raises ValueError for another length (the C loop: TypeError)."""
+    if isinstance(item, list):
+        item = [item[0], A()]
+    elif isinstance(item, tuple) and len(item) == 3:
+        item = (item[0], A(), item[2])
+    batch = [(0, A()), item, (2, A())]
+    assert _outcome("c", batch) == _outcome("python", batch)

@@ -17,11 +17,13 @@ import struct
 import subprocess
 import sys
 import types
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from applier import __version__
@@ -39,6 +41,10 @@ except ImportError:  # the test below fails for it; the others skip
     native = None  # type: ignore[assignment]
 
 needs_native = pytest.mark.skipif(native is None, reason="the C speedups are not built")
+#: The C row decoders run once the decoder bound them: not with APPLIER_PURE_PYTHON.
+needs_row_decoders = pytest.mark.skipif(
+    speedups.row_decoders is None, reason="the C row decoders are not chosen"
+)
 
 
 def test_the_c_speedups_are_built_and_chosen() -> None:
@@ -272,6 +278,19 @@ def test_copy_row_edges() -> None:
             native.copy_binary_row(bad)  # type: ignore[arg-type]
 
 
+@needs_native
+def test_copy_binary_row_refuses_too_many_values_as_its_twin() -> None:
+    """COPY binary counts a row's values in an int16: over 32767, the C framer raised
+    OverflowError where its twin raises struct.error."""
+    assert native is not None
+    row: list[bytes | None] = [None] * 32_768
+    with pytest.raises(struct.error):
+        copyrun._binary_row_py(row)
+    with pytest.raises(struct.error):
+        native.copy_binary_row(row)
+    assert native.copy_binary_row(row[1:]) == copyrun._binary_row_py(row[1:])
+
+
 # ------------------------------------------------------- the merge lane's loop
 
 #: Rows of a 3-column table keyed on (0,) or (0, 2): small key values so keys repeat.
@@ -448,7 +467,7 @@ def vars_of(msg: Any) -> list[Any]:
     return [getattr(msg, name) for name in msg.__slots__]
 
 
-@needs_native
+@needs_row_decoders
 @SETTINGS
 @given(data=plain_messages())
 def test_plain_messages_decode_as_their_python_twins(data: bytes) -> None:
@@ -463,3 +482,475 @@ def test_plain_messages_decode_as_their_python_twins(data: bytes) -> None:
         decoder._tuple = saved
     assert _outcome(speedups.row_decoders[chr(data[0])], data) == expected
     assert _outcome(decoder.PgOutputDecoder(2).decode, data) == expected
+
+
+# ------------------------------------------------------------------ bytes-likes
+
+
+@contextmanager
+def pure_python() -> Iterator[None]:
+    """The Python twins all the way down: the readers and framers they call are the
+    chosen ones (C, when built), which a twin comparison must not use."""
+    from applier.apply import mergelane
+
+    patches = [
+        (decoder, "_tuple", reader._tuple_py),
+        (copyrun, "_tuple", reader._tuple_py),
+        (copyrun, "text_row", copyrun._text_row_py),
+        (copyrun, "tuple_text_line", copyrun._tuple_text_line_py),
+        (mergelane, "read_tuple", reader._read_tuple_py),
+    ]
+    saved = [(mod, name, getattr(mod, name)) for mod, name, _ in patches]
+    try:
+        for mod, name, twin in patches:
+            setattr(mod, name, twin)
+        yield
+    finally:
+        for mod, name, value in saved:
+            setattr(mod, name, value)
+
+
+def _insert_bytes(values: tuple[bytes | None, ...]) -> bytes:
+    return b"I" + struct.pack(">I", 42) + b"N" + encode_tuple(TupleData.text(*values))
+
+
+_LIKES = [bytearray, memoryview]
+
+
+@needs_native
+@pytest.mark.parametrize("like", _LIKES)
+def test_readers_take_the_bytes_likes_their_twins_take(like: type) -> None:
+    """tuple_data, tuple_text_line(s) and the row decoders read a bytearray or a
+    memoryview as their Python twins do (they raised TypeError: data must be bytes)."""
+    assert native is not None
+    data = _insert_bytes((b"1", None, b"a\tb\\"))
+    with pure_python():
+        want_tuple = reader._read_tuple_py(like(data), 6)
+        want_line = copyrun._tuple_text_line_py(like(data), 6)
+        want_lines = copyrun._tuple_text_lines_py([like(data), data], 0, 6, 3, 10**6)
+        want_insert = decoder._insert(like(data))
+    assert native.tuple_data(like(data), 6) == want_tuple
+    assert native.tuple_text_line(like(data), 6) == want_line
+    assert native.tuple_text_lines([like(data), data], 0, 6, 3, 10**6) == want_lines
+    assert decoder.decode_insert(like(data)) == want_insert  # C when chosen
+    if speedups.row_decoders is not None:
+        assert speedups.row_decoders["I"](like(data)) == want_insert
+
+
+@pytest.mark.parametrize("like", _LIKES)
+def test_text_rows_escape_bytes_likes(like: type) -> None:
+    """The Python framer escaped no memoryview value (b"\\t" in a memoryview is
+    False): a tab in a value split the COPY line."""
+    row = [b"a\tb", None, b"\\\n"]
+    want = b"a\\tb\t\\N\t\\\\\\n\n"
+    wrapped = [None if v is None else like(v) for v in row]
+    assert copyrun._text_row_py(row) == want
+    assert copyrun._text_row_py(wrapped) == want
+    if native is not None:
+        assert native.copy_text_row(wrapped) == want
+
+
+@pytest.mark.parametrize("like", _LIKES)
+def test_hold_rows_takes_bytes_only_in_both_twins(like: type) -> None:
+    """A run's rows are bytes (the stream's payloads): both twins refuse another
+    type with TypeError (the Python twin held a memoryview's rows, and failed on a
+    bytearray's only when a key value was hashed)."""
+    from applier.apply import mergelane
+
+    data = b"U" + struct.pack(">II", 7, 16384) + b"N" + encode_tuple(TupleData.text(b"1"))
+    twins = [mergelane._hold_rows_py] + ([] if native is None else [native.hold_rows])
+    for hold in twins:
+        with pure_python(), pytest.raises(TypeError):
+            hold([like(data)], [1], 0, 1, (0,), {}, None, None, 1, 0, 256, 10**9)
+
+
+# ------------------------------------- borrowed references across Python code
+
+
+def _insert_frame(i: int, fill: int) -> bytes:
+    """An XLogData of an Insert outside a stream block, at WAL 0x100 + i."""
+    payload = (
+        b"I" + struct.pack(">I", 16384) + b"N" + encode_tuple(TupleData.text(bytes([fill]) * 3))
+    )
+    return b"w" + struct.pack(">QQq", 0x100 + i, 0x100 + i, 0) + payload
+
+
+@needs_native
+def test_hold_rows_keeps_its_row_while_a_collection_drops_it() -> None:
+    """A garbage collection during the read of a row (a gc.callbacks hook here) that
+    drops the run's reference to the row's bytes: the row held is still those bytes'
+    (it read freed memory: another object's values, and took a reference to it)."""
+    import gc
+
+    assert native is not None
+    width = 24  # a tuple this wide is not from the free list: its allocation may collect
+    head = b"U" + struct.pack(">II", 7, 16384) + b"N"
+
+    def row(fill: int) -> bytes:
+        return head + encode_tuple(TupleData(b"t" * width, (bytes([fill]) * 40,) * width))
+
+    original = row(ord("a"))
+    datas: list[Any] = [row(ord("a"))]  # an equal object, not the same
+    junk: list[bytes] = []
+    armed = [True]
+
+    def hook(phase: str, info: dict[str, int]) -> None:
+        if armed[0] and phase == "start":
+            armed[0] = False
+            datas[0] = None  # the row's only other reference
+            junk.extend(row(ord("z")) for _ in range(50))  # what would reuse its memory
+
+    rows: dict[Any, Any] = {}
+    threshold = gc.get_threshold()
+    gc.callbacks.append(hook)
+    gc.set_threshold(1)
+    try:
+        got = native.hold_rows(datas, [1], 0, width, (0,), rows, None, None, 1, 0, 256, 10**9)
+    finally:
+        gc.set_threshold(*threshold)
+        gc.callbacks.remove(hook)
+    assert not armed[0], "no collection ran during hold_rows"
+    assert got == (1, len(original))
+    [(values, kinds, (lsn, data, no, txn))] = rows.values()
+    assert values == (bytes([ord("a")]) * 40,) * width and kinds == b"t" * width
+    assert data == original and (lsn, no, txn) == (1, 1, None)
+
+
+@needs_native
+def test_an_insert_run_keeps_its_item_while_its_constructor_drops_it() -> None:
+    """take_xlog turns a lone Insert's item into (its lsn, InsertRun(...)) with the
+    item borrowed from ``out`` across the InsertRun's construction (Python code):
+    when that drops the item, the run still gets the item's LSN (it read freed
+    memory: another tuple's)."""
+    from applier.lsn import Lsn
+    from applier.protocol import Insert, InsertRun, StreamedChange, StreamedRun
+
+    assert native is not None
+    out: list[Any] = []
+    junk: list[Any] = []
+
+    class Dropping(InsertRun):
+        def __init__(self, *args: Any) -> None:
+            super().__init__(*args)
+            out[-1] = None  # the item being replaced: its only reference
+            junk.extend((Lsn(0xDEAD), None) for _ in range(50))
+
+    frames = iter([_insert_frame(i, 97 + i) for i in range(3)])
+
+    def get() -> tuple[int, bytes]:
+        f = next(frames, None)
+        return (0, b"") if f is None else (len(f), f)
+
+    group = (StreamedChange, StreamedRun, Insert, Dropping)
+    state: list[Any] = [0, 0, 0, None, None, 0]
+    assert native.take_xlog(get, decoder.PgOutputDecoder(2), out, 100, Lsn, state, group) == 0
+    [(lsn, run)] = out
+    assert lsn == Lsn(0x100) and type(run) is Dropping
+    assert run.lsns == [0x101, 0x102] and run.first.new.values == (b"aaa",)
+
+
+@needs_native
+def test_a_run_keeps_its_lists_while_get_drops_it() -> None:
+    """The lists of the run being gathered were borrowed from the run (held by
+    ``out``) across get(): when get drops the run, later rows went into freed lists
+    (other lists, made after)."""
+    from applier.lsn import Lsn
+    from applier.protocol import Insert, InsertRun, StreamedChange, StreamedRun
+
+    assert native is not None
+    out: list[Any] = []
+    junk: list[list[Any]] = []
+    frames = [_insert_frame(i, 97 + i) for i in range(4)]
+    calls = [0]
+
+    def get() -> tuple[int, bytes]:
+        calls[0] += 1
+        if calls[0] == 3:  # the run the second Insert started is out[-1]
+            out[-1] = None
+            junk.extend([] for _ in range(50))
+        f = frames[calls[0] - 1] if calls[0] <= len(frames) else None
+        return (0, b"") if f is None else (len(f), f)
+
+    group = (StreamedChange, StreamedRun, Insert, InsertRun)
+    state: list[Any] = [0, 0, 0, None, None, 0]
+    assert native.take_xlog(get, decoder.PgOutputDecoder(2), out, 100, Lsn, state, group) == 0
+    assert out == [None] and not any(junk)
+    assert state[:3] == [4, sum(map(len, frames)), 0x103]
+
+
+# -------------------------------------------- twins on random and malformed input
+#
+# Each C function against its Python twin (pure_python(): no C below it), on
+# valid, damaged and random bytes, as bytes, bytearray or memoryview, and on
+# arguments of the wrong type: equal results (==: a twin's values are slices of
+# its input, so a bytearray's are bytearrays), or the same exception type.
+# Positions are offsets a caller computes: 0 up to past the end of the data.
+
+_NOT_BYTES = st.sampled_from([None, "text", 5])
+#: Not data to read (a str or a list of ints the Python readers index, by accident:
+#: no caller passes one).
+_NOT_DATA = st.sampled_from([None, 5])
+
+
+def _result(fn: Any, *args: Any) -> tuple[str, Any]:
+    try:
+        return "ok", fn(*args)
+    except Exception as exc:  # any type: what the twins are compared on
+        return "error", type(exc).__name__
+
+
+def _twins(c_fn: Any, py_fn: Any, *args: Any) -> tuple[str, Any]:
+    got = _result(c_fn, *args)
+    with pure_python():
+        want = _result(py_fn, *args)
+    assert got == want, args
+    return got
+
+
+@st.composite
+def tuple_bytes(draw: st.DrawFn) -> bytes:
+    """A TupleData: valid, damaged or random bytes, after a prefix."""
+    how = draw(st.sampled_from(["valid", "damaged", "random"]))
+    if how == "valid":
+        body = encode_tuple(draw(tuples()))
+    elif how == "damaged":
+        body = draw(damaged())[0]
+    else:
+        body = draw(st.binary(max_size=24))
+    return draw(st.binary(max_size=6)) + body + draw(st.binary(max_size=2))
+
+
+_LIKE = st.sampled_from([bytes, bytearray, memoryview])
+
+
+@st.composite
+def data_args(draw: st.DrawFn) -> tuple[Any, int]:
+    data = draw(tuple_bytes())
+    pos = draw(st.integers(0, len(data) + 3))
+    if draw(st.integers(0, 9)) == 0:
+        return draw(_NOT_DATA), pos
+    return draw(_LIKE)(data), pos
+
+
+@needs_native
+@SETTINGS
+@given(args=data_args())
+def test_tuple_readers_agree_on_anything(args: tuple[Any, int]) -> None:
+    assert native is not None
+    _twins(native.tuple_data, reader._read_tuple_py, *args)
+    _twins(native.tuple_text_line, copyrun._tuple_text_line_py, *args)
+
+
+@needs_native
+@SETTINGS
+@given(
+    datas=st.lists(data_args(), max_size=5),
+    start=st.integers(0, 6),
+    width=st.integers(0, 13),
+    limit=st.sampled_from([0, 1, 40, 10**9]),
+)
+def test_tuple_text_lines_agree_on_anything(
+    datas: list[tuple[Any, int]], start: int, width: int, limit: int
+) -> None:
+    assert native is not None
+    pos = datas[0][1] if datas else 0
+    rows = [d for d, _ in datas]
+    _twins(native.tuple_text_lines, copyrun._tuple_text_lines_py, rows, start, pos, width, limit)
+
+
+_CELLS = st.none() | _ESCAPY | _ESCAPY.map(bytearray) | _ESCAPY.map(memoryview)
+
+
+@needs_native
+@SETTINGS
+@given(
+    row=st.lists(_CELLS, max_size=12) | st.lists(_CELLS | _NOT_BYTES, max_size=4),
+    shape=st.sampled_from([list, tuple, "other"]),
+)
+@example(row=[None, 5], shape=list)  # bytes(5) is five NUL bytes, not an error
+def test_copy_rows_agree_on_anything(row: list[Any], shape: Any) -> None:
+    assert native is not None
+    values: Any = (5 if row else b"ab") if shape == "other" else shape(row)
+    _twins(native.copy_text_row, copyrun._text_row_py, values)
+    _twins(native.copy_binary_row, copyrun._binary_row_py, values)
+
+
+@st.composite
+def row_message(draw: st.DrawFn) -> Any:
+    """Begin, Commit, Insert, Update, Delete: valid, damaged or random, any bytes-like."""
+    if draw(st.booleans()):
+        data = draw(plain_messages())
+    else:
+        data = bytes([draw(st.sampled_from(b"BCIUD"))]) + draw(st.binary(max_size=30))
+    return draw(_LIKE)(data)
+
+
+def _decoded(decode: Any, data: Any) -> tuple[str, Any]:
+    try:
+        return "ok", decode(data)
+    except DecodeError as exc:  # the same words and offset, from either
+        return "DecodeError", (str(exc), exc.offset)
+    except Exception as exc:
+        return "error", type(exc).__name__
+
+
+@needs_row_decoders
+@SETTINGS
+@given(data=row_message())
+def test_row_decoders_agree_on_anything(data: Any) -> None:
+    assert speedups.row_decoders is not None
+    tag = bytes(data[:1]).decode()
+    twin = {"B": decoder._begin, "C": decoder._commit, "I": decoder._insert}
+    twin |= {"U": decoder._update, "D": decoder._delete}
+    got = _decoded(speedups.row_decoders[tag], data)
+    with pure_python():
+        assert got == _decoded(twin[tag], data)
+
+
+@needs_native
+@SETTINGS
+@given(
+    datas=lane_runs(),
+    extra=st.lists(_NOT_BYTES | _LIKE.map(lambda like: like(b"U")), max_size=1),
+    lsns_short=st.booleans(),
+    start=st.integers(-1, 3),
+    key=st.sampled_from([(0,), (0, 2), (3,), (-1,)]),
+    delete=st.booleans(),
+)
+@example(datas=[], extra=[], lsns_short=False, start=0, key=(3,), delete=False)
+@example(datas=[], extra=[b"U"], lsns_short=False, start=-1, key=(0,), delete=False)
+def test_hold_rows_agrees_on_anything(
+    datas: list[Any],
+    extra: list[Any],
+    lsns_short: bool,
+    start: int,
+    key: tuple[int, ...],
+    delete: bool,
+) -> None:
+    """Rows the loop stops at, rows not bytes, fewer LSNs than rows, a start before
+    the first row, a key column outside the width."""
+    from applier.apply.mergelane import _hold_rows_py
+
+    assert native is not None
+    datas = datas + extra
+    lsns = [0x1000 + i for i in range(len(datas) - (1 if lsns_short and datas else 0))]
+    out = []
+    for hold in (native.hold_rows, _hold_rows_py):
+        rows: Any = [] if delete else {}
+        keys = set() if delete else None
+        with pure_python():
+            got = _result(hold, datas, lsns, start, 3, key, rows, keys, None, 1, 0, 8, 10**9)
+        out.append((got, rows, keys))
+    assert out[0] == out[1]
+
+
+@st.composite
+def copydata_frames(draw: st.DrawFn) -> list[bytes]:
+    """What libpq may hand the read loop: XLogData of valid, damaged or random row
+    messages, keepalives, and CopyData that is neither or cut short."""
+    frames = []
+    for i in range(draw(st.integers(0, 8))):
+        header = struct.pack(">QQq", 0x100 + i, 0x100 + i, 1000 + i)
+        how = draw(st.sampled_from(["xlog", "xlog", "xlog", "keepalive", "cut", "empty", "junk"]))
+        if how == "xlog":
+            frames.append(b"w" + header + draw(plain_messages()))
+        elif how == "keepalive":
+            frames.append(b"k" + struct.pack(">Qqb", 0x100 + i, 1000 + i, 0))
+        elif how == "cut":
+            frames.append(b"w" + header[: draw(st.integers(0, len(header) - 1))])
+        elif how == "empty":
+            frames.append(b"w" + header)
+        else:
+            frames.append(draw(st.binary(min_size=1, max_size=12)))
+    return frames
+
+
+def _read_all(frames: list[bytes], c_loop: bool) -> Any:
+    """What the stream reads of ``frames``, with the C loop or its twin; or the error."""
+    from protocol_helpers import fake_stream
+
+    from applier.stream import takeloop
+
+    saved = takeloop._take_xlog
+    if not c_loop:
+        takeloop._take_xlog = None
+    try:
+        stream, _ = fake_stream(2, frames)
+        try:
+            got: Any = stream.read(0)
+        except Exception as exc:  # any type: what the twins are compared on
+            got = (type(exc).__name__, str(exc), getattr(exc, "context", None))
+        return got, stream.last_received, stream.messages_received, stream.last_send_time
+    finally:
+        takeloop._take_xlog = saved
+
+
+@needs_native
+@SETTINGS
+@given(frames=copydata_frames())
+def test_the_read_loops_agree_on_anything(frames: list[bytes]) -> None:
+    """take_xlog (C) and TakeLoop._take_py: the same items, positions and counts, or
+    the same error with the same context."""
+    assert _read_all(frames, c_loop=True) == _read_all(frames, c_loop=False)
+
+
+class _ScriptedPg:
+    """get_copy_data(1) from a script: n > 0 a message of n bytes, 0 nothing
+    buffered, -1 the COPY's end, None an OperationalError (a lost connection)."""
+
+    def __init__(self, script: list[int | None]) -> None:
+        self.script = list(script)
+        self.calls: list[str] = []
+
+    def consume_input(self) -> None:
+        self.calls.append("consume")
+
+    def get_copy_data(self, async_: int) -> tuple[int, bytes]:
+        self.calls.append("get")
+        n = self.script.pop(0) if self.script else 0
+        if n is None:
+            import psycopg
+
+            raise psycopg.OperationalError("lost")
+        return n, bytes([n % 256]) * max(n, 0)
+
+
+def _fill(script: list[int | None], room: int, c_loop: bool) -> Any:
+    from array import array
+    from functools import partial
+
+    from applier.stream.readahead import ReadAhead
+
+    pg = _ScriptedPg(script)
+    buf = bytearray()
+    lens = array("q")
+    try:
+        if c_loop:
+            assert native is not None
+            packed = bytearray()
+            try:
+                got: Any = (
+                    native.fill_copy(
+                        pg.consume_input, partial(pg.get_copy_data, 1), buf, packed, room
+                    )
+                    == 1
+                )
+            finally:
+                lens.frombytes(packed)
+        else:
+            got = ReadAhead._fill_py(types.SimpleNamespace(_pgconn=pg), buf, lens, room)  # type: ignore[arg-type]
+    except Exception as exc:  # any type: what the twins are compared on
+        got = type(exc).__name__
+    return got, bytes(buf), list(lens), pg.calls
+
+
+@needs_native
+@SETTINGS
+@given(
+    script=st.lists(st.none() | st.sampled_from([-1, 0, 0]) | st.integers(1, 40), max_size=12),
+    room=st.integers(0, 120),
+)
+def test_the_fill_loops_agree_on_anything(script: list[int | None], room: int) -> None:
+    """fill_copy (C) and ReadAhead._fill_py: the same bytes and lengths taken, the
+    same calls to libpq, the same end or error."""
+    assert _fill(script, room, c_loop=True) == _fill(script, room, c_loop=False)
