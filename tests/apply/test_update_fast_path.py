@@ -26,6 +26,7 @@ from applier.apply import changes, merge, mergelane
 from applier.apply.handlers import Applier
 from applier.apply.mapping import RelMap, TargetColumn, TargetTable
 from applier.apply.merge import MergedCtx
+from applier.apply.paths import refresh as refresh_paths
 from applier.apply.skiprules import Rule
 from applier.config import config_from_dict
 from applier.errors import ProtocolError
@@ -160,7 +161,9 @@ def _set_up(a: Applier, setting: str) -> None:
     """Between two batches, as the worker does: sync-tables starts on table 2, or an
     object rule that skips table 1's UPDATEs is loaded."""
     if setting == "sync":
-        a.syncs = SimpleNamespace(cut={2: Lsn(10**9)}, qualname=lambda oid: f"s.t{oid}")  # type: ignore[assignment]
+        a.syncs = SimpleNamespace(
+            cut={2: Lsn(10**9)}, generation=1, qualname=lambda oid: f"s.t{oid}"
+        )  # type: ignore[assignment]
     elif setting == "object_rule":
         rule = Rule(1, "object", "s.t1", frozenset({"update"}), None, None, None, "none")
         a.rules._set((rule,))
@@ -170,6 +173,7 @@ def _set_up(a: Applier, setting: str) -> None:
         a.rules._set((Rule(3, "object", "s.t3", frozenset({"update"}), None, None, None, "all"),))
     elif setting == "one_by_one":  # as after a failed group: not merged up to there
         a.no_group_until = Lsn(1500)
+    refresh_paths(a)  # as the worker does after reloading rules and cuts
 
 
 def _run(msgs: list[Any], setting: str, small: str, fast: bool) -> Any:
