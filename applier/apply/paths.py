@@ -95,7 +95,9 @@ class Paths:
 ROW_BY_ROW_ONLY = Paths(False, False, False, False, False, False)
 
 #: Rules beyond the applier's own that send a mapping's changes row by row in a
-#: transaction, past none of the fast paths: ``rule(applier, rm, txn)``.
+#: transaction, past none of the fast paths: ``rule(applier, rm, txn)``. A rule reads
+#: only the mapping and the inputs :func:`refresh` watches (its answer is kept until
+#: one of them changes).
 ROW_BY_ROW: list[Callable[[Any, RelMap, Txn], bool]] = []
 
 
