@@ -22,7 +22,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from applier.apply import changes, merge, mergelane
+from applier.apply import changes, handlers, merge, mergelane
 from applier.apply.handlers import Applier
 from applier.apply.mapping import RelMap, TargetColumn, TargetTable
 from applier.apply.merge import MergedCtx
@@ -153,8 +153,13 @@ def _messages(txns: list[tuple[bool, list[Any]]]) -> list[Any]:
     return out
 
 
-#: The limits of held rows, and where they are read.
-LIMITS = [(m, name) for m in (merge, mergelane, changes) for name in ("MAX_HELD", "MAX_HELD_BYTES")]
+#: The limits of held rows, and where they are read; and the groups' ages, pinned
+#: so both runs group alike (2 ms of wall clock on a busy machine is not).
+LIMITS = [
+    *((m, name) for m in (merge, mergelane, changes) for name in ("MAX_HELD", "MAX_HELD_BYTES")),
+    (handlers, "GROUP_MAX_AGE"),
+    (handlers, "GROUP_MAX_AGE_BEHIND"),
+]
 
 
 def _set_up(a: Applier, setting: str) -> None:
@@ -182,7 +187,9 @@ def _run(msgs: list[Any], setting: str, small: str, fast: bool) -> Any:
     if not fast:
         changes.hold_update = lambda applier, lsn, m: 0
     for m, name, _ in saved:  # few rows or bytes fill a table's held rows
-        if small == "rows" and name == "MAX_HELD":
+        if name.startswith("GROUP_MAX_AGE"):
+            setattr(m, name, float("inf"))
+        elif small == "rows" and name == "MAX_HELD":
             setattr(m, name, 4)
         elif small == "bytes" and name == "MAX_HELD_BYTES":
             setattr(m, name, 20)
