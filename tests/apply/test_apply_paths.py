@@ -1,6 +1,8 @@
 """One decision of the paths a change may take (applier.apply.paths), obeyed by every path.
 
-The unit tests check the decision from its inputs and when it is made again. The
+The unit tests check the decision from its inputs and when it is made again, and
+that ``hold_update`` stops holding a table's UPDATEs, rows held already, once a
+rule there says row by row (the lane itself obeys, not only the path before it). The
 test on a real pair adds a new kind of rule in that one place (a rule of
 :data:`~applier.apply.paths.ROW_BY_ROW`, loaded into ``applier run`` by a
 ``sitecustomize`` module) that sends the changes of the tables named ``slow_*``
@@ -22,8 +24,10 @@ from typing import Any
 
 from applykit import Runner, wait_equal
 from conftest import Pair
+from test_update_fast_path import _applier as _applier_of_fast_path
+from test_update_fast_path import _messages
 
-from applier.apply import paths
+from applier.apply import mergelane, paths
 from applier.apply.paths import ROW_BY_ROW_ONLY, Paths, decide, paths_of, refresh
 
 
@@ -120,6 +124,41 @@ def test_decided_once_per_mapping_until_an_input_changes() -> None:
     skipped.skip = True  # an Origin message: not applied
     refresh(a, skipped)
     assert a.paths == {}
+
+
+def _updates(rule: bool) -> list[Any]:
+    """One transaction of six UPDATEs of table t1, in two batches; between them, the
+    decision is made again (as after a reload) with or without a rule for t1."""
+    a, session = _applier_of_fast_path()
+    msgs = _messages([(False, [("update", 0, k, 1, -1, -1) for k in range(6)])])
+    for lsn, msg in msgs[:4]:  # Begin and three UPDATEs: held, merged
+        a.dispatch(lsn, msg)
+    assert a.merger.holds(1)
+    if rule:
+        paths.ROW_BY_ROW.append(lambda applier, rm, t: rm.relation.name == "t1")
+    try:
+        a.paths.clear()
+        held = [mergelane.hold_update(a, lsn, msg) for lsn, msg in msgs[4:7]]
+        assert held == ([mergelane.NOT_HELD] * 3 if rule else [mergelane.HELD] * 3)
+        if rule:
+            for lsn, msg in msgs[4:]:
+                a.dispatch(lsn, msg)
+        else:
+            a.dispatch(*msgs[-1])
+        a.commit_group()
+    finally:
+        if rule:
+            paths.ROW_BY_ROW.pop()
+    # Per statement: how many changes, and whether merged (a VALUES list of rows).
+    return [(len(sent[3]), b"(VALUES" in sent[0]) for sent in session.sent if sent[0] != "COMMIT"]
+
+
+def test_a_new_rule_stops_the_update_fast_path_of_a_table_holding_rows() -> None:
+    """The table holds merged UPDATEs when the rule comes: ``hold_update`` (the lane
+    for decoded UPDATEs) no longer takes its UPDATEs, the held ones go first, then
+    one statement per change."""
+    assert _updates(rule=False) == [(4, True), (2, True)]
+    assert _updates(rule=True) == [(2, True), (1, True), (1, False), (1, False), (1, False)]
 
 
 # -- on a real pair ------------------------------------------------------------------------
