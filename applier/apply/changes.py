@@ -24,11 +24,11 @@ from applier.lsn import Lsn
 from applier.protocol import Delete, Insert, InsertRun, Truncate, Update, decode_insert
 
 from .conflicts import CheckedRows, ConflictPlanner
-from .copylane import plain_insert
 from .insertlane import offer_insert_run
 from .mapping import Catalog, RelMap
 from .merge import AGAIN, MAX_HELD, UpdateMerger
 from .mergelane import SEND, hold_update
+from .paths import Paths, paths_of
 from .planner import Planner
 from .session import TargetSession
 from .skiprules import SkipRules
@@ -55,6 +55,7 @@ class Changes:
     relations: dict[int, Any]
     #: Tables held back while sync-tables copies them (the worker sets its own).
     syncs: TableSyncs = NO_SYNCS
+    paths: dict[int, Paths]
 
     if TYPE_CHECKING:  # provided by Applier and Resolution; no stubs at run time (MRO)
 
@@ -144,15 +145,15 @@ class Changes:
         ctx = self._target(lsn, m.relation_oid, m, "insert")
         if ctx is None:
             return
-        rm = ctx.rm
+        rm, txn = ctx.rm, ctx.txn
         if self.merger.tables:
             self._before_change(rm)
         session = self.session
+        runs = (self.paths.get(rm.version) or paths_of(self, rm, txn)).runs
         if rm.policy is not None and rm.policy.checked_insert:
-            assert self.txn is not None
-            stmt, params, fmts = self._planned(ctx, self.cplanner.insert, self.txn.commit_ts)
+            stmt, params, fmts = self._planned(ctx, self.cplanner.insert, txn.commit_ts)
             ctx.check = self._insert_checked
-            if session.multi_row and not self.careful and self.cplanner.batchable(rm, stmt):
+            if session.multi_row and runs and self.cplanner.batchable(rm, stmt):
                 new = m.new.values
                 ctx.key = tuple([new[i] for i in rm.key])
                 session.insert_checked(stmt, params, fmts, ctx, self._checked_rows)
@@ -162,8 +163,10 @@ class Changes:
         stmt, params, fmts = self.planner.insert(rm, m)
         if self.careful:
             self._careful(ctx, lambda: session.execute(stmt, params, fmts, ctx))
-        else:
+        elif runs:
             session.insert(stmt, params, fmts, ctx)
+        else:
+            session.execute(stmt, params, fmts, ctx)
 
     def on_insert_run(self, lsn: Lsn, m: InsertRun) -> None:
         """Inserts into one relation in a row: the first through :meth:`on_insert`, the
@@ -180,7 +183,7 @@ class Changes:
             return
         # Whether the lane may take any of them is the same for every row: asked once.
         rm = self.relmaps.get(m.first.relation_oid)
-        lane = rm is not None and plain_insert(self, rm, txn)
+        lane = rm is not None and paths_of(self, rm, txn).insert_lane
         datas, lsns = m.datas, m.lsns
         i, n = 0, len(datas)
         while i < n:
@@ -206,9 +209,10 @@ class Changes:
         rm = ctx.rm
         if rm.policy is not None and self._policy_change(ctx):
             return
-        if self.merging and (rm.merge or rm.full_batch):
+        p = self.paths.get(rm.version) or paths_of(self, rm, ctx.txn)
+        if p.merged or p.full:
             merger = self.merger
-            if self._hold(ctx, merger.add if rm.merge else merger.add_full):
+            if self._hold(ctx, merger.add if p.merged else merger.add_full):
                 return
         self._keyed_change(ctx, self.planner.update)
 
@@ -219,9 +223,10 @@ class Changes:
         rm = ctx.rm
         if rm.policy is not None and self._policy_change(ctx):
             return
-        if self.merging and (rm.merge or rm.full_batch):
+        p = self.paths.get(rm.version) or paths_of(self, rm, ctx.txn)
+        if p.merged or p.full:
             merger = self.merger
-            if self._hold(ctx, merger.add_delete if rm.merge else merger.add_full):
+            if self._hold(ctx, merger.add_delete if p.merged else merger.add_full):
                 return
         self._keyed_change(ctx, self.planner.delete)
 

@@ -11,12 +11,12 @@ the tuple's text values, escaped for COPY, are the row's line
 
 The lane is opened only after a row took the ordinary path to the same place,
 so it never decides anything the handlers did not: the same table and
-mapping, a plain INSERT (no conflict policy that checks it, no skip rule or
-kept changes, no table being synced, no careful replay, no held merged rows),
-all values text, and one value per column. It is closed by anything else: any
-message that takes the ordinary path, a row that does not fit (a binary or
-missing value, another table or subtransaction), and the checks it repeats per row (skip rules
-and sync cuts may change between batches). What the row counts (the
+mapping, where :mod:`applier.apply.paths` lets its INSERTs past the handlers
+(``copy_lane``), no held merged rows, all values text, and one value per
+column. It is closed by anything else: any message that takes the ordinary
+path, a row that does not fit (a binary or missing value, another table or
+subtransaction), and the decision asked again per row (skip rules and sync
+cuts may change between batches). What the row counts (the
 transaction's change number, the tally) and what an error in the COPY names
 (the row's LSN and xid) are the same as on the ordinary path.
 
@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from applier.lsn import Lsn
 
 from .copyrun import CHUNK, TEXT, Run, tuple_text_line, tuple_text_lines
+from .paths import paths_of
 
 if TYPE_CHECKING:
     from applier.protocol import StreamedRun
@@ -44,26 +45,27 @@ if TYPE_CHECKING:
 class CopyLane:
     """The table whose INSERTs may skip the handlers, and the COPY they join."""
 
-    __slots__ = ("head", "key", "oid", "run", "txn", "width")
+    __slots__ = ("head", "key", "oid", "rm", "run", "txn", "width")
 
-    def __init__(self, oid: int, head: bytes, run: Run, txn: Txn, width: int) -> None:
-        self.oid = oid
+    def __init__(self, rm: RelMap, head: bytes, run: Run, txn: Txn) -> None:
+        self.rm = rm
+        self.oid = oid = rm.relation.oid
         #: ``'I' xid relid 'N'``: what every row of the lane starts with (a change of a
         #: subtransaction, with another xid, takes the ordinary path).
         self.head = head
         self.run = run
         self.txn = txn
-        self.width = width
+        self.width = len(rm.columns)
         self.key = (oid, "insert")
 
     def _fits(self, applier: Any, data: bytes) -> bool:
-        """``data`` is a row of the lane, and the checks the handlers would make pass."""
+        """``data`` is a row of the lane, and its INSERTs may pass the handlers."""
+        rm = self.rm
         return (
             data.startswith(self.head)
             and applier.session.copy_in_hand() is self.run
             and not applier.merger.tables
-            and not applier.rules.has_object
-            and self.oid not in applier.syncs.cut
+            and (applier.paths.get(rm.version) or paths_of(applier, rm, self.txn)).copy_lane
         )
 
     def offer(self, applier: Any, lsn: Lsn, data: bytes) -> bool:
@@ -113,20 +115,6 @@ def copy_rows(
     return n
 
 
-def plain_insert(applier: Any, rm: RelMap, txn: Txn) -> bool:
-    """An INSERT into ``rm`` in ``txn`` goes the plain way into a run of INSERTs: an
-    included table, no conflict policy that checks it, no careful replay, no
-    transaction skip, skip rule or kept changes (applier.apply.insertlane too)."""
-    return not (
-        not rm.included
-        or (rm.policy is not None and rm.policy.checked_insert)
-        or applier.careful
-        or txn.skip
-        or txn.rule is not None
-        or txn.seen is not None
-    )
-
-
 def open_lane(applier: Any, oid: int, data: bytes, txn: Txn) -> CopyLane | None:
     """After the ordinary path applied ``data``, an INSERT of ``oid``: the lane, if it fits."""
     session = applier.session
@@ -134,6 +122,6 @@ def open_lane(applier: Any, oid: int, data: bytes, txn: Txn) -> CopyLane | None:
     if run is None or not run.stmt.all_new or run.fmt != TEXT:
         return None
     rm = applier.relmaps.get(oid)
-    if rm is None or not plain_insert(applier, rm, txn):
+    if rm is None or not paths_of(applier, rm, txn).copy_lane:
         return None
-    return CopyLane(oid, data[:10], run, txn, len(rm.columns))
+    return CopyLane(rm, data[:10], run, txn)

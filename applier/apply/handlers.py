@@ -167,6 +167,8 @@ from .mapping import Catalog, RelMap
 from .merge import UpdateMerger
 from .origin import FLUSHED, FlushTracker
 from .originfilter import OriginFilter
+from .paths import Paths
+from .paths import refresh as refresh_paths
 from .planner import Planner
 from .relations import RelationCache
 from .resolve import Resolution
@@ -291,6 +293,10 @@ class Applier(Changes, Resolution, Streamed, TwoPhase):
         #: applier.apply.resolve, "Careful replay"): a savepoint per change.
         self.careful_until = careful_until
         self.careful = False
+        #: Per mapping version: the paths its changes may take (applier.apply.paths),
+        #: and the inputs they were decided on.
+        self.paths: dict[int, Paths] = {}
+        self.paths_stamp: tuple[Any, ...] = ((), -1, -1)
         H = Callable[[Lsn, Any], None]
         self.handlers: dict[type, tuple[frozenset[State], H]] = {
             Begin: (frozenset({IDLE}), self.on_begin),
@@ -365,6 +371,7 @@ class Applier(Changes, Resolution, Streamed, TwoPhase):
             txn.rule = rules.txn_rule(xid, commit_lsn)
         if rules.dump_all:
             txn.seen = []
+        refresh_paths(self, txn)
         # The LSN is formatted only if an error needs it (this runs per transaction).
         self.session.txn_context = {"lsn": commit_lsn, "xid": xid, "finish_lsn": commit_lsn}
 
@@ -484,6 +491,7 @@ class Applier(Changes, Resolution, Streamed, TwoPhase):
         assert txn is not None
         if self.origins.drop(lsn, m, txn.xid, prepared=txn.gid is not None):
             txn.skip = txn.filtered = True  # before any change: nothing was sent for it
+            refresh_paths(self, txn)
 
     def on_message(self, lsn: Lsn, m: Message) -> None:
         log.debug(
@@ -508,6 +516,7 @@ class Applier(Changes, Resolution, Streamed, TwoPhase):
         if self.merger.holds(rm.relation.oid):
             self._send_held(rm.relation.oid)
         self.merger.forget(rm.version)
+        self.paths.pop(rm.version, None)
         names = self.planner.forget(rm.version)
         self.cplanner.forget(names)
         if names:

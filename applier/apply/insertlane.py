@@ -17,10 +17,9 @@ memory holds each row once, as on the ordinary path.
 As with the streamed lanes (:mod:`applier.apply.copylane`), the lane decides
 nothing the handlers did not: a row joins only the run the ordinary path would
 have put it in (the statement of all the mapping's columns, text format), only
-where the handlers would not have stopped it (an included table, no conflict
-policy that checks inserts, no careful or one-by-one replay, no transaction
-skip rule or kept changes, no object skip rule, no table being synced, no held
-merged rows), and only with one text or NULL value per column. The first row
+where :mod:`applier.apply.paths` lets the table's INSERTs past the handlers
+(``insert_lane``: the caller asks once per run) and no merged rows are held,
+and only with one text or NULL value per column. The first row
 that does not fit takes the ordinary path, which decides or names the problem;
 the lane is tried again after it. What a row counts (the transaction's change
 number, the tally) and what an error names (its LSN and xid; its change,
@@ -64,8 +63,8 @@ class InsertCtx(LaneCtx):
 
 def offer_insert_run(applier: Any, m: InsertRun, i: int) -> int:
     """Put ``m``'s rows from ``i`` on into the session's run; return how many
-    (0: ``m.datas[i]`` takes the ordinary path). The caller checked once for the
-    run that its INSERTs go the plain way (:func:`~applier.apply.copylane.plain_insert`):
+    (0: ``m.datas[i]`` takes the ordinary path). The caller asked once for the
+    run whether its INSERTs may take the lane (:attr:`~applier.apply.paths.Paths.insert_lane`):
     nothing between its rows changes that."""
     session = applier.session
     run = session.run_in_hand()
@@ -79,11 +78,8 @@ def offer_insert_run(applier: Any, m: InsertRun, i: int) -> int:
         or run.fmt != TEXT
         or run.stmt is not applier.planner.all_columns_insert(rm)
         or not run.stmt.all_new
-        or not session.multi_row
         or not session.in_txn
         or applier.merger.tables
-        or applier.rules.has_object
-        or oid in applier.syncs.cut
     ):
         return 0
     key = (oid, "insert")

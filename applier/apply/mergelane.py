@@ -12,13 +12,13 @@ call too.
 
 As with the copy lane (:mod:`applier.apply.copylane`), the lane decides
 nothing the handlers did not: it opens only where the ordinary path just held
-a change (a merged table without a conflict policy, no skip rule, no kept
-changes, no careful replay), and sends back to the ordinary path, which then
+a change and :mod:`applier.apply.paths` lets the table's changes past the
+handlers (``merge_lane``), and sends back to the ordinary path, which then
 decides or names the problem, every row that differs: another table, kind
 or (sub)transaction xid, an UPDATE that carries an old key, an unchanged TOAST key, a width that is
 not the mapping's, a key already held for DELETE, a malformed tuple, and
-anything the checks repeated per row see (the mapping replaced, an object
-skip rule, a table being synced, merging switched off). The row's context
+anything the checks repeated per row see (the mapping replaced, the decision
+asked again: skip rules and sync cuts may change between batches). The row's context
 (:class:`LaneCtx`) decodes the message only if something asks for it (a
 missing row's record, an error). A run of them read as one
 :class:`~applier.protocol.StreamedRun` is checked once and held row by row in
@@ -38,6 +38,7 @@ from applier.lsn import Lsn
 from applier.protocol import Delete, Update, read_tuple, speedups
 
 from .merge import _U, MAX_HELD, HeldDeletes, HeldUpdates
+from .paths import paths_of
 from .planner import MAX_HELD_BYTES
 from .states import LaneCtx
 
@@ -68,12 +69,13 @@ class MergeLane:
         self.key = (self.oid, "delete" if delete else "update")
 
     def _fits(self, applier: Any, data: bytes) -> bool:
-        """``data`` is a row of the lane, and the checks the handlers would make pass."""
+        """``data`` is a row of the lane, and its changes may pass the handlers."""
+        rm = self.rm
         return (
             data.startswith(self.head)
-            and applier.merging
-            and applier.relmaps.get(self.oid) is self.rm
-            and _per_change_checks_pass(applier, self.oid)
+            and applier.relmaps.get(self.oid) is rm
+            and (applier.paths.get(rm.version) or paths_of(applier, rm, self.txn)).merge_lane
+            and applier.session.in_txn
         )
 
     def offer(self, applier: Any, lsn: Lsn, data: bytes) -> bool:
@@ -245,8 +247,8 @@ def hold_update(applier: Any, lsn: Lsn, m: Update) -> int:
     blocks (pgbench's UPDATEs, one per table and transaction): it makes the checks
     of ``_target`` and ``on_update`` that can decide against holding, and leaves
     every change they would treat otherwise to them (an old key, an unchanged
-    TOAST value, a width that is not the mapping's, a policy, a skip rule, a table
-    being synced, a careful replay, an excluded or unmerged table). The row's
+    TOAST value, a width that is not the mapping's, and every change
+    :mod:`applier.apply.paths` keeps from the lanes). The row's
     context is a :data:`~applier.apply.states.LaneRef` holding the message.
 
     1.85 -> 1.2 us an UPDATE. A C twin was measured at 0.95 us and not kept: 3.11's
@@ -258,9 +260,7 @@ def hold_update(applier: Any, lsn: Lsn, m: Update) -> int:
     oid = m.relation_oid
     rm = applier.relmaps.get(oid)
     entry = applier.merger.tables.get(oid)
-    if not _joins_held(applier, txn, rm, entry, HeldUpdates) or not _per_change_checks_pass(
-        applier, oid
-    ):
+    if not _joins_held(applier, txn, rm, entry, HeldUpdates) or not applier.session.in_txn:
         return NOT_HELD
     kinds, values = m.new.kinds, m.new.values
     if len(kinds) != len(rm.columns) or _U in kinds:
@@ -293,25 +293,12 @@ def open_merge_lane(applier: Any, msg: Update | Delete, data: bytes, txn: Txn) -
 def _joins_held(applier: Any, txn: Txn, rm: RelMap | None, entry: Any, kind: type) -> bool:
     """A change of ``rm`` in ``txn`` may join the changes of ``kind`` that its table
     holds (``entry``) as the handlers would hold it: the terms :func:`hold_update` and
-    a merge lane take changes on (a merged table without a conflict policy, no skip
-    rule or kept changes, no careful replay, merging on)."""
-    return not (
-        rm is None
-        or entry is None
-        or entry.rm is not rm
-        or type(entry) is not kind
-        or not rm.merge
-        or not rm.included
-        or rm.policy is not None
-        or applier.careful
-        or not applier.merging
-        or txn.skip
-        or txn.rule is not None
-        or txn.seen is not None
+    a merge lane take changes on (the same mapping and kind held, and the lanes'
+    decision, :attr:`~applier.apply.paths.Paths.merge_lane`)."""
+    return (
+        rm is not None
+        and entry is not None
+        and entry.rm is rm
+        and type(entry) is kind
+        and (applier.paths.get(rm.version) or paths_of(applier, rm, txn)).merge_lane
     )
-
-
-def _per_change_checks_pass(applier: Any, oid: int) -> bool:
-    """What the handlers check for every change, which may change between two: no
-    object skip rule loaded, the table not being synced, the target transaction open."""
-    return not applier.rules.has_object and oid not in applier.syncs.cut and applier.session.in_txn

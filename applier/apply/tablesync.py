@@ -133,6 +133,9 @@ class TableSyncs:
         self.origin = cfg.origin
         #: Relation OID -> cut (the hot path's only lookup).
         self.cut: dict[int, Lsn] = {}
+        #: Counts the changes of :attr:`cut` (what the apply paths decided on it is
+        #: decided again: applier.apply.paths).
+        self.generation = 0
         self.states: dict[Name, tuple[str, Lsn | None]] = {}
         #: Tables the bootstrap of our slot copied (applier knows them).
         self.booted: set[Name] = set()
@@ -153,6 +156,7 @@ class TableSyncs:
             return
         self.conn = conn
         self.cut.clear()
+        self.generation += 1
         self.names.clear()
         booted = conn.execute(
             "SELECT src_schema, src_name, src_relid, run_id = max(run_id) OVER () "
@@ -223,10 +227,7 @@ class TableSyncs:
         except SchemaMismatch as e:
             e.context.update({"lsn": None if lsn is None else str(Lsn(lsn)), "xid": xid})
             raise
-        if cut is None:
-            self.cut.pop(oid, None)
-        else:
-            self.cut[oid] = cut
+        self._set_cut(oid, cut)
         if cut != INF:
             self._remember(oid, name)
         return cut
@@ -368,11 +369,16 @@ class TableSyncs:
 
     def _recut(self) -> None:
         for oid, name in self.names.items():
-            cut = self._cut_of(name, oid)
-            if cut is None:
-                self.cut.pop(oid, None)
-            else:
-                self.cut[oid] = cut
+            self._set_cut(oid, self._cut_of(name, oid))
+
+    def _set_cut(self, oid: int, cut: Lsn | None) -> None:
+        if self.cut.get(oid) == cut:
+            return
+        if cut is None:
+            del self.cut[oid]
+        else:
+            self.cut[oid] = cut
+        self.generation += 1
 
     def _handover(self, conn: Conn, applier: Any, stream: Any) -> None:
         """At a transaction boundary: everything this worker skipped ends at or before
@@ -450,6 +456,7 @@ def _at_boundary(applier: Any) -> bool:
 class _Inert(TableSyncs):
     def __init__(self) -> None:
         self.cut = {}
+        self.generation = 0
         self.enabled = False
         self.names = {}
 

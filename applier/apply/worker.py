@@ -133,6 +133,7 @@ from .handlers import Applier
 from .holder import OBJECT_IN_USE, origin_taken
 from .mapping import Catalog
 from .origin import ensure_origin, origin_progress
+from .paths import refresh as refresh_paths
 from .preflight import check_before_streaming
 from .replan import Replan
 from .session import TargetSession, connect, is_transient_sqlstate
@@ -596,6 +597,7 @@ class Worker:
                 self._rules_read = now
                 self.rules.load(catalog_conn)
             self.syncs.tick(now, applier, stream)
+            refresh_paths(applier)  # either may have changed what a lane may take
             if not healthy and (
                 (applier.applied_txns > txns_at_start and stream.confirmed > start_lsn)
                 or now - started >= HEALTHY_AFTER

@@ -22,10 +22,11 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from applier.apply import changes, merge, mergelane
+from applier.apply import changes, handlers, merge, mergelane
 from applier.apply.handlers import Applier
 from applier.apply.mapping import RelMap, TargetColumn, TargetTable
 from applier.apply.merge import MergedCtx
+from applier.apply.paths import refresh as refresh_paths
 from applier.apply.skiprules import Rule
 from applier.config import config_from_dict
 from applier.errors import ProtocolError
@@ -152,15 +153,22 @@ def _messages(txns: list[tuple[bool, list[Any]]]) -> list[Any]:
     return out
 
 
-#: The limits of held rows, and where they are read.
-LIMITS = [(m, name) for m in (merge, mergelane, changes) for name in ("MAX_HELD", "MAX_HELD_BYTES")]
+#: The limits of held rows, and where they are read; and the groups' ages, pinned
+#: so both runs group alike (2 ms of wall clock on a busy machine is not).
+LIMITS = [
+    *((m, name) for m in (merge, mergelane, changes) for name in ("MAX_HELD", "MAX_HELD_BYTES")),
+    (handlers, "GROUP_MAX_AGE"),
+    (handlers, "GROUP_MAX_AGE_BEHIND"),
+]
 
 
 def _set_up(a: Applier, setting: str) -> None:
     """Between two batches, as the worker does: sync-tables starts on table 2, or an
     object rule that skips table 1's UPDATEs is loaded."""
     if setting == "sync":
-        a.syncs = SimpleNamespace(cut={2: Lsn(10**9)}, qualname=lambda oid: f"s.t{oid}")  # type: ignore[assignment]
+        a.syncs = SimpleNamespace(
+            cut={2: Lsn(10**9)}, generation=1, qualname=lambda oid: f"s.t{oid}"
+        )  # type: ignore[assignment]
     elif setting == "object_rule":
         rule = Rule(1, "object", "s.t1", frozenset({"update"}), None, None, None, "none")
         a.rules._set((rule,))
@@ -170,6 +178,7 @@ def _set_up(a: Applier, setting: str) -> None:
         a.rules._set((Rule(3, "object", "s.t3", frozenset({"update"}), None, None, None, "all"),))
     elif setting == "one_by_one":  # as after a failed group: not merged up to there
         a.no_group_until = Lsn(1500)
+    refresh_paths(a)  # as the worker does after reloading rules and cuts
 
 
 def _run(msgs: list[Any], setting: str, small: str, fast: bool) -> Any:
@@ -178,7 +187,9 @@ def _run(msgs: list[Any], setting: str, small: str, fast: bool) -> Any:
     if not fast:
         changes.hold_update = lambda applier, lsn, m: 0
     for m, name, _ in saved:  # few rows or bytes fill a table's held rows
-        if small == "rows" and name == "MAX_HELD":
+        if name.startswith("GROUP_MAX_AGE"):
+            setattr(m, name, float("inf"))
+        elif small == "rows" and name == "MAX_HELD":
             setattr(m, name, 4)
         elif small == "bytes" and name == "MAX_HELD_BYTES":
             setattr(m, name, 20)
