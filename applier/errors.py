@@ -138,8 +138,9 @@ class BootstrapRefused(BootstrapError, PermanentError):
     that exists, a pg_dump too old for the source): exit 3, a rerun finds it again."""
 
 
-class AlreadyBootstrapped(BootstrapError):
-    """The slot's bootstrap is done: `applier bootstrap --if-needed` exits 0 on it."""
+class AlreadyBootstrapped(BootstrapError, PermanentError):
+    """The slot's bootstrap is done: `applier bootstrap --if-needed` exits 0 on it;
+    without the flag exit 3 (a rerun finds it done again)."""
 
 
 @dataclass

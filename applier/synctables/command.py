@@ -22,7 +22,7 @@ from ..apply.tablesync import _MARK_READY
 from ..bootstrap.clients import pick
 from ..bootstrap.plan import published_tables
 from ..config import Config, TablesConfig, table_matches
-from ..errors import BootstrapError, ConfigError, PermanentError
+from ..errors import BootstrapError, BootstrapRefused, ConfigError, PermanentError
 from ..privileges import check, scope_of
 from .copy import drop_origin, drop_slot
 
@@ -211,7 +211,7 @@ def _pick(
             continue  # on the target already and not ours to copy
         if t.root != name and ddl.missing_tables(tgt, [t.root]):
             # A partition whose root the target lacks: the whole tree is new.
-            raise BootstrapError(
+            raise BootstrapRefused(
                 f"table {t.qualname} is a partition of {t.root[0]}.{t.root[1]}, which the "
                 "target lacks: sync-tables copies plain tables and new partitions of "
                 "replicated partitioned tables",
@@ -219,7 +219,11 @@ def _pick(
                 hint="copy the tree with `applier bootstrap` (a new bootstrap of the origin)",
             )
         if "." in t.schema:
-            raise BootstrapError(f"schema name {t.schema!r} has a dot: not supported")
+            raise BootstrapRefused(
+                f"schema name {t.schema!r} has a dot: sync-tables cannot copy {t.qualname}",
+                table=t.qualname,
+                hint="rename the schema, or leave the table out of [tables] / the publication",
+            )
         todo.append(t)
     return todo
 
