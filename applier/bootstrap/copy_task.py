@@ -89,12 +89,11 @@ class SliceTask:
     where: str | None
     #: Tasks of this run copying at once, at most (None: no cap beyond Spark's).
     parallelism: int | None = None
-    #: The source's major version and ``[bootstrap] client_bin_dir``: the task
-    #: picks its psql by them on its own machine (:func:`.clients.pick`).
-    source_major: int = 0
-    client_bin_dir: str | None = None
-    #: The source's server_version (its child pins what that version has: pgconn).
+    #: The source's server_version (its child pins what that version has: pgconn)
+    #: and ``[bootstrap] client_bin_dir``: the task picks its psql by them on its
+    #: own machine (:func:`.clients.pick`).
     source_version: int | None = None
+    client_bin_dir: str | None = None
 
     @property
     def label(self) -> str:
@@ -225,7 +224,7 @@ def source_command(task: SliceTask) -> Iterator[tuple[list[str], dict[str, str]]
     with child_connection(conninfo) as child:
         argv = [
             *_buffered_stdout(),
-            program("psql", conninfo, task.source_major, task.client_bin_dir),
+            program("psql", conninfo, (task.source_version or 0) // 10000, task.client_bin_dir),
             "-X", "-q", "-v", "ON_ERROR_STOP=1",
             f"--dbname={child.dbname}",
             "-c", "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY",

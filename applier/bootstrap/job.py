@@ -66,7 +66,6 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from .. import pgconn
 from ..apply.mapping import Catalog
 from ..config import Config
 from ..errors import AlreadyBootstrapped, BootstrapError, BootstrapRefused
@@ -430,7 +429,7 @@ def build_tasks(cfg: Config, plan: SourcePlan, run_id: int, snapshot: str) -> li
             tasks.append(
                 SliceTask(
                     source_conninfo=cfg.source.conninfo(),
-                    source_version=pgconn.known_version(cfg.source.conninfo()),
+                    source_version=plan.source_version,
                     target_conninfo=cfg.target.conninfo(),
                     snapshot=snapshot,
                     slot=cfg.source.slot,
@@ -444,7 +443,6 @@ def build_tasks(cfg: Config, plan: SourcePlan, run_id: int, snapshot: str) -> li
                     slice_no=s.slice_no,
                     where=s.where(t.row_filter),
                     parallelism=cfg.bootstrap.parallelism,
-                    source_major=plan.source_major,
                     client_bin_dir=cfg.bootstrap.client_bin_dir,
                 )
             )

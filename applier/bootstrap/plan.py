@@ -92,8 +92,13 @@ class SourcePlan:
 
     ddl_tables: list[tuple[str, str]]
     tables: list[TableSpec]
-    #: The source's major version (its pg_dump and psql must be as new: bootstrap.clients).
-    source_major: int = 0
+    #: The source's server_version (0: not known), as discovery's connection read it.
+    source_version: int = 0
+
+    @property
+    def source_major(self) -> int:
+        """Its major version: the source's pg_dump and psql must be as new (bootstrap.clients)."""
+        return self.source_version // 10000
 
 
 def cut_slices(blocks: int, heap_bytes: int, slice_size: int, workers: int = 1) -> list[Slice]:
@@ -254,7 +259,7 @@ def discover(conn: Conn, cfg: Config) -> SourcePlan:
     return SourcePlan(
         ddl_tables=list(ddl),
         tables=list(specs.values()),
-        source_major=conn.info.server_version // 10000,
+        source_version=conn.info.server_version,
     )
 
 

@@ -124,9 +124,7 @@ def copy_table(
         created = created_before or not present
         pre, post, seqs = _dump(cfg, src, name, info.snapshot_name, not present, created)
         pre, attach = split_attach(pre)
-        plan = SourcePlan(
-            ddl_tables=[name], tables=[t], source_major=src.info.server_version // 10000
-        )
+        plan = SourcePlan(ddl_tables=[name], tables=[t], source_version=src.info.server_version)
         sc = spark.context()
         with tgt.transaction():
             if not present:
