@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -136,3 +139,27 @@ def wait_for(cond: Any, timeout: float = 30, what: str = "condition") -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.1)
+
+
+@contextlib.contextmanager
+def steady_inserts(pair: Pair, table: str = "t", every: float = 0.02) -> Iterator[None]:
+    """A writer inserting 1, 2, 3... into ``table`` on the source every ``every`` s
+    (about 50 a second) for as long as the block runs: a fault then always meets
+    changes in flight."""
+    stop = threading.Event()
+
+    def write() -> None:
+        with pair.pub_conn(autocommit=True) as conn:
+            n = 0
+            while not stop.is_set():
+                n += 1
+                conn.execute(f"INSERT INTO {table} VALUES (%s)", (n,))
+                time.sleep(every)
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        writer.join(10)

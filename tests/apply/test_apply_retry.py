@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
-from applykit import Runner, wait_equal, wait_for
+from applykit import Runner, steady_inserts, wait_equal, wait_for
 from conftest import Pair
 
 #: A reconnect after a healthy session waits at most 0.5 s (tenacity's first
@@ -38,20 +37,8 @@ def test_reconnects_stay_quick_after_many_faults(pair: Pair) -> None:
     # Status every 0.2 s: each healthy session shows as confirmed progress sooner (at
     # the default 1 s each of the 8 rounds mostly waited for the next status message).
     runner = Runner(pair, pair.write_config(apply={"status_interval": 0.2})).start().ready()
-    stop = threading.Event()
-
-    def write() -> None:
-        with pair.pub_conn(autocommit=True) as conn:
-            n = 0
-            while not stop.is_set():
-                n += 1
-                conn.execute("INSERT INTO t VALUES (%s)", (n,))
-                time.sleep(0.02)
-
-    writer = threading.Thread(target=write, daemon=True)
-    writer.start()
     took = []
-    try:
+    with steady_inserts(pair):
         for _ in range(8):
             # A healthy session: changes applied and confirmed after the reconnect.
             pid, lsn = _slot(pair)
@@ -70,9 +57,6 @@ def test_reconnects_stay_quick_after_many_faults(pair: Pair) -> None:
 
             wait_for(back, 45, "the worker to reconnect")
             took.append(round(time.monotonic() - started, 2))
-    finally:
-        stop.set()
-        writer.join(10)
     wait_equal(pair, ["t"], runner=runner)
     assert runner.stop() == 0
     assert max(took) < QUICK, f"reconnect times after each fault: {took}"

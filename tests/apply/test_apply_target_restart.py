@@ -15,7 +15,7 @@ import time
 
 import psycopg
 import pytest
-from applykit import Runner, wait_equal, wait_for
+from applykit import Runner, steady_inserts, wait_equal, wait_for
 from conftest import Pair
 
 #: Seconds from the target's first accepted connection to the next applied
@@ -78,29 +78,14 @@ def test_resumes_soon_after_a_target_restart(make_pair: object) -> None:
     pair.both("CREATE TABLE t (id bigint PRIMARY KEY)")
     pair.pub_exec("CREATE PUBLICATION pub FOR TABLE t")
     runner = Runner(pair, pair.write_config()).start().ready()
-    stop = threading.Event()
-
-    def write() -> None:
-        with pair.pub_conn(autocommit=True) as conn:
-            n = 0
-            while not stop.is_set():
-                n += 1
-                conn.execute("INSERT INTO t VALUES (%s)", (n,))
-                time.sleep(0.02)
-
-    writer = threading.Thread(target=write, daemon=True)
-    writer.start()
     took: dict[float, float] = {}
-    try:
+    with steady_inserts(pair):
         for down in DOWN_FOR:
             # Applying (and confirming) again first: a healthy session, as before a
             # fault in production.
             wait_for(lambda: _caught_up(pair), 60, "the worker to catch up")
             time.sleep(2)
             took[down] = round(_restart(pair, runner, down), 2)
-    finally:
-        stop.set()
-        writer.join(10)
     print(f"target down (s) -> resumed after the first accepted connection (s): {took}")
     wait_equal(pair, ["t"], runner=runner)
     assert runner.stop() == 0
