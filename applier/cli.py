@@ -121,7 +121,7 @@ def run(
         raise click.UsageError("--until-lsn and --until-caught-up exclude each other")
     cfg = load_cfg(config_path, log_level)
     if until_caught_up:
-        from .apply.until import current_wal_lsn
+        from applier.apply.handlers.until import current_wal_lsn
 
         until_lsn = current_wal_lsn(cfg)
     return run_worker(cfg, log_level, until=until_lsn)

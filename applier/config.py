@@ -264,7 +264,7 @@ class ApplyConfig(_Section, frozen=True):
     binary: bool = False
     #: Bytes of a streamed transaction kept in memory (a size: 65536, '64MB').
     memory_limit: Size = 64 * 1024**2
-    #: None: a private state directory (see applier.apply.spool.default_spool_dir).
+    #: None: a private state directory (see applier.apply.handlers.spool.default_spool_dir).
     spool_dir: Path | None = None
     #: Bytes on disk a streamed transaction's spool may take; 0 = no limit.
     spool_limit: Size = 0
@@ -273,17 +273,17 @@ class ApplyConfig(_Section, frozen=True):
     #: Seconds of server silence before reconnecting.
     timeout: Annotated[float, Meta(gt=0)] = 60.0
     #: Seconds a target socket may stay silent while results are owed before the
-    #: server is asked whether our backend still executes (applier/apply/targetconn.py,
+    #: server is asked whether our backend still executes (applier/apply/target/connection.py,
     #: "A stalled connection").
     target_timeout: Annotated[float, Meta(ge=1)] = 60.0
     #: At most this many source transactions per target transaction; 1 = off.
-    #: 1000: see "Group commit" in applier/apply/handlers.py and bench/README-apply.md.
+    #: 1000: see "Group commit" in applier/apply/handlers/dispatch.py and bench/README-apply.md.
     group_commit: Annotated[int, Meta(ge=1)] = 1000
     #: Send only the final state of rows updated several times in a target
-    #: transaction (applier/apply/merge.py).
+    #: transaction (applier/apply/batching/merge.py).
     merge_updates: bool = True
     #: Runs of this many INSERTs into one table use COPY; 0 = off. See
-    #: applier/apply/copyrun.py: a run this long pays for leaving the pipeline
+    #: applier/apply/batching/copyrun.py: a run this long pays for leaving the pipeline
     #: (bench/README-apply.md: 1000-row transactions, 4096 against 1000: 3.4 s vs 4.2 s).
     copy_threshold: Annotated[int, Meta(ge=0)] = 4096
 

@@ -23,7 +23,7 @@ Steps
      the worker stops on an error meanwhile, the cutover ends (exit 3) naming
      it; if it stops cleanly, the cutover goes on in-process.
    * **No worker runs**: apply up to X in this process, as ``applier run
-     --until-caught-up`` does (:mod:`applier.apply.until`), in a thread so
+     --until-caught-up`` does (:mod:`applier.apply.handlers.until`), in a thread so
      that ``--timeout`` can stop it.
 
    Before either, the privileges both (and the sequences' copy) need are
@@ -124,7 +124,8 @@ def run_cutover(
 
 
 def _cutover(cfg: Config, rep: Report, timeout: float, verify: bool) -> None:
-    from .apply.until import current_wal_lsn
+    from applier.apply.handlers.until import current_wal_lsn
+
     from .status import collect
 
     deadline = time.monotonic() + timeout
@@ -208,7 +209,8 @@ def _worker_error(worker: dict[str, Any]) -> str:
 
 def _apply_in_process(cfg: Config, position: Lsn, deadline: float) -> None:
     """``run --until-lsn position`` in a thread of this process, bounded by ``deadline``."""
-    from .apply.until import Until
+    from applier.apply.handlers.until import Until
+
     from .apply.worker import Worker
 
     worker = Worker(cfg)
@@ -275,7 +277,7 @@ def _stop_on_signals(worker: Any) -> Any:
 
 def _positions(cfg: Config) -> tuple[str | None, str | None, list[str]]:
     """The origin's progress, the slot's confirmed position, the prepared GIDs left."""
-    from .apply.origin import origin_progress, prepared_gids
+    from applier.apply.target.origin import origin_progress, prepared_gids
 
     try:
         with pgconn.connect(

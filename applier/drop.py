@@ -48,8 +48,9 @@ from typing import Any, TextIO
 import psycopg
 from psycopg import sql
 
+from applier.apply.target.holder import last_worker
+
 from . import pgconn
-from .apply.holder import last_worker
 from .config import Config
 from .errors import PermanentError, TransientError
 from .redact import redact_dsn

@@ -203,7 +203,7 @@ class SourceMismatch(PermanentError):
 
 
 class AnotherWorker(PermanentError):
-    """Another ``applier run`` owns the replication origin (see applier.apply.holder)."""
+    """Another ``applier run`` owns the replication origin (see applier.apply.target.holder)."""
 
 
 class SourceError(ApplierError):

@@ -19,7 +19,7 @@ What the numbers mean
   Changes of a two-phase transaction count at its PREPARE.
 * Skipped changes: ``reason`` is ``excluded`` (``[tables]``), ``table_rule``,
   ``transaction_rule`` or ``error_rule`` (``applier skip``), ``table_sync``
-  (a table not copied yet: :mod:`applier.apply.tablesync`).
+  (a table not copied yet: :mod:`applier.apply.rules.tablesync`).
 * Positions: *received* is the highest WAL position the walsender told us of
   (XLogData and keepalives: its ``wal_end``); *applied* the end of the last
   source transaction committed on the target (the origin's progress);

@@ -40,7 +40,7 @@ older than 14), it connects again without it.
 
 What is pinned is :func:`settings`; a few settings that need a privilege or
 depend on the session are still set after connecting
-(:func:`applier.apply.targetconn.pin`: the apply session's
+(:func:`applier.apply.target.connection.pin`: the apply session's
 ``session_replication_role`` and ``synchronous_commit``).
 """
 

@@ -1,11 +1,21 @@
 """The apply engine: pgoutput changes applied to the target exactly once (``applier run``).
 
-* :mod:`.worker` - the run loop, the message state machine and the design essay.
-* :mod:`.planner` - pure (mapping, change) -> (prepared statement, parameters).
-* :mod:`.mapping` - source relation -> target table/columns, type checks.
-* :mod:`.session` - target session set-up and the pipelined executor.
-* :mod:`.origin` - replication origin progress and the flush position we report.
-* :mod:`.spool` - streamed transactions spooled until their commit.
+Data flows one way through it: the stream hands decoded messages to the worker
+loop, the handlers move the transaction state and pick a path for each change,
+the SQL layer turns a change into a statement, the target session sends it, and
+the origin records progress in the same target transaction.
+
+* :mod:`.worker` - the run loop: connect, take the origin, stream, retry; the design essay.
+* :mod:`.handlers` - what each message does (dispatch, row changes, streamed, two-phase,
+  relations, until) and the session's states.
+* :mod:`.batching` - the fast lanes (COPY runs, multi-row INSERT, merged UPDATE/DELETE,
+  FULL identity) and the one decision of which path a change may take.
+* :mod:`.sql` - mapping and planning: change -> statement, no I/O.
+* :mod:`.rules` - conflicts and their policies, skip rules, origin filter, table sync.
+* :mod:`.target` - the target session, connection, origin, stamp, confirm, heartbeat.
 * :mod:`.state` - the worker's row in ``applier.worker_status``.
-* :mod:`.preflight` - checks before streaming: bootstrap, source identity, slot.
+
+Which may import which: ``worker`` -> ``handlers`` -> ``batching``/``rules`` ->
+``target`` -> ``sql``; nothing imports upward, and nothing outside ``apply``
+imports a private name from it.
 """

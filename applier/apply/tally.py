@@ -131,7 +131,7 @@ def fault_side(exc: BaseException) -> str:
         module = _raised_in(exc.__context__) or module
     if module.startswith("applier.stream"):
         return "source"
-    if module == "applier.apply.spool":
+    if module == "applier.apply.handlers.spool":
         return "local"
     return "target"
 

@@ -3,7 +3,7 @@
 This is applier's counterpart of the process side of PostgreSQL's
 ``src/backend/replication/logical/worker.c`` (``ApplyWorkerMain``,
 ``LogicalRepApplyLoop``); what each message does is in
-:mod:`applier.apply.handlers`.
+:mod:`applier.apply.handlers.dispatch`.
 
 Overview
 ========
@@ -12,14 +12,14 @@ Overview
 retry: a session opens the target (an apply session owning the replication
 origin, plus an autocommit connection for the catalog, flush checks and the
 status row), reads the origin's progress, opens the replication connection,
-runs the checks of :mod:`applier.apply.preflight` (no unfinished bootstrap,
+runs the checks of :mod:`applier.apply.target.preflight` (no unfinished bootstrap,
 the recorded source, the slot: created only for an origin without progress,
 at the current position and with no snapshot), and streams from the origin's
 progress (or the slot's confirmed position when the origin has none). Every
 message goes through :meth:`Applier.dispatch`: a table maps each message kind
 to its handler and to the session states in which it may arrive; anything
 else is a :class:`ProtocolError`. With ``run --until-lsn``/``--until-caught-up``
-:mod:`applier.apply.until` admits the messages and says when to stop (exit 0).
+:mod:`applier.apply.handlers.until` admits the messages and says when to stop (exit 0).
 
 Restart and idempotence
 =======================
@@ -62,7 +62,7 @@ table, key and SQLSTATE: the worker rolls back, records it in
 ``applier.worker_status.last_error`` and exits non-zero; the origin has not
 moved, so nothing after the failed transaction was applied.
 
-Tables added to the publication (:mod:`applier.apply.tablesync`): a table the
+Tables added to the publication (:mod:`applier.apply.rules.tablesync`): a table the
 target lacks and applier never copied is skipped with one warning until
 ``applier sync-tables`` copies it; the worker re-reads the tables' states
 between batches every few seconds and, at a transaction boundary, pauses
@@ -106,6 +106,26 @@ from typing import Any
 import psycopg
 from tenacity import RetryCallState, Retrying, retry_if_exception
 
+from applier.apply.backoff import Fault, backoff
+from applier.apply.batching.paths import refresh as refresh_paths
+from applier.apply.gcsched import collect_garbage_on_schedule
+from applier.apply.handlers.dispatch import Applier
+from applier.apply.handlers.spool import SpoolSet, check_spool_dir, default_spool_dir
+from applier.apply.handlers.streamed import LiveRestream
+from applier.apply.handlers.until import Until
+from applier.apply.rules.skiprules import REFRESH_INTERVAL, SkipRules
+from applier.apply.rules.tablesync import TableSyncs
+from applier.apply.sql.mapping import Catalog
+from applier.apply.sql.replan import Replan
+from applier.apply.state import WorkerState
+from applier.apply.tally import Tally, count_fault
+from applier.apply.target.beat import Beat, Reporter
+from applier.apply.target.confirm import Confirmer
+from applier.apply.target.connection import client_keepalives, close_quietly
+from applier.apply.target.holder import OBJECT_IN_USE, origin_taken
+from applier.apply.target.origin import ensure_origin, origin_progress
+from applier.apply.target.preflight import check_before_streaming
+from applier.apply.target.session import TargetSession, connect, is_transient_sqlstate
 from applier.config import Config
 from applier.errors import (
     ApplierError,
@@ -124,27 +144,6 @@ from applier.protocol.speedups import dispatch_batch as _dispatch_batch
 from applier.redact import redact_dsn
 from applier.schema import schema_at_head, upgrade_target
 from applier.service import Service, signal_wakeup
-
-from .backoff import Fault, backoff
-from .beat import Beat, Reporter
-from .confirm import Confirmer
-from .gcsched import collect_garbage_on_schedule
-from .handlers import Applier
-from .holder import OBJECT_IN_USE, origin_taken
-from .mapping import Catalog
-from .origin import ensure_origin, origin_progress
-from .paths import refresh as refresh_paths
-from .preflight import check_before_streaming
-from .replan import Replan
-from .session import TargetSession, connect, is_transient_sqlstate
-from .skiprules import REFRESH_INTERVAL, SkipRules
-from .spool import SpoolSet, check_spool_dir, default_spool_dir
-from .state import WorkerState
-from .streamed import LiveRestream
-from .tablesync import TableSyncs
-from .tally import Tally, count_fault
-from .targetconn import client_keepalives, close_quietly
-from .until import Until
 
 log = logging.getLogger("applier.apply")
 
@@ -196,11 +195,11 @@ class Worker:
         #: The fault being retried (applier.apply.backoff), None while healthy.
         self.fault: Fault | None = None
         self.group_limit = cfg.apply.group_commit
-        #: How the next sessions apply what failed (applier.apply.replan).
+        #: How the next sessions apply what failed (applier.apply.sql.replan).
         self.replan = Replan()
         self.rules = SkipRules(cfg.origin)
         self._rules_read = 0.0
-        #: Tables sync-tables copies (applier.apply.tablesync).
+        #: Tables sync-tables copies (applier.apply.rules.tablesync).
         self.syncs = TableSyncs(cfg)
         # Read by applier.metrics at scrape time (from its thread, never waited for).
         self.stream: Any = None
@@ -209,14 +208,14 @@ class Worker:
         self.apply_errors = 0
         #: Commits received and not applied yet, over every session (applier.lag).
         self.pending = PendingCommits()
-        #: What the worker does, for STATUS= (applier.apply.beat.Reporter).
+        #: What the worker does, for STATUS= (applier.apply.target.beat.Reporter).
         self.phase = "starting"
         #: time.monotonic() when the apply loop last came round.
         self.loop_at = time.monotonic()
 
     @property
     def until(self) -> Until | None:
-        """``run --until-lsn``/``--until-caught-up``: stop there (applier.apply.until);
+        """``run --until-lsn``/``--until-caught-up``: stop there (applier.apply.handlers.until);
         positions past it are never confirmed."""
         return self.confirmer.until
 
@@ -501,7 +500,7 @@ class Worker:
 
     def _take_origin(self, catalog_conn: psycopg.Connection[Any]) -> TargetSession:
         """The apply session, owning the origin; refused at once when another worker
-        holds it, a wait when an abandoned backend does (applier.apply.holder)."""
+        holds it, a wait when an abandoned backend does (applier.apply.target.holder)."""
         cfg = self.cfg
         try:
             session = TargetSession(

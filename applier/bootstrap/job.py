@@ -66,7 +66,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from ..apply.mapping import Catalog
+from applier.apply.sql.mapping import Catalog
+
 from ..config import Config
 from ..errors import AlreadyBootstrapped, BootstrapError, BootstrapRefused
 from ..lsn import Lsn
@@ -297,7 +298,7 @@ def copy_under_new_slot(
         run_id = start_run(tgt, slot)
         # The origin will replicate from this source (checked by `applier run`).
         # Before the slot: the exported snapshot dies with the next command on `repl`.
-        from ..apply.preflight import record_source
+        from applier.apply.target.preflight import record_source
 
         record_source(tgt, cfg.origin, slot, repl.identify_system())
         info = repl.create_slot(
@@ -556,7 +557,7 @@ def _require_slot(cfg: Config, run: PriorRun) -> None:
         )
     # Someone consumed the slot (an early `applier run`, pg_recvlogical): the
     # changes it confirmed past the consistent point would never reach the target.
-    from ..apply.preflight import check_slot_not_moved
+    from applier.apply.target.preflight import check_slot_not_moved
 
     assert run.consistent_lsn is not None
     confirmed = Lsn.parse(row[0]) if row[0] else None

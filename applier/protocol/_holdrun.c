@@ -1,6 +1,6 @@
 /*
  * The merge lane's loop for applier.protocol._speedups (see _speedups.c):
- * hold_rows, the C twin of applier.apply.mergelane._hold_rows_py.
+ * hold_rows, the C twin of applier.apply.batching.mergelane._hold_rows_py.
  */
 #include "_speedups.h"
 

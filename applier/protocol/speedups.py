@@ -7,7 +7,7 @@ Each has a pure-Python twin that stays the reference: the tests check both give
 the same results. The names
 below are the C functions when the module was built and ``APPLIER_PURE_PYTHON``
 is not set (to a non-empty value), else None; the modules that use them
-(:mod:`applier.protocol.tuples`, :mod:`applier.apply.copyrun`) bind the
+(:mod:`applier.protocol.tuples`, :mod:`applier.apply.batching.copyrun`) bind the
 chosen function once at import, so the choice costs nothing per row.
 
 Nothing is logged at import; :func:`describe` says which was chosen and why,
@@ -89,7 +89,7 @@ take_xlog: Callable[..., int] | None
 dispatch_batch: Callable[[list[Any], dict[type, Any], Any, Any, Any], None] | None
 #: The read-ahead's fill (applier.stream.readahead): see ``fill_copy`` in _readloop.c.
 fill_copy: Callable[[Any, Any, bytearray, bytearray, int], int] | None
-#: The merge lane's loop over a run of plain rows (applier.apply.mergelane._hold_rows_py).
+#: The merge lane's loop over a run of plain rows (applier.apply.batching.mergelane._hold_rows_py).
 hold_rows: Callable[..., tuple[int, int]] | None
 #: Begin, Commit, Insert, Update and Delete outside stream blocks, by tag (the
 #: twins: applier.protocol.decoder._begin ...), once ``bind_rows`` was called.

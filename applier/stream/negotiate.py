@@ -93,7 +93,7 @@ def negotiate(server_version: int, opts: StreamOptions) -> Negotiated:
             out.append(("origin", opts.origin))
         elif opts.origin == "none":
             # pgoutput 15 refuses the option; the apply worker filters the transactions
-            # that arrive with an Origin message (applier.apply.originfilter).
+            # that arrive with an Origin message (applier.apply.rules.originfilter).
             log.info(
                 "the source filters by origin from PostgreSQL 16; transactions with an "
                 "origin are streamed and filtered here",
@@ -113,7 +113,7 @@ def _negotiate_streaming(requested: str, proto: int) -> str:
         return "off"
     if requested == "parallel" and proto < 4:
         # Protocol 4 only adds the abort LSN to Stream Abort; applier applies streamed
-        # transactions as they arrive either way (applier.apply.streamed, "Live apply").
+        # transactions as they arrive either way (applier.apply.handlers.streamed, "Live apply").
         log.debug(
             "the source streams as with streaming=on (protocol 4 needs PostgreSQL 16+)",
             extra={"ctx": {"proto_version": proto}},

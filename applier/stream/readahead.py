@@ -12,7 +12,7 @@ spooling what its worker cannot take yet ("partial serialize").
 
 :class:`ReadAhead` takes the CopyData messages libpq can give into memory
 (undecoded, as libpq returns them), up to :data:`READ_AHEAD_BYTES`, whenever
-the apply pipeline waits on the target (:class:`~applier.apply.pipeline.Pipeline`
+the apply pipeline waits on the target (:class:`~applier.apply.target.pipeline.Pipeline`
 calls :meth:`ReadAhead.fill` when the replication socket is readable during
 its wait, at most every :data:`FILL_EVERY` seconds). The stream's reader takes
 them back first, in order: :meth:`ReadAhead.getter` gives the first fill not

@@ -4,7 +4,7 @@ The built-in subscriber's table sync (``tablesync.c``: INIT, DATASYNC,
 FINISHEDCOPY, SYNCWAIT, CATCHUP, SYNCDONE, READY) done by a command next to a
 running ``applier run``. A table's state is a row of ``applier.table_sync``
 (migration 0008), keyed by origin and source table; the worker's half is
-:mod:`applier.apply.tablesync`.
+:mod:`applier.apply.rules.tablesync`.
 
 Positions
 ---------
@@ -102,7 +102,7 @@ Plain tables, and new partitions of a partitioned table the target has
 partition; pg_dump's pre-data creates and attaches it). A partition whose root
 the target lacks is refused with a hint to bootstrap.
 
-The worker decides for a table the target lacks (:mod:`applier.apply.tablesync`):
+The worker decides for a table the target lacks (:mod:`applier.apply.rules.tablesync`):
 applier knows it (a ``ready`` row; a table of the bootstrap's records;
 the tables the target had on the worker's first start after migration 0008,
 recorded then as ``ready``) -> it stops as before (a table dropped by

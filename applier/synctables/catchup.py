@@ -16,9 +16,10 @@ from typing import Any
 
 import psycopg
 
+from applier.apply.handlers.dispatch import IDLE, Applier
+from applier.apply.rules.tablesync import cas_state, read_states
+
 from .. import pgconn
-from ..apply.handlers import IDLE, Applier
-from ..apply.tablesync import cas_state, read_states
 from ..apply.worker import Worker
 from ..config import Config
 from ..errors import ApplierError, PermanentError
@@ -41,7 +42,7 @@ class CatchUp(Worker):
 
     def __init__(self, cfg: Config, tcfg: Config, name: Name, timeout: float) -> None:
         super().__init__(tcfg)
-        from ..apply.tablesync import TableSyncs
+        from applier.apply.rules.tablesync import TableSyncs
 
         self.syncs = TableSyncs(tcfg, enabled=False)  # this one applies the table
         self.main = cfg

@@ -17,8 +17,9 @@ from typing import Any
 import msgspec
 import psycopg
 
-from ..apply.holder import last_worker
-from ..apply.tablesync import _MARK_READY
+from applier.apply.rules.tablesync import _MARK_READY
+from applier.apply.target.holder import last_worker
+
 from ..bootstrap.clients import pick
 from ..bootstrap.plan import published_tables
 from ..config import Config, TablesConfig, table_matches

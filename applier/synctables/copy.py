@@ -20,7 +20,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from ..apply.origin import origin_progress
+from applier.apply.target.origin import origin_progress
+
 from ..bootstrap import schema as ddl
 from ..bootstrap.clients import pick
 from ..bootstrap.job import _index_build_settings, _run_copy, resolve_targets

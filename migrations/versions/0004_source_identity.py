@@ -5,7 +5,7 @@ One row per origin: the source's system identifier, timeline and database
 ``applier bootstrap`` when it creates the slot. ``run`` refuses to stream
 from a source with another system identifier or database into the same
 origin (the origin's LSNs would mean nothing there), and checks a timeline
-change against the new timeline's history (:mod:`applier.apply.preflight`).
+change against the new timeline's history (:mod:`applier.apply.target.preflight`).
 
 Revision ID: 0004
 Revises: 0003

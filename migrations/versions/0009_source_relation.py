@@ -5,7 +5,7 @@ and name under which the worker last applied that source table. A Relation
 message whose OID has a row under another name, for a table the target lacks,
 is a table renamed (or moved to another schema) on the source: the worker stops
 and says what to run on the target, where it would otherwise take it for a
-table added to the publication and skip its changes (:mod:`applier.apply.tablesync`).
+table added to the publication and skip its changes (:mod:`applier.apply.rules.tablesync`).
 Nothing is backfilled: the worker records each table the first time it maps it.
 
 ``bootstrap_table.src_relid``: the OID of each table a bootstrap copied, read

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from applier.apply.fullident import MAX_FULL, FullHold
-from applier.apply.mapping import RelMap, TargetColumn, TargetTable, build
-from applier.apply.merge import AGAIN, UpdateMerger
-from applier.apply.planner import Planner
+from applier.apply.batching.fullident import MAX_FULL, FullHold
+from applier.apply.batching.merge import AGAIN, UpdateMerger
+from applier.apply.sql.mapping import RelMap, TargetColumn, TargetTable, build
+from applier.apply.sql.planner import Planner
 from applier.protocol import Column, Delete, Relation, TupleData, Update
 
 T = TupleData.text

@@ -5,9 +5,9 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from applier.apply import handlers
-from applier.apply.handlers import Applier
-from applier.apply.mapping import RelMap, TargetColumn, TargetTable
+from applier.apply.handlers import dispatch as handlers
+from applier.apply.handlers.dispatch import Applier
+from applier.apply.sql.mapping import RelMap, TargetColumn, TargetTable
 from applier.config import config_from_dict
 from applier.lsn import Lsn
 from applier.protocol import Begin, Column, Commit, Insert, Relation, TupleData

@@ -1,4 +1,4 @@
-"""The insert lane (applier.apply.insertlane): INSERTs of transactions that are not
+"""The insert lane (applier.apply.batching.insertlane): INSERTs of transactions that are not
 streamed join the session's run straight from their bytes.
 
 Each test would fail if the lane broke: the rows must equal the source's through

@@ -134,7 +134,7 @@ def test_error_while_live_names_the_commit(pair: Pair) -> None:
 @ONE_PAIR
 @pytest.mark.parametrize("streaming", ["parallel", "on"])
 def test_copy_lane_rows_equal(pair: Pair, streaming: str) -> None:
-    """Rows that skip the handlers (applier.apply.copylane), live or replayed from the
+    """Rows that skip the handlers (applier.apply.batching.copylane), live or replayed from the
     spool: values COPY must escape, NULLs, a second table between runs, a binary-free
     mix of types, and an UPDATE and a wide row that end the lane."""
     pair.pub.execute(f"ALTER DATABASE \"{pair.pub_db}\" SET logical_decoding_work_mem = '64kB'")

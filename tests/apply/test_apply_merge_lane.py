@@ -1,4 +1,4 @@
-"""The merge lane (applier.apply.mergelane): streamed UPDATEs and DELETEs held in the
+"""The merge lane (applier.apply.batching.mergelane): streamed UPDATEs and DELETEs held in the
 merger straight from their bytes, live or replayed from the spool.
 
 Each test would fail if the lane broke: the rows must equal the source's through

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from applier.apply.mapping import RelMap, TargetColumn, TargetTable, build
-from applier.apply.merge import MAX_HELD, UpdateMerger, chunks
-from applier.apply.planner import Planner, insert_rows, max_rows
+from applier.apply.batching.merge import MAX_HELD, UpdateMerger, chunks
+from applier.apply.sql.mapping import RelMap, TargetColumn, TargetTable, build
+from applier.apply.sql.planner import Planner, insert_rows, max_rows
 from applier.protocol import Column, Insert, Relation, TupleData, Update
 
 

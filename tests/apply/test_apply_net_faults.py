@@ -4,7 +4,7 @@ table proves exactly-once) and compares every table at the end.
 
 A stalled connection (no error, no FIN, no RST) must be found and left within a
 bounded time: on the target by ``[apply] target_timeout`` (see
-applier/apply/targetconn.py), on the source by the stream's ``timeout`` plus the
+applier/apply/target/connection.py), on the source by the stream's ``timeout`` plus the
 walsender's ``wal_sender_timeout`` (the old walsender holds the slot until then).
 The measured recovery times are printed (``pytest -s``) for the README.
 """

@@ -16,8 +16,8 @@ import time
 import pytest
 from conftest import Pair
 
-from applier.apply.session import TargetSession
-from applier.apply.stamp import PREPARE_STAMP, stamp_params
+from applier.apply.target.session import TargetSession
+from applier.apply.target.stamp import PREPARE_STAMP, stamp_params
 from applier.errors import PermanentError
 from applier.lsn import Lsn, now_pg_timestamp
 from applier.schema import upgrade_target

@@ -1,10 +1,10 @@
-"""One decision of the paths a change may take (applier.apply.paths), obeyed by every path.
+"""One decision of the paths a change may take (applier.apply.batching.paths), obeyed by every path.
 
 The unit tests check the decision from its inputs and when it is made again, and
 that ``hold_update`` stops holding a table's UPDATEs, rows held already, once a
 rule there says row by row (the lane itself obeys, not only the path before it). The
 test on a real pair adds a new kind of rule in that one place (a rule of
-:data:`~applier.apply.paths.ROW_BY_ROW`, loaded into ``applier run`` by a
+:data:`~applier.apply.batching.paths.ROW_BY_ROW`, loaded into ``applier run`` by a
 ``sitecustomize`` module) that sends the changes of the tables named ``slow_*``
 row by row, and runs through every fast path at once: a transaction of INSERTs
 (multi-row INSERTs, a COPY run, the insert lane), a streamed one (the copy lane),
@@ -27,8 +27,8 @@ from conftest import Pair
 from test_update_fast_path import _applier as _applier_of_fast_path
 from test_update_fast_path import _messages
 
-from applier.apply import mergelane, paths
-from applier.apply.paths import ROW_BY_ROW_ONLY, Paths, decide, paths_of, refresh
+from applier.apply.batching import mergelane, paths
+from applier.apply.batching.paths import ROW_BY_ROW_ONLY, Paths, decide, paths_of, refresh
 
 
 def _rm(**kw: Any) -> Any:
@@ -164,7 +164,7 @@ def test_a_new_rule_stops_the_update_fast_path_of_a_table_holding_rows() -> None
 # -- on a real pair ------------------------------------------------------------------------
 
 _RULE = """\
-from applier.apply import paths
+from applier.apply.batching import paths
 
 paths.ROW_BY_ROW.append(lambda applier, rm, txn: rm.relation.name.startswith("slow_"))
 """

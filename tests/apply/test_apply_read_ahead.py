@@ -14,7 +14,7 @@ import time
 from applykit import Runner, wait_equal
 from conftest import Pair
 
-from applier.apply.session import TargetSession
+from applier.apply.target.session import TargetSession
 from applier.schema import upgrade_target
 from applier.stream import LogicalStream, ReplicationConnection, StreamOptions
 

@@ -15,11 +15,11 @@ import psutil
 import pytest
 from conftest import Pair
 
-from applier.apply.handlers import Applier
-from applier.apply.mapping import Catalog
-from applier.apply.origin import ensure_origin
-from applier.apply.session import TargetSession
-from applier.apply.spool import SpoolSet
+from applier.apply.handlers.dispatch import Applier
+from applier.apply.handlers.spool import SpoolSet
+from applier.apply.sql.mapping import Catalog
+from applier.apply.target.origin import ensure_origin
+from applier.apply.target.session import TargetSession
 from applier.lsn import Lsn
 from applier.protocol import Begin, Column, Commit, Insert, PgOutputMessage, Relation, TupleData
 from applier.schema import upgrade_target

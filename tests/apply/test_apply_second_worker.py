@@ -64,7 +64,7 @@ def test_second_worker_leaves_the_running_workers_spool_files(pair: Pair) -> Non
     spool_dir = pair.workdir / "spool"
     cfg = pair.write_config(apply={"spool_dir": str(spool_dir)})
     first = Runner(pair, cfg).start().ready()
-    # As a streamed transaction in progress would have it (applier.apply.spool).
+    # As a streamed transaction in progress would have it (applier.apply.handlers.spool).
     in_progress = spool_dir / f"{pair.slot}-999.spool"
     in_progress.write_bytes(b"")
     second = Runner(pair, cfg, "second.log").start()

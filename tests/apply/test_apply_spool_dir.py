@@ -1,6 +1,6 @@
 """The spool directory: private, checked at start, and failures are one clear line.
 
-Streamed transactions spill to ``[apply] spool_dir`` (see applier/apply/spool.py).
+Streamed transactions spill to ``[apply] spool_dir`` (see applier/apply/handlers/spool.py).
 A directory others can write, a read-only or full file system, a transaction
 beyond ``spool_limit`` and a symlink planted where a spool file goes must each end
 in a one-line error naming the path (or be harmless), with nothing applied or
@@ -19,7 +19,7 @@ import pytest
 from applykit import Runner, origin_lsn, wait_equal, wait_for
 from conftest import Pair
 
-from applier.apply.spool import check_spool_dir, default_spool_dir
+from applier.apply.handlers.spool import check_spool_dir, default_spool_dir
 from applier.config import config_from_dict
 from applier.errors import ConfigError
 

@@ -7,10 +7,10 @@ import time
 from pathlib import Path
 
 from applier.apply.gcsched import GC_INTERVAL, collect_garbage_on_schedule
-from applier.apply.mapping import RelMap, TargetColumn, TargetTable
-from applier.apply.origin import FLUSHED, FlushTracker
-from applier.apply.planner import Planner
-from applier.apply.spool import SpoolSet
+from applier.apply.handlers.spool import SpoolSet
+from applier.apply.sql.mapping import RelMap, TargetColumn, TargetTable
+from applier.apply.sql.planner import Planner
+from applier.apply.target.origin import FLUSHED, FlushTracker
 from applier.lsn import Lsn
 from applier.protocol import (
     Column,

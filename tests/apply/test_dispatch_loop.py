@@ -18,8 +18,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from applier.apply.handlers import Applier
-from applier.apply.states import IDLE, STREAM, TXN, State
+from applier.apply.handlers.dispatch import Applier
+from applier.apply.handlers.states import IDLE, STREAM, TXN, State
 from applier.apply.worker import Worker
 from applier.errors import ProtocolError
 from applier.lsn import Lsn

@@ -1,4 +1,4 @@
-"""Checks before streaming (applier/apply/preflight.py), through the real CLI and servers.
+"""Checks before streaming (applier/apply/target/preflight.py), through the real CLI and servers.
 
 A missing slot is never recreated for an origin with progress (exit 3), a
 slot of the wrong kind or database is refused, a different source is

@@ -22,12 +22,14 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from applier.apply import changes, handlers, merge, mergelane
-from applier.apply.handlers import Applier
-from applier.apply.mapping import RelMap, TargetColumn, TargetTable
-from applier.apply.merge import MergedCtx
-from applier.apply.paths import refresh as refresh_paths
-from applier.apply.skiprules import Rule
+from applier.apply.batching import merge, mergelane
+from applier.apply.batching.merge import MergedCtx
+from applier.apply.batching.paths import refresh as refresh_paths
+from applier.apply.handlers import changes
+from applier.apply.handlers import dispatch as handlers
+from applier.apply.handlers.dispatch import Applier
+from applier.apply.rules.skiprules import Rule
+from applier.apply.sql.mapping import RelMap, TargetColumn, TargetTable
 from applier.config import config_from_dict
 from applier.errors import ProtocolError
 from applier.lsn import Lsn

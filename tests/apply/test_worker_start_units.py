@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 from applier.apply.backoff import Fault, backoff, backoff_cap
-from applier.apply.holder import LastWorker, applier_alive, holder_pid, is_other_worker
+from applier.apply.target.holder import LastWorker, applier_alive, holder_pid, is_other_worker
 
 HERE = ("db1", 4242)
 STALE_AFTER = 30.0

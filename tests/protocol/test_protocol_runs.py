@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from protocol_helpers import fake_stream
 
-from applier.apply import copyrun
+from applier.apply.batching import copyrun
 from applier.lsn import Lsn
 from applier.protocol import (
     Begin,

@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from applier import __version__
-from applier.apply import copyrun
+from applier.apply.batching import copyrun
 from applier.errors import DecodeError
 from applier.protocol import TupleData, decoder, encode_tuple, speedups
 from applier.protocol import tuples as reader
@@ -338,7 +338,7 @@ def test_hold_rows_holds_what_its_python_twin_holds(
 ) -> None:
     """Same count, size, rows (values, kinds, lane reference) and keys, from the same
     start, whatever the rows: where one stops the other stops."""
-    from applier.apply.mergelane import _hold_rows_py
+    from applier.apply.batching.mergelane import _hold_rows_py
 
     assert native is not None
     lsns = [0x1000 + i for i in range(len(datas))]
@@ -361,7 +361,7 @@ def test_hold_rows_holds_what_its_python_twin_holds(
 def test_hold_rows_leaves_keys_wider_than_index_max_keys_to_the_caller() -> None:
     """A key of 33 columns (PostgreSQL built with a larger INDEX_MAX_KEYS) is held
     row by row by the caller: both twins take nothing."""
-    from applier.apply.mergelane import MAX_KEY, _hold_rows_py
+    from applier.apply.batching.mergelane import MAX_KEY, _hold_rows_py
 
     assert native is not None
     width = MAX_KEY + 1
@@ -491,7 +491,7 @@ def test_plain_messages_decode_as_their_python_twins(data: bytes) -> None:
 def pure_python() -> Iterator[None]:
     """The Python twins all the way down: the readers and framers they call are the
     chosen ones (C, when built), which a twin comparison must not use."""
-    from applier.apply import mergelane
+    from applier.apply.batching import mergelane
 
     patches = [
         (decoder, "_tuple", reader._tuple_py),
@@ -555,7 +555,7 @@ def test_hold_rows_takes_bytes_only_in_both_twins(like: type) -> None:
     """A run's rows are bytes (the stream's payloads): both twins refuse another
     type with TypeError (the Python twin held a memoryview's rows, and failed on a
     bytearray's only when a key value was hashed)."""
-    from applier.apply import mergelane
+    from applier.apply.batching import mergelane
 
     data = b"U" + struct.pack(">II", 7, 16384) + b"N" + encode_tuple(TupleData.text(b"1"))
     twins = [mergelane._hold_rows_py] + ([] if native is None else [native.hold_rows])
@@ -829,7 +829,7 @@ def test_hold_rows_agrees_on_anything(
 ) -> None:
     """Rows the loop stops at, rows not bytes, fewer LSNs than rows, a start before
     the first row, a key column outside the width."""
-    from applier.apply.mergelane import _hold_rows_py
+    from applier.apply.batching.mergelane import _hold_rows_py
 
     assert native is not None
     datas = datas + extra

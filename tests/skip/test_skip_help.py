@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from applier.apply.skiprules import REFRESH_INTERVAL
+from applier.apply.rules.skiprules import REFRESH_INTERVAL
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,0 +1,11 @@
+"""The fast lanes: many changes sent as one statement or one COPY.
+
+* :mod:`.paths` - the one decision of which path a table's changes may take in a
+  transaction; every lane asks it, none re-lists the rules.
+* :mod:`.copylane`, :mod:`.copyrun` - INSERT runs sent as binary COPY.
+* :mod:`.insertlane`, :mod:`.insertruns` - INSERT runs sent as multi-row INSERT.
+* :mod:`.mergelane`, :mod:`.merge` - UPDATE/DELETE runs merged into one statement.
+* :mod:`.fullident` - changes of REPLICA IDENTITY FULL tables, batched.
+
+May import: ``sql``, ``target``, ``handlers.states`` and the layers below ``apply``.
+"""

@@ -1,0 +1,541 @@
+"""The message handlers: one per pgoutput message kind, session states in one place.
+
+This is the ``apply_handle_*`` half of PostgreSQL's
+``src/backend/replication/logical/worker.c``: :class:`Applier` turns each
+decoded message into work for the target session (:mod:`applier.apply.target.session`),
+and :mod:`applier.apply.worker` runs it inside a process with retries.
+
+Session states
+==============
+
+``IDLE`` between transactions; ``TXN`` between Begin and Commit; ``PREPARE``
+between Begin Prepare and Prepare; ``STREAM`` between Stream Start and Stream
+Stop. Stream Commit/Abort/Prepare, Commit/Rollback Prepared arrive in
+``IDLE``. A spooled transaction is replayed at its Stream Commit through the
+same handlers in state ``TXN``.
+
+LSN tracking and feedback
+=========================
+
+See :mod:`applier.apply.target.origin`. Each applied transaction commits with
+``pg_replication_origin_xact_setup(end_lsn, commit_ts)``; the pair (end_lsn,
+local commit LSN) goes to the :class:`FlushTracker`, and only source
+positions whose local commit is flushed on the target are confirmed to the
+slot. Empty transactions and idle periods are confirmed once nothing before
+them is pending. Every message that brings a commit (Begin, Stream Commit, the
+two-phase ones) is noted in :attr:`Applier.pending` before its handler runs,
+with its commit time: the lag in seconds (:mod:`applier.lag`).
+
+Bad input
+=========
+
+A change whose tuple has more or fewer values than its Relation message has
+columns, and a Stream Start that continues (not first segment) a transaction
+whose first segment never came, are :class:`~applier.errors.ProtocolError`
+naming LSN, xid and table, raised before anything of the transaction is
+committed. Relation and Type messages and the mappings built from them are in
+:mod:`applier.apply.handlers.relations` (bounded; catalog errors there are clear errors
+too).
+
+TOAST
+=====
+
+An UPDATE whose unchanged TOASTed columns were not sent (kind ``u``) leaves
+them out of SET; the target keeps its value, which is the source's too.
+
+Streamed transactions
+=====================
+
+See :mod:`applier.apply.handlers.streamed`.
+
+Conflicts and skip rules
+========================
+
+Changes the target's rows disagree with are conflicts, resolved by the
+table's ``[conflicts]`` policy and recorded (:mod:`applier.apply.rules.conflicts`,
+:mod:`applier.apply.rules.policies`); rules may skip tables, one transaction or
+failing changes, keeping what they skipped (:mod:`applier.apply.rules.skiprules`).
+Both are decided in :mod:`applier.apply.rules.resolve`, with the careful replay
+(a savepoint per change) that only a failed range pays for.
+
+Two-phase
+=========
+
+See :mod:`applier.apply.handlers.twophase` (Begin Prepare .. Commit/Rollback Prepared).
+
+Group commit
+============
+
+Several consecutive source transactions may share one target transaction
+(``[apply] group_commit``: at most that many, 1000 by default; 1 turns it off).
+At a Commit the target transaction stays open
+while (a) the group is below its count and younger than :data:`GROUP_MAX_AGE`
+(2 ms; :data:`GROUP_MAX_AGE_BEHIND`, 50 ms, for a transaction the source sent
+at least :data:`BEHIND_AFTER`, 100 ms, after it committed: one from a backlog),
+(b) more messages are already in hand:
+the worker commits the open group once the stream has no more received
+messages to give (a read that does not wait), so a group never waits for the
+network and latency stays that of what was in hand (a batch
+that ends inside a transaction leaves the group open until that transaction's
+Commit: its rows are in the target transaction already, and committing them
+stamped with the previous transaction's position would apply them twice after a
+restart), and (c)
+the transaction ends beyond ``no_group_until`` (below). The group commits with
+the origin stamped with its LAST transaction's (end_lsn, commit_ts): all of its
+source transactions become visible, and the origin moves past all of them, in
+one atomic commit, so exactly-once holds as for a single transaction (after a
+crash the origin is either before the group or past all of it). The flush
+tracker gets one pair per group; an empty transaction inside an open group
+joins it (its position is not confirmed before the group commits).
+
+Not grouped (the group is committed first, and they commit alone): streamed
+transactions (Stream Commit/Prepare: large by definition), two-phase
+(Begin Prepare .. Prepare, Commit/Rollback Prepared: PREPARE TRANSACTION names
+one source transaction, and their prepared-GID checks are queries outside a
+transaction). TRUNCATE is grouped: it is transactional on PostgreSQL; it only
+holds its ACCESS EXCLUSIVE lock until the group commits, bounded as above.
+Skipped (already applied) transactions come before any group by LSN order.
+
+When anything fails while a group holds earlier transactions (a row, the
+COMMIT, a schema mismatch), the error's context may name the wrong
+transaction: the target transaction is rolled back and the origin's session
+values reset (as for any failure), the session starts over from the origin
+(which is before the group), and every transaction up to the last position
+received is applied one by one; the failing one then fails alone, with its own
+LSN/xid/table/key, after committing those before it; a failed merged or
+multi-row statement is replayed the same way (without merging), even when it
+held a single transaction. Rows that UPDATE/DELETE did not find may be counted
+twice in that case. ``group_commit = 1`` behaves
+exactly as before.
+
+Within the target transaction, an UPDATE that keeps its key is held and
+merged with later UPDATEs of the same row; only the final values go out, a
+table's rows in a few multi-row statements (:mod:`applier.apply.batching.merge`, which
+says for which tables this cannot be told apart from one by one).
+
+Commits are pipelined (:mod:`applier.apply.target.session`, "Pipelined commits"): a
+group's commit is sent and the worker goes on; its bookkeeping (applied count,
+last commit, the flush tracker's local LSN) runs when the result arrives, and
+the flush tracker holds back every position behind a commit still unanswered.
+A failure found in such a commit may carry a later transaction's context: it is
+treated like a failed group (start over from the origin, one by one, waiting
+for each commit).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from time import monotonic
+from typing import Any
+
+from applier.apply.batching.merge import UpdateMerger
+from applier.apply.batching.paths import Paths
+from applier.apply.batching.paths import refresh as refresh_paths
+from applier.apply.handlers.changes import Changes
+from applier.apply.handlers.relations import RelationCache
+from applier.apply.handlers.spool import Spool, SpoolSet
+from applier.apply.handlers.states import State, Txn
+from applier.apply.handlers.streamed import Streamed
+from applier.apply.handlers.twophase import TwoPhase
+from applier.apply.rules.conflicts import Conflict, ConflictPlanner
+from applier.apply.rules.originfilter import OriginFilter
+from applier.apply.rules.resolve import Resolution
+from applier.apply.rules.skiprules import SkipRules
+from applier.apply.sql.mapping import Catalog, RelMap
+from applier.apply.sql.planner import Planner
+from applier.apply.tally import Tally
+from applier.apply.target.origin import FLUSHED, FlushTracker
+from applier.apply.target.session import TargetSession
+from applier.config import Config
+from applier.errors import (
+    ProtocolError,
+)
+from applier.lag import PendingCommits
+from applier.lsn import Lsn
+from applier.protocol import (
+    Begin,
+    BeginPrepare,
+    Commit,
+    CommitPrepared,
+    Delete,
+    Insert,
+    InsertRun,
+    Message,
+    Origin,
+    PgOutputMessage,
+    Prepare,
+    Relation,
+    RollbackPrepared,
+    StreamAbort,
+    StreamCommit,
+    StreamedChange,
+    StreamedRun,
+    StreamPrepare,
+    StreamStart,
+    StreamStop,
+    Truncate,
+    Type,
+    Update,
+)
+
+log = logging.getLogger("applier.apply")
+
+
+IDLE, TXN, PREPARE, STREAM = State.IDLE, State.TXN, State.PREPARE, State.STREAM
+_CHANGE_STATES = frozenset({TXN, PREPARE})
+#: In a stream block, changes and the schema they see arrive as StreamedChange.
+_NOT_STREAM = frozenset({IDLE, TXN, PREPARE})
+_ANY = frozenset(State)
+#: Seconds a group stays open at most (see "Group commit"): under a steady load
+#: the stream always has more in hand, and a group of 100 would hold the first
+#: transaction's rows back for 100 source transactions (pgbench at 1500 tps: a
+#: median lag of 25 ms against the built-in's 7 ms).
+GROUP_MAX_AGE = 0.002
+#: ... and while the source sends from a backlog (BEHIND_AFTER): the lag is then the
+#: backlog's, not the group's, and a longer group lets a run of INSERTs go on across
+#: its transactions as one COPY (200 transactions of 1000 rows, PK + 3 indexes:
+#: applier CPU 0.80 -> 0.43 s, its target backend 1.34 -> 1.25 s; 20, 50 and 200 ms
+#: measured alike). It also lets a backlog's groups reach the default group_commit
+#: of 1000: a 20,000-transaction pgbench backlog then merges more of its branch and
+#: teller UPDATEs, target backend CPU 0.36-0.51 -> 0.26-0.28 s against 100 (10000:
+#: no better).
+GROUP_MAX_AGE_BEHIND = 0.05
+#: Microseconds between a transaction's commit and the walsender sending its end
+#: from which the worker counts as behind. Both are the source's clock (the commit
+#: timestamp, the XLogData's send_time), so no clock skew between hosts enters.
+BEHIND_AFTER = 100_000
+#: Messages that need the session before a live streamed transaction commits
+#: (applier.apply.handlers.streamed, "Live apply"): it is dropped first.
+_DROPS_LIVE = frozenset({Begin, BeginPrepare, CommitPrepared, RollbackPrepared, StreamPrepare})
+#: The messages that bring a source commit (or prepare) to apply, with its position
+#: (the start of its record: finished once the done position is past it) and its
+#: time: noted as pending (applier.lag) before their handler runs.
+_PENDING_AT: dict[type, Callable[[Any], tuple[Lsn, int]]] = {
+    Begin: lambda m: (m.final_lsn, m.commit_ts),
+    StreamCommit: lambda m: (m.commit_lsn, m.commit_ts),
+    BeginPrepare: lambda m: (m.prepare_lsn, m.prepare_ts),
+    StreamPrepare: lambda m: (m.prepare_lsn, m.prepare_ts),
+    CommitPrepared: lambda m: (m.commit_lsn, m.commit_ts),
+    # It carries no start of its record: its end, less one, is passed exactly when it is.
+    RollbackPrepared: lambda m: (Lsn(m.rollback_end_lsn - 1), m.rollback_ts),
+}
+
+
+class Applier(Changes, Resolution, Streamed, TwoPhase):
+    """The message state machine: one handler per message kind, states in one place."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        session: TargetSession,
+        catalog: Catalog,
+        spools: SpoolSet,
+        progress: Lsn,
+        group_limit: int = 1,
+        no_group_until: Lsn = FLUSHED,
+        rules: SkipRules | None = None,
+        careful_until: Lsn = FLUSHED,
+        our_origin_id: int | None = None,
+        no_live: set[int] | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.session = session
+        self.catalog = catalog
+        self.spools = spools
+        self.progress = progress
+        self.planner = Planner()
+        self.merger = UpdateMerger(self.planner)
+        self.merge_updates = cfg.apply.merge_updates
+        #: Merge UPDATEs per key in the transaction in hand (not in one-by-one replay).
+        self.merging = False
+        self.flush = FlushTracker()
+        self.state = IDLE
+        self.txn: Txn | None = None
+        self.spool: Spool | None = None
+        self.live_apply = cfg.apply.streaming == "parallel"
+        self.no_live = no_live if no_live is not None else set()
+        self.rels = RelationCache(cfg, catalog, self._forget)
+        self.relations = self.rels.relations
+        self.relmaps = self.rels.relmaps
+        self.applied_txns = 0
+        self.skipped_changes = 0
+        self.missing_rows = 0
+        self.skipped_txns = 0
+        #: Changes by table and operation, of committed transactions (applier.metrics).
+        self.tally = Tally()
+        self.last_commit_lsn: Lsn | None = None
+        self.last_commit_ts: int | None = None
+        self.gid_prefix = f"applier_{cfg.origin}_"
+        #: ``[source] origin = "none"``: see applier.apply.rules.originfilter.
+        self.origins = OriginFilter(cfg.source.origin)
+        #: Group commit: at most this many source transactions per target transaction.
+        self.group_limit = max(1, group_limit)
+        #: Transactions up to this source position are applied one by one (after a
+        #: failed group, so the error names the exact transaction).
+        self.no_group_until = no_group_until
+        #: Source transactions ended but not yet committed: they share the open target
+        #: transaction, which commits with the last one's (end_lsn, commit_ts).
+        self.group_txns = 0
+        self.group_end: tuple[Lsn, int] = (Lsn(0), 0)
+        self.group_opened = 0.0
+        #: The send_time of the stream's last read (the worker sets it per batch).
+        self.sent_at = 0
+        session.on_missing = self._missing_row
+        self.catalog_conn = catalog.conn
+        self.rules = rules if rules is not None else SkipRules(cfg.origin)
+        self.policies = self.rels.policies
+        self.our_origin_id = our_origin_id
+        self.conflicts: list[Conflict] = []
+        self.cplanner = ConflictPlanner(self.planner, our_origin_id or 0)
+        #: Transactions up to this source position are replayed carefully (see
+        #: applier.apply.rules.resolve, "Careful replay"): a savepoint per change.
+        self.careful_until = careful_until
+        self.careful = False
+        #: Per mapping version: the paths its changes may take (applier.apply.batching.paths),
+        #: and the inputs they were decided on.
+        self.paths: dict[int, Paths] = {}
+        self.paths_stamp: tuple[Any, ...] = ((), -1, -1)
+        H = Callable[[Lsn, Any], None]
+        self.handlers: dict[type, tuple[frozenset[State], H]] = {
+            Begin: (frozenset({IDLE}), self.on_begin),
+            Commit: (frozenset({TXN}), self.on_commit),
+            Origin: (frozenset({TXN, PREPARE, STREAM}), self.on_origin),
+            Relation: (_NOT_STREAM, self.on_relation),
+            Type: (_NOT_STREAM, self.on_type),
+            StreamedChange: (frozenset({STREAM}), self.on_streamed_change),
+            StreamedRun: (frozenset({STREAM}), self.on_streamed_run),
+            Insert: (_CHANGE_STATES, self.on_insert),
+            InsertRun: (_CHANGE_STATES, self.on_insert_run),
+            Update: (_CHANGE_STATES, self.on_update),
+            Delete: (_CHANGE_STATES, self.on_delete),
+            Truncate: (_CHANGE_STATES, self.on_truncate),
+            Message: (_ANY, self.on_message),
+            StreamStart: (frozenset({IDLE}), self.on_stream_start),
+            StreamStop: (frozenset({STREAM}), self.on_stream_stop),
+            StreamCommit: (frozenset({IDLE}), self.on_stream_commit),
+            StreamAbort: (frozenset({IDLE}), self.on_stream_abort),
+            StreamPrepare: (frozenset({IDLE}), self.on_stream_prepare),
+            BeginPrepare: (frozenset({IDLE}), self.on_begin_prepare),
+            Prepare: (frozenset({PREPARE}), self.on_prepare),
+            CommitPrepared: (frozenset({IDLE}), self.on_commit_prepared),
+            RollbackPrepared: (frozenset({IDLE}), self.on_rollback_prepared),
+        }
+        #: Commits received and not finished (applier.lag); the worker's outlives sessions.
+        self.pending = PendingCommits()
+        for kind, at in _PENDING_AT.items():
+            states, handler = self.handlers[kind]
+            self.handlers[kind] = (states, self._noting(at, handler))
+
+    # -- dispatch --------------------------------------------------------------------
+
+    def _noting(
+        self, at: Callable[[Any], tuple[Lsn, int]], handler: Callable[[Lsn, Any], None]
+    ) -> Callable[[Lsn, Any], None]:
+        """``handler``, after noting its message's commit as pending (applier.lag)."""
+
+        def handle(lsn: Lsn, m: Any) -> None:
+            self.pending.received(*at(m))
+            handler(lsn, m)
+
+        return handle
+
+    def dispatch(self, lsn: Lsn, msg: PgOutputMessage) -> None:
+        entry = self.handlers.get(type(msg))
+        if entry is None or self.state not in entry[0]:
+            raise ProtocolError(
+                f"unexpected {getattr(msg, 'kind', type(msg).__name__)} message while "
+                f"{self.state.value}",
+                lsn=str(lsn),
+                hint="the stream is out of order; applier run restarts from the origin",
+            )
+        if self.live is not None and type(msg) in _DROPS_LIVE:
+            self.drop_live(f"a {msg.kind} message needs the session")
+        entry[1](lsn, msg)
+
+    # -- transactions ------------------------------------------------------------------
+
+    def _start_txn(
+        self, xid: int, commit_lsn: Lsn, skip: bool, gid: str | None = None, ts: int = 0
+    ) -> None:
+        txn = self.txn = Txn(xid, commit_lsn, skip, gid, ts)
+        # One by one after a failure (commit_lsn < no_group_until <=> end_lsn <=
+        # no_group_until): unmerged, so an error names its own change.
+        batched = commit_lsn >= self.no_group_until
+        self.merging = batched and self.merge_updates
+        self.session.multi_row = batched
+        self.careful = commit_lsn < self.careful_until
+        rules = self.rules
+        if rules.has_txn and not skip:
+            txn.rule = rules.txn_rule(xid, commit_lsn)
+        if rules.dump_all:
+            txn.seen = []
+        refresh_paths(self, txn)
+        # The LSN is formatted only if an error needs it (this runs per transaction).
+        self.session.txn_context = {"lsn": commit_lsn, "xid": xid, "finish_lsn": commit_lsn}
+
+    def on_begin(self, lsn: Lsn, m: Begin) -> None:
+        self.state = TXN
+        skip = m.final_lsn < self.progress
+        if skip:
+            log.info(
+                "skipping a transaction applied before",
+                extra={"ctx": {"xid": m.xid, "commit_lsn": m.final_lsn, "progress": self.progress}},
+            )
+        self._start_txn(m.xid, m.final_lsn, skip, None, m.commit_ts)
+
+    def on_commit(self, lsn: Lsn, m: Commit) -> None:
+        assert self.txn is not None
+        self.state = IDLE
+        self._end_txn(m.end_lsn, m.commit_ts, groupable=True)
+
+    def _end_txn(self, end_lsn: Lsn, commit_ts: int, groupable: bool = False) -> None:
+        txn = self.txn
+        assert txn is not None
+        self.txn = None
+        if txn.filtered and self.group_txns and end_lsn > self.no_group_until:
+            # Two-way on a 15 source: the other side's transactions come between ours;
+            # the open group goes on, and its commit moves the origin past this one.
+            self.skipped_txns += 1
+            self.group_end = (end_lsn, commit_ts)
+            return
+        if txn.skip or end_lsn <= self.progress:
+            # Open here only before a transaction filtered by its origin (the others
+            # come before any group by LSN order); never roll one back.
+            self.commit_group()
+            self.session.rollback()
+            self.tally.discard()
+            self.skipped_txns += 1
+            self.flush.store(end_lsn, FLUSHED)
+            return
+        if txn.rule is not None:
+            self.skipped_txns += 1
+        self._finish_records(txn, end_lsn)
+        if self.session.in_txn:
+            # An empty transaction inside an open group joins it (its position must
+            # not be confirmed before the group's commit).
+            if (
+                groupable
+                and self.group_txns + 1 < self.group_limit
+                and end_lsn > self.no_group_until
+            ):
+                now = monotonic()
+                if not self.group_txns:
+                    self.group_opened = now
+                behind = self.sent_at - commit_ts >= BEHIND_AFTER
+                if now - self.group_opened < (GROUP_MAX_AGE_BEHIND if behind else GROUP_MAX_AGE):
+                    self.group_txns += 1
+                    self.group_end = (end_lsn, commit_ts)
+                    return
+            self._commit(end_lsn, commit_ts, self.group_txns + 1)
+        else:
+            self.flush.store(end_lsn, FLUSHED)  # empty for us: nothing to wait for
+            self.tally.commit(self.tally.take(self.relmaps), 0)  # what it skipped
+
+    def commit_group(self) -> None:
+        """Commit the open group (if any), stamped with its last transaction's position.
+
+        Only between transactions: a batch may end inside one, whose rows are already
+        in the open target transaction; the group then commits at its Commit.
+        """
+        if self.group_txns and self.txn is None:
+            end_lsn, ts = self.group_end
+            self._commit(end_lsn, ts, self.group_txns)
+
+    def _commit(self, end_lsn: Lsn, ts: int, txns: int) -> None:
+        """Send the commit; the bookkeeping of success runs when its result comes."""
+        self._send_held()
+        self._flush_conflicts()
+        entry = self.flush.store_pending(end_lsn)
+        counts = self.tally.take(self.relmaps)
+
+        def done(local: Lsn) -> None:
+            # Rows not found that the commit did not wait for (conflicts.py, "Records"):
+            # their results came before this commit's, so these are exactly the ones
+            # of the transactions it committed.
+            late, self.conflicts = self.conflicts, []
+            self.tally.conflicts_met(late, into=counts[2])
+            self.flush.resolve(entry, local)
+            self.tally.commit(counts, txns)
+            self.applied_txns += txns
+            self.last_commit_lsn = end_lsn
+            self.last_commit_ts = ts
+            for c in late:
+                self.record_alone(c)
+
+        # One by one after a failed group: wait, so an error names its transaction.
+        self.session.commit(end_lsn, ts, done, wait=end_lsn <= self.no_group_until)
+        # Only now: a failure raised by commit() regroups the transactions held here.
+        self.group_txns = 0
+        self.progress = Lsn(max(self.progress, end_lsn))
+
+    def _committed(self, end_lsn: Lsn, ts: int, local: Lsn, txns: int = 1) -> None:
+        self.group_txns = 0
+        self.progress = Lsn(max(self.progress, end_lsn))
+        self.flush.store(end_lsn, local)
+        self.tally.commit(self.tally.take(self.relmaps), txns)
+        self.applied_txns += txns
+        self.last_commit_lsn = end_lsn
+        self.last_commit_ts = ts
+
+    def on_origin(self, lsn: Lsn, m: Origin) -> None:
+        """The transaction was applied on the source by a replication (after Begin, Begin
+        Prepare, or a first Stream Start): not applied with ``origin = "none"``."""
+        if self.state is STREAM:
+            sp = self.spool
+            assert sp is not None
+            sp.filtered = self.origins.drop(lsn, m, sp.xid)
+            return
+        txn = self.txn
+        assert txn is not None
+        if self.origins.drop(lsn, m, txn.xid, prepared=txn.gid is not None):
+            txn.skip = txn.filtered = True  # before any change: nothing was sent for it
+            refresh_paths(self, txn)
+
+    def on_message(self, lsn: Lsn, m: Message) -> None:
+        log.debug(
+            "logical decoding message ignored",
+            extra={"ctx": {"prefix": m.prefix, "lsn": m.lsn, "transactional": m.transactional}},
+        )
+
+    # -- schema (see applier.apply.handlers.relations) ------------------------------------------
+
+    def on_relation(self, lsn: Lsn, m: Relation) -> None:
+        # A changed message supersedes the mapping: _forget sends its held rows first.
+        self.rels.on_relation(m)
+
+    def on_type(self, lsn: Lsn, m: Type) -> None:
+        self.rels.on_type(m)
+
+    def relmap(self, oid: int, lsn: Lsn) -> RelMap:
+        return self.rels.get(oid, lsn, self._xid())
+
+    def _forget(self, rm: RelMap) -> None:
+        """A mapping was superseded or evicted: its prepared statements go too."""
+        if self.merger.holds(rm.relation.oid):
+            self._send_held(rm.relation.oid)
+        self.merger.forget(rm.version)
+        self.paths.pop(rm.version, None)
+        names = self.planner.forget(rm.version)
+        self.cplanner.forget(names)
+        if names:
+            self.session.forget_statements(names)
+
+    def _xid(self) -> int | None:
+        return self.txn.xid if self.txn is not None else None
+
+    # -- shutdown ----------------------------------------------------------------------
+
+    def abandon(self) -> None:
+        """Roll back what is in hand (stop or error); the stream resends it next time."""
+        if self.live is not None:
+            self.live.spool.live = False
+            self.live = None
+        self.txn = None
+        self.state = IDLE
+        self.group_txns = 0
+        self.conflicts = []
+        self.tally.discard()
+        self.merger.discard()
+        self.session.rollback()
+        self.session.settle()

@@ -1,0 +1,137 @@
+"""The apply session's states (see :mod:`applier.apply.handlers.dispatch`, "Session states")."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from applier.apply.sql.mapping import RelMap
+from applier.apply.sql.planner import key_of
+from applier.lsn import Lsn
+from applier.protocol import decode_streamed
+
+
+class State(enum.Enum):
+    IDLE = "idle"
+    TXN = "in transaction"
+    PREPARE = "in prepared transaction"
+    STREAM = "in stream"
+
+    # Enum hashes by name in Python code; members are singletons, so identity will do
+    # (dispatch checks the state of every message against a frozenset).
+    __hash__ = object.__hash__
+
+
+IDLE, TXN, PREPARE, STREAM = State.IDLE, State.TXN, State.PREPARE, State.STREAM
+
+
+@dataclass(slots=True)
+class Txn:
+    xid: int
+    #: The finish LSN: the start of the commit (or prepare) record; skip rules name it.
+    commit_lsn: Lsn
+    skip: bool
+    gid: str | None = None
+    commit_ts: int = 0
+    end_lsn: Lsn | None = None
+    #: Changes of included tables so far (their number in conflict and skip records).
+    n: int = 0
+    #: The txn skip rule that skips all of it (applier.apply.rules.skiprules).
+    rule: Any = None
+    #: Changes to write to applier.skipped_changes at its end.
+    kept: list[Any] = field(default_factory=list)
+    #: Every change seen, while some rule keeps whole transactions (dump = all).
+    seen: list[Any] | None = None
+    #: Not applied for its replication origin (``[source] origin = "none"``).
+    filtered: bool = False
+
+
+class ChangeCtx:
+    """What identifies one applied change in errors, conflict and skip records."""
+
+    __slots__ = ("change", "check", "key", "lsn", "no", "rm", "txn", "xid")
+
+    def __init__(self, lsn: Lsn, txn: Txn, rm: RelMap, change: Any) -> None:
+        self.lsn = lsn
+        self.txn = txn
+        self.xid = txn.xid
+        self.no = txn.n
+        self.rm = rm
+        self.change = change
+        #: For a statement of applier.apply.rules.conflicts: reads its result.
+        self.check: Any = None
+        #: The key values of a checked INSERT in a run (applier.apply.target.session).
+        self.key: Any = None
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "lsn": str(Lsn(self.lsn)),
+            "xid": self.xid,
+            "table": self.rm.qualname,
+            "op": op_of(self.change),
+            "key": key_of(self.rm, self.change),
+        }
+
+
+#: The slot of ChangeCtx.change, which LaneCtx fills on first use.
+_CHANGE: Any = ChangeCtx.__dict__["change"]
+
+
+class LaneCtx(ChangeCtx):
+    """A :class:`ChangeCtx` whose change is decoded from its bytes when first asked for."""
+
+    __slots__ = ("data",)
+    #: How its bytes decode (a streamed change's; applier.apply.batching.insertlane: an Insert's).
+    decode: Any = staticmethod(decode_streamed)
+
+    def __init__(self, lsn: Lsn, txn: Txn, rm: RelMap, data: Any) -> None:
+        # ChangeCtx.__init__'s assignments but the change's: one call less per row.
+        self.lsn = lsn
+        self.txn = txn
+        self.xid = txn.xid
+        self.no = txn.n
+        self.rm = rm
+        self.data = data
+        self.check = None
+        self.key = None
+
+    @property
+    def change(self) -> Any:
+        try:
+            return _CHANGE.__get__(self, ChangeCtx)
+        except AttributeError:
+            change = self.decode(self.data)
+            _CHANGE.__set__(self, change)
+            return change
+
+    @change.setter
+    def change(self, value: Any) -> None:
+        _CHANGE.__set__(self, value)
+
+
+#: What the merge lane holds for a row instead of its context, which is made only if
+#: something asks for it (a row not found, an error): ``(lsn, data, no, txn)``, where
+#: ``data`` is the streamed change's bytes, or the Update message itself
+#: (:func:`applier.apply.batching.mergelane.hold_update`).
+LaneRef = tuple[int, Any, int, Txn]
+
+
+def lane_ctx(ref: LaneRef, rm: RelMap) -> ChangeCtx:
+    """The context a :data:`LaneRef` stands for."""
+    lsn, data, no, txn = ref
+    ctx = (
+        LaneCtx(Lsn(lsn), txn, rm, data)
+        if type(data) is bytes
+        else ChangeCtx(Lsn(lsn), txn, rm, data)
+    )
+    ctx.no = no
+    return ctx
+
+
+_OPS = {"Insert": "insert", "Update": "update", "Delete": "delete", "Truncate": "truncate"}
+
+
+def op_of(change: Any) -> str:
+    """The operation of a change as skip rules and records name it."""
+    return _OPS.get(type(change).__name__, "change")

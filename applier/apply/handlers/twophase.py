@@ -1,0 +1,198 @@
+"""Two-phase transactions: the ``apply_handle_*prepare*`` handlers of worker.c.
+
+Two-phase
+=========
+
+With ``two_phase`` (protocol 3), Begin Prepare .. Prepare is applied and
+ended with ``PREPARE TRANSACTION 'applier_<origin>_<xid>'`` (deterministic,
+like PostgreSQL's ``pg_gid_<subid>_<xid>``), the origin stamped with the
+prepare's end LSN. Commit/Rollback Prepared stamp the origin and run
+``COMMIT/ROLLBACK PREPARED``.
+
+As in worker.c, a prepare is never skipped by its LSN: a transaction prepared
+before the slot's ``two_phase_at`` (two-phase switched on for an existing
+slot, or prepared between the slot's snapshot and its consistent point) is
+sent whole at its COMMIT PREPARED, Begin Prepare and Prepare carrying their
+prepare-time LSNs, below our progress; it is prepared (the origin stamp does
+not move the origin back) and committed. A Begin Prepare whose GID is already
+prepared on the target is skipped (its rows are in the prepared transaction:
+a restart between prepare and commit). A Commit Prepared whose GID is not
+prepared is skipped when its end LSN is <= the progress (committed here
+before); otherwise its changes never reached the target, and that is an
+:class:`~applier.errors.ApplyError` (exit 3), never a log line. A Rollback
+Prepared of a GID not prepared here is skipped (nothing to undo).
+
+A prepared transaction filtered by its origin (``[source] origin = "none"``,
+see :mod:`applier.apply.rules.originfilter`) is not prepared here; its COMMIT
+PREPARED is skipped (counted in ``skipped_txns``).
+
+:class:`TwoPhase` is a part of :class:`~applier.apply.handlers.dispatch.Applier` (which
+provides the session, the progress and the transaction helpers it calls).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from applier.apply.handlers.states import IDLE, PREPARE, State, Txn
+from applier.apply.rules.originfilter import OriginFilter
+from applier.apply.target.origin import FLUSHED, FlushTracker
+from applier.errors import ApplyError
+from applier.lsn import Lsn
+from applier.protocol import (
+    BeginPrepare,
+    CommitPrepared,
+    Prepare,
+    RollbackPrepared,
+    StreamPrepare,
+)
+
+if TYPE_CHECKING:
+    from applier.apply.handlers.spool import SpoolSet
+    from applier.apply.target.session import TargetSession
+
+log = logging.getLogger("applier.apply")
+
+
+class TwoPhase:
+    """Begin Prepare .. Prepare, Stream Prepare, Commit/Rollback Prepared."""
+
+    # Provided by Applier.
+    session: TargetSession
+    spools: SpoolSet
+    flush: FlushTracker
+    progress: Lsn
+    state: State
+    txn: Txn | None
+    gid_prefix: str
+    skipped_txns: int
+    applied_txns: int
+    origins: OriginFilter
+
+    def commit_group(self) -> None:
+        raise NotImplementedError
+
+    def _start_txn(
+        self, xid: int, commit_lsn: Lsn, skip: bool, gid: str | None = None, ts: int = 0
+    ) -> None:
+        raise NotImplementedError
+
+    def _replay(self, xid: int, commit_lsn: Lsn, gid: str | None = None, ts: int = 0) -> None:
+        raise NotImplementedError
+
+    def _finish_records(self, txn: Txn, end_lsn: Lsn) -> None:
+        raise NotImplementedError
+
+    def _flush_conflicts(self) -> None:
+        raise NotImplementedError
+
+    def _send_held(self, oid: int | None = None) -> None:
+        raise NotImplementedError
+
+    def _committed(self, end_lsn: Lsn, ts: int, local: Lsn, txns: int = 1) -> None:
+        raise NotImplementedError
+
+    def on_stream_prepare(self, lsn: Lsn, m: StreamPrepare) -> None:
+        self.commit_group()
+        gid = self.gid(m.xid)
+        sp = self.spools.get(m.xid)
+        if sp is not None and sp.filtered:
+            self.origins.prepared.add(m.xid)  # for its COMMIT/ROLLBACK PREPARED
+        if (sp is not None and sp.filtered) or self.is_prepared(gid):  # not by LSN: "Two-phase"
+            self.spools.discard(m.xid)
+            self.flush.store(m.end_lsn, FLUSHED)
+            return
+        try:
+            self._replay(m.xid, m.prepare_lsn, gid, m.prepare_ts)
+            self._finish_prepare(m.end_lsn, m.prepare_ts)
+        finally:
+            self.state = IDLE
+            self.spools.discard(m.xid)
+
+    def gid(self, xid: int) -> str:
+        return f"{self.gid_prefix}{xid}"
+
+    def is_prepared(self, gid: str) -> bool:
+        return bool(
+            self.session.query_one(
+                "SELECT count(*) FROM pg_catalog.pg_prepared_xacts "
+                "WHERE gid = %s AND database = pg_catalog.current_database()",
+                (gid,),
+            )
+        )
+
+    def on_begin_prepare(self, lsn: Lsn, m: BeginPrepare) -> None:
+        self.commit_group()
+        gid = self.gid(m.xid)
+        # Not by LSN (worker.c neither): a transaction prepared before the slot's
+        # two_phase_at comes at its COMMIT PREPARED with its prepare-time LSNs, below
+        # our progress. The walsender sends no prepare twice from one start point, so
+        # the only duplicate is one already prepared here (its rows are in it).
+        skip = self.is_prepared(gid)
+        if skip:
+            log.info("skipping a transaction prepared before", extra={"ctx": {"gid": gid}})
+        self.state = PREPARE
+        self._start_txn(m.xid, m.prepare_lsn, skip, gid, m.prepare_ts)
+
+    def on_prepare(self, lsn: Lsn, m: Prepare) -> None:
+        self._finish_prepare(m.end_lsn, m.prepare_ts)
+
+    def _finish_prepare(self, end_lsn: Lsn, prepare_ts: int) -> None:
+        txn = self.txn
+        assert txn is not None and txn.gid is not None
+        self.state = IDLE
+        self.txn = None
+        if txn.skip:
+            self.session.rollback()
+            self.flush.store(end_lsn, FLUSHED)
+            return
+        # Its kept changes and a txn rule's mark: prepared with it (a skipped
+        # transaction is prepared empty but for them, and COMMIT PREPARED finds it).
+        self._finish_records(txn, end_lsn)
+        if not self.session.in_txn:
+            self.session.begin()  # an empty prepared transaction, so COMMIT PREPARED finds it
+        self._send_held()
+        self._flush_conflicts()
+        committed = self.session.committed
+        local = self.session.prepare(txn.gid, end_lsn, prepare_ts)
+        # A prepare replayed at its COMMIT PREPARED ends below the progress: the origin
+        # does not move back, nor may the position the session rewinds it to.
+        self.session.committed = Lsn(max(committed, end_lsn))
+        self._committed(end_lsn, prepare_ts, local)
+
+    def on_commit_prepared(self, lsn: Lsn, m: CommitPrepared) -> None:
+        self.commit_group()
+        gid = self.gid(m.xid)
+        if not self.is_prepared(gid):
+            # Committed here before (the origin is past its COMMIT PREPARED), or its
+            # PREPARE was filtered by its origin.
+            if m.end_lsn <= self.progress or self.origins.finish_prepared(m.xid, gid, m.end_lsn):
+                self.skipped_txns += 1
+                self.flush.store(m.end_lsn, FLUSHED)
+                return
+            raise ApplyError(
+                f"COMMIT PREPARED of transaction {gid}, which is neither prepared on the "
+                "target nor applied before",
+                gid=gid,
+                xid=m.xid,
+                lsn=str(Lsn(m.end_lsn)),
+                progress=str(Lsn(self.progress)),
+                hint="its changes never reached the target (someone ran ROLLBACK PREPARED "
+                "there, or the target was restored); re-bootstrap the target",
+            )
+        local = self.session.finish_prepared(gid, True, m.end_lsn, m.commit_ts)
+        self._committed(m.end_lsn, m.commit_ts, local)
+
+    def on_rollback_prepared(self, lsn: Lsn, m: RollbackPrepared) -> None:
+        self.commit_group()
+        gid = self.gid(m.xid)
+        self.origins.prepared.discard(m.xid)
+        if not self.is_prepared(gid):
+            # Never prepared here (prepared before two_phase_at: PostgreSQL sends no
+            # changes of it), or rolled back before: nothing to undo (worker.c too).
+            self.flush.store(m.rollback_end_lsn, FLUSHED)
+            return
+        local = self.session.finish_prepared(gid, False, m.rollback_end_lsn, m.rollback_ts)
+        self._committed(m.rollback_end_lsn, m.rollback_ts, local)
+        self.applied_txns -= 1

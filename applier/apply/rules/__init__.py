@@ -1,0 +1,11 @@
+"""What may be applied, and how a conflict ends.
+
+* :mod:`.conflicts` - conflict detection and the conflict log.
+* :mod:`.policies` - the per-conflict-type policies from the config.
+* :mod:`.resolve` - a met conflict resolved by its policy.
+* :mod:`.skiprules` - ``applier skip`` rules: transactions and rows left out.
+* :mod:`.originfilter` - changes that came from an origin we do not apply.
+* :mod:`.tablesync` - tables still being copied by ``sync-tables``.
+
+May import: ``sql``, ``target``, ``handlers.states`` and the layers below ``apply``.
+"""

@@ -1,0 +1,8 @@
+"""From a source change to target SQL, without I/O.
+
+* :mod:`.mapping` - source relation -> target table and columns, type checks.
+* :mod:`.planner` - (mapping, change) -> (prepared statement, parameters).
+* :mod:`.replan` - plans rebuilt after the target's catalog changed.
+
+May import: the layers below ``apply`` only.
+"""
