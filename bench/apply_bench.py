@@ -1,6 +1,7 @@
 """Drain the same slot backlog with pg_recvlogical, the built-in subscriber, pglogical and applier.
 
     .venv/bin/python bench/apply_bench.py [--versions 15,18] [--workloads insert,pgbench,...]
+        [--applier-before OTHER_CHECKOUT]   # before/after a change, interleaved (key a0)
         [--repeat 3] [--scale 1.0 | --quick] [--json-out figures.json]
 
 Per version a pair of throwaway clusters (15->15: Debian's PostgreSQL 15;
@@ -139,7 +140,8 @@ def bench_version(version: int, args: argparse.Namespace, tmp: Path) -> dict[str
     with server_pair(version, tmp) as (pub, sub):
         ctx = Ctx(pub, sub, version, tmp, args.scale, args.timeout, args.full_timeout, args.rate,
                   max(5.0, args.steady_seconds * args.scale), args.big_mb,
-                  applier_apply=args.applier_apply)  # fmt: skip
+                  applier_apply=args.applier_apply,
+                  applier_before=args.applier_before)  # fmt: skip
         if args.applier_apply:
             log(f"  applier runs with [apply] {args.applier_apply!r}, not its defaults")
         if version == 15:
@@ -221,6 +223,11 @@ def parse_args() -> argparse.Namespace:
              "e.g. b,a to probe a change; the README's figures run them all",
     )  # fmt: skip
     ap.add_argument("--json-out", type=Path, help="write every raw figure here")
+    ap.add_argument(
+        "--applier-before", type=Path,
+        help="another applier checkout drained beside this one in every round "
+             "(key a0): a change measured before/after, interleaved",
+    )  # fmt: skip
     ap.add_argument(
         "--applier-apply", default="",
         help="TOML lines for applier's [apply] section, e.g. 'copy_threshold = 4096' "

@@ -42,6 +42,8 @@ class Ctx:
     pglogical_error: str | None = None  # why pglogical cannot run here (None: it can)
     #: TOML lines for applier's [apply] section; empty: its defaults (the comparison).
     applier_apply: str = ""
+    #: Another applier checkout drained beside this one ("a0"): before/after a change.
+    applier_before: Path | None = None
 
     def n(self, full_size: int) -> int:
         return max(1, int(full_size * self.scale))

@@ -198,6 +198,13 @@ class Builtin(Consumer):
 class Applier(Consumer):
     key, label = "a", "applier"
 
+    def __init__(self, tree: Path = ROOT, key: str = "a") -> None:
+        """``tree``: the checkout whose applier runs (another one: ``--applier-before``)."""
+        super().__init__()
+        self.tree, self.key = tree, key
+        # Its own code first on the path: ``python -m applier.cli`` imports that tree.
+        self.env = {**os.environ, "PYTHONPATH": str(tree)}
+
     def config(self, ctx: Ctx) -> Path:
         """applier's defaults: no [apply] section at all (json log for the start-up line),
         unless --applier-apply asks for one (to measure a setting, not to compare)."""
@@ -217,7 +224,7 @@ class Applier(Consumer):
         # catalogs exist before CREATE SUBSCRIPTION): not part of the drain.
         subprocess.run(
             [sys.executable, "-m", "applier.cli", "migrate", "--config", str(self.cfg)],
-            cwd=ROOT, check=True, capture_output=True,
+            cwd=self.tree, env=self.env, check=True, capture_output=True,
         )  # fmt: skip
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -227,7 +234,7 @@ class Applier(Consumer):
         with open(self.logfile, "wb") as err:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "applier.cli", "run", "--config", str(self.cfg)],
-                cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err,
+                cwd=self.tree, env=self.env, stdout=subprocess.DEVNULL, stderr=err,
             )  # fmt: skip
         return t0, wall0
 
@@ -293,5 +300,7 @@ def consumers(ctx: Ctx, server_version_num: int) -> list[Consumer]:
     ]
     if ctx.version == 15:
         out.append(Pglogical())
+    if ctx.applier_before is not None:
+        out.append(Applier(ctx.applier_before, "a0"))
     out.append(Applier())
     return out

@@ -9,7 +9,7 @@ from typing import Any
 Round = dict[str, dict[str, Any]]  # consumer key -> figures, or {"timeout"/"skipped": why}
 
 LABELS = {"rb": "floor (built-in's options)", "ra": "floor (applier's options)",
-          "b": "built-in", "p": "pglogical", "a": "applier"}  # fmt: skip
+          "b": "built-in", "p": "pglogical", "a0": "applier (before)", "a": "applier"}  # fmt: skip
 
 
 def median_of(rounds: list[Round], key: str, fig: str) -> float | None:
