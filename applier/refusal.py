@@ -42,15 +42,20 @@ class PublicationMissing(ConfigError):
     """``[source] publications`` names a publication the source does not have (exit 2)."""
 
 
-#: (phrase of the server's FATAL, SQLSTATE it comes with, what to do); the first match
-#: wins. A phrase ending in '"' names an object and counts only with "does not exist".
-_PHRASES: tuple[tuple[str, str, str], ...] = (
+#: (phrase of the server's FATAL, SQLSTATE it comes with, what to do or None); the
+#: first match wins. A phrase ending in '"' names an object and counts only with
+#: "does not exist". A failed connect carries no SQLSTATE (libpq reports the FATAL
+#: as text), so this one table tells every connect's failures apart: rows with a
+#: hint are refusals of the login (:func:`refusal`); the others are what the
+#: replication connection maps on its own (:func:`state_of`).
+_PHRASES: tuple[tuple[str, str, str | None], ...] = (
     (
         "password authentication failed",
         "28P01",
         "check the {side} role's password: [{side}] password_file or password_credential, "
         "~/.pgpass or PGPASSWORD (never in the dsn)",
     ),
+    ("password is not", "28P01", None),  # "... password is not assigned/valid"
     ("no pg_hba.conf entry", "28000", "allow this role, database and host in the {side}'s "
      "pg_hba.conf (then reload it), or fix [{side}] dsn"),
     ("is not permitted to log in", "28000", "ALTER ROLE ... LOGIN on the {side}, or fix the "
@@ -59,6 +64,10 @@ _PHRASES: tuple[tuple[str, str, str], ...] = (
      "the {side}, or fix [{side}] dsn"),
     ('database "', "3D000", "fix dbname in [{side}] dsn, or create the database on the {side}"),
     ('role "', "28000", "fix the user in [{side}] dsn, or create the role on the {side}"),
+    ("superuser or replication role", "42501", None),
+    ("permission denied", "42501", None),
+    ("too many clients", "53300", None),
+    ("wal senders", "53300", None),
 )  # fmt: skip
 
 #: The SQLSTATEs of a refusal, when the server's error does carry one.
@@ -73,9 +82,12 @@ def refusal(exc: psycopg.Error, side: str, conninfo: str) -> ConnectRefused | No
     """
     reason = _server_message(str(exc))
     found = _match(reason.lower())
+    if found is not None and found[1] is None:
+        found = None  # not a refused login: the caller's own error
     if found is None and exc.sqlstate not in REFUSAL_STATES:
         return None
     state, hint = found or (exc.sqlstate, "fix [{side}] dsn")
+    assert hint is not None
     return ConnectRefused(
         f"the {side} refused the connection ({where(conninfo)}): {reason}",
         hint=hint.format(side=side),
@@ -114,7 +126,16 @@ def _server_message(text: str) -> str:
     return (text.strip().splitlines() or ["connection refused"])[-1].strip()
 
 
-def _match(low: str) -> tuple[str, str] | None:
+def state_of(message: str) -> str | None:
+    """The SQLSTATE a failed connect's ``message`` comes with (None: none of ours).
+
+    For a replication connection, whose failures its own module maps to errors.
+    """
+    found = _match(message.lower())
+    return found[0] if found else None
+
+
+def _match(low: str) -> tuple[str, str | None] | None:
     """(SQLSTATE, hint) of the first phrase the server's message has."""
     for phrase, state, hint in _PHRASES:
         if phrase in low and (not phrase.endswith('"') or "does not exist" in low):

@@ -46,6 +46,7 @@ from applier.errors import (
 )
 from applier.lsn import Lsn
 from applier.redact import redact_dsn
+from applier.refusal import state_of
 from applier.stream import versions
 
 __all__ = [
@@ -206,7 +207,7 @@ def error_from_psycopg(
     message = diag_msg or str(exc).strip() or type(exc).__name__
     if exc.sqlstate is None and isinstance(exc, psycopg.OperationalError):
         # A failed connect carries no SQLSTATE: tell refusals from unreachability by text.
-        state = _connect_refusal(message)
+        state = state_of(message)
         if state is None:
             return ConnectionLost(
                 f"{where}: {message}" if where else message,
@@ -217,26 +218,6 @@ def error_from_psycopg(
 
 
 #: libpq connect failure texts -> the SQLSTATE the server used (lost in libpq's message).
-_REFUSALS = (
-    ("superuser or replication role", _INSUFFICIENT_PRIVILEGE),
-    ("permission denied", _INSUFFICIENT_PRIVILEGE),
-    ("no pg_hba.conf entry", _INVALID_AUTHORIZATION),
-    ("password authentication failed", _INVALID_PASSWORD),
-    ("password is not", _INVALID_PASSWORD),
-    ('database "', _INVALID_CATALOG_NAME),  # ... does not exist
-    ("too many clients", _TOO_MANY_CONNECTIONS),
-    ("wal senders", _TOO_MANY_CONNECTIONS),
-)
-
-
-def _connect_refusal(message: str) -> str | None:
-    low = message.lower()
-    for phrase, state in _REFUSALS:
-        if phrase in low and (state != _INVALID_CATALOG_NAME or "does not exist" in low):
-            return state
-    return None
-
-
 def _flag(value: Any) -> bool:
     # The simple protocol gives text: 't'/'f' unless psycopg already loaded a bool.
     return value is True or value in ("t", "true")
