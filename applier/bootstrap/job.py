@@ -74,6 +74,7 @@ from ..lsn import Lsn
 from ..privileges import check, scope_of
 from ..stream.versions import check_source
 from . import clients
+from . import largeobjects as large_objects
 from . import schema as ddl
 from .checks import check_slot, check_target, truncate_tables
 from .copy_task import SliceResult, SliceTask, copy_slice
@@ -153,6 +154,7 @@ def _bootstrap(
     types = ddl.missing_types(src, tgt, plan.ddl_tables)
     to_empty = check_target(tgt, plan, ours=ours, truncate=truncate)
     check_slot(src, cfg.source.slot, recreate_slot or bool(prior and prior.phase != "done"))
+    large_objects.check(cfg, src, tgt)
     ddl.create_types(src, tgt, types)
     truncate_tables(tgt, to_empty)
     run = copy_under_new_slot(cfg, src, tgt, plan, prior, recreate_slot, quiet, spark)
@@ -323,6 +325,7 @@ def copy_under_new_slot(
             )
             record_copy_phase(tgt, slot, run, info.snapshot_name, plan, created)
         _run_copy(cfg, sc, tgt, plan, run_id, info.snapshot_name, quiet)
+        large_objects.copy(cfg, src, tgt, info.snapshot_name)  # the snapshot is still held
         set_phase(tgt, slot, "post_data")
         run.phase = "post_data"
         return run

@@ -1,0 +1,96 @@
+"""The large objects' copy under an exported snapshot (bootstrap) and their sync (cutover),
+on real servers, through the modules themselves (no Spark: the copy runs in the driver)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from conftest import Pair
+
+from applier import largeobjects as lo
+from applier import pgconn
+from applier.bootstrap import largeobjects as boot
+from applier.errors import BootstrapRefused
+from largeobjects.lokit import STATE, load, roles, state
+
+
+def _sessions(pair: Pair) -> tuple[Any, Any]:
+    src = pgconn.connect(pair.pub_dsn, side="source", purpose="test")
+    tgt = pgconn.connect(pair.sub_dsn, side="target", purpose="test")
+    return src, tgt
+
+
+def test_copy_under_the_snapshot_then_sync_then_rerun(pair: Pair) -> None:
+    with roles(pair) as r:
+        load(pair, r)
+        cfg = pair.config()
+        holder = pair.pub_conn()
+        holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        snapshot = holder.execute("SELECT pg_export_snapshot()").fetchone()[0]  # type: ignore[index]
+        at_snapshot = state(pair, "pub")
+        # After the snapshot: one created, one deleted, one rewritten.
+        pair.pub_exec(
+            "SELECT lo_from_bytea(10005, 'later'::bytea); SELECT lo_unlink(10001);"
+            "SELECT lo_put(10002, 5, 'changed'::bytea)"
+        )
+        src, tgt = _sessions(pair)
+        with src, tgt:
+            boot.check(cfg, src, tgt)
+            done = boot.copy(cfg, src, tgt, snapshot)
+            assert (done.objects, done.bytes) == (4, 100 + 600_000 + 2_560_000)
+            assert state(pair, "sub") == at_snapshot  # owners, ACLs, data (md5 on each server)
+            # A rerun under the same snapshot copies nothing and doubles nothing.
+            again = boot.copy(cfg, src, tgt, snapshot)
+            assert again.objects == 0 and state(pair, "sub") == at_snapshot
+            holder.close()
+            # Cutover, writes stopped: created, changed and deleted since the snapshot.
+            tgt2 = pgconn.connect(pair.sub_dsn, side="target", purpose="test")
+            with tgt2:
+                src.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                counts = lo.sync(src, tgt, tgt2)
+                src.execute("ROLLBACK")
+                assert (counts.created, counts.changed, counts.deleted) == (1, 1, 1)
+                assert state(pair, "sub") == state(pair, "pub")
+                assert [x[0] for x in state(pair, "sub")] == [10002, 10003, 10004, 10005]
+                # Nothing left to do: a second sync changes nothing.
+                src.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                counts = lo.sync(src, tgt, tgt2)
+                src.execute("ROLLBACK")
+                assert (counts.created, counts.changed, counts.deleted) == (0, 0, 0)
+
+
+def test_a_role_the_target_lacks_is_refused_before_anything_is_copied(pair: Pair) -> None:
+    with roles(pair, 1, target=False) as r:
+        pair.pub_exec(
+            f"SELECT lo_from_bytea(20001, 'x'::bytea); ALTER LARGE OBJECT 20001 OWNER TO {r[0]}"
+        )
+        src, tgt = _sessions(pair)
+        with src, tgt, pytest.raises(BootstrapRefused) as e:
+            boot.check(pair.config(), src, tgt)
+        assert r[0] in e.value.message and "CREATE ROLE" in str(e.value.hint)
+        assert e.value.exit_code == 3
+        assert pair.sub_exec(STATE) == []
+
+
+def test_an_object_the_target_has_with_other_data_is_named(pair: Pair) -> None:
+    pair.pub_exec("SELECT lo_from_bytea(30001, 'source'::bytea)")
+    pair.sub_exec("SELECT lo_from_bytea(30001, 'target'::bytea)")
+    src, tgt = _sessions(pair)
+    with src, tgt, pytest.raises(BootstrapRefused) as e:
+        boot.check(pair.config(), src, tgt)
+    assert "30001" in e.value.message and "lo_unlink" in str(e.value.hint)
+
+
+def test_not_copied_when_configured_so_and_said_once(
+    pair: Pair, caplog: pytest.LogCaptureFixture
+) -> None:
+    pair.pub_exec("SELECT lo_from_bytea(40001, 'x'::bytea)")
+    cfg = pair.config(bootstrap={"large_objects": False})
+    src, tgt = _sessions(pair)
+    with src, tgt:
+        boot.check(cfg, src, tgt)
+        assert boot.copy(cfg, src, tgt, "unused").objects == 0
+    said = [r.getMessage() for r in caplog.records if "large object" in r.getMessage()]
+    assert len(said) == 1 and "1 large object(s)" in said[0] and "cutover" in said[0], said
+    assert pair.sub_exec(STATE) == []
