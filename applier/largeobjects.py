@@ -63,6 +63,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from . import pgconn
 from .errors import PermanentError
 
 log = logging.getLogger(__name__)
@@ -159,7 +160,7 @@ def _which(oids: Iterable[int] | None) -> dict[str, Any]:
 
 def count(conn: Conn) -> int:
     """How many large objects the database has (the catalog is readable by every role)."""
-    row = conn.execute("SELECT pg_catalog.count(*) FROM pg_catalog.pg_largeobject_metadata")
+    row = conn.execute(count_sql())
     return int(row.fetchone()[0])  # type: ignore[index]
 
 
@@ -268,9 +269,7 @@ def _copy_batch(src: Conn, tgt: Conn, batch: Sequence[LargeObject]) -> int:
     with tgt.pipeline():
         for lo in batch:
             first = bytes(firsts[lo.oid])
-            tgt.execute(
-                "SELECT pg_catalog.lo_from_bytea(%s, %s)", (lo.oid, first), prepare=False
-            )
+            tgt.execute("SELECT pg_catalog.lo_from_bytea(%s, %s)", (lo.oid, first), prepare=False)
             total += len(first)
     for lo in batch:
         if len(firsts[lo.oid]) == CHUNK:
@@ -397,10 +396,12 @@ def sync(src: Conn, tgt: Conn, tgt_hashing: Conn) -> SyncCounts:
     """Make the target's large objects the source's (cutover, writes stopped).
 
     ``src`` is in a transaction (one snapshot for digests and copies);
-    ``tgt_hashing`` is a second target session, so both servers hash at once. An object whose data, owner or ACL differs is copied again whole
+    ``tgt_hashing`` is a second target session, so both servers hash at
+    once. An object whose data, owner or ACL differs is copied again whole
     (unlinked and created in one transaction): an ACL cannot be set back to
     NULL with GRANT/REVOKE, and a change of metadata alone is rare. Objects
-    the source no longer has are unlinked on the target.
+    the source no longer has are unlinked on the target: after a migration
+    the target's large objects are the source's, as its tables' rows are.
     """
     s, t = both_digests(lambda: digests(src), lambda: digests(tgt_hashing))
     created = sorted(o for o in s if o not in t)
@@ -415,3 +416,43 @@ def sync(src: Conn, tgt: Conn, tgt_hashing: Conn) -> SyncCounts:
     out.deleted = unlink(tgt, deleted)
     out.created, out.changed = len(created), len(changed)
     return out
+
+
+def sync_databases(source_conninfo: str, target_conninfo: str) -> SyncCounts:
+    """:func:`sync` on sessions of its own (``applier cutover``, after the catch-up)."""
+    purpose = "applier cutover"
+    with (
+        pgconn.connect(source_conninfo, side="source", purpose=purpose) as src,
+        pgconn.connect(target_conninfo, side="target", purpose=purpose) as tgt,
+        pgconn.connect(target_conninfo, side="target", purpose=purpose) as tgt_hashing,
+    ):
+        src.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        try:
+            counts = sync(src, tgt, tgt_hashing)
+        finally:
+            src.execute("ROLLBACK")
+    log.info("large objects synced", extra={"ctx": {"counts": counts.describe()}})
+    return counts
+
+
+# -- where nothing copies them --------------------------------------------------------
+
+NOT_CARRIED = (
+    "the source has {n} large object(s): the stream does not carry them (nor any change "
+    "to them); `applier cutover` copies them once writes have stopped (created, changed "
+    "and deleted ones), `applier verify` compares them"
+)
+
+_said = threading.Event()
+
+
+def note_not_carried(n: int) -> None:
+    """Say once per process that ``n`` large objects exist and what copies them."""
+    if n and not _said.is_set():
+        _said.set()
+        log.warning(NOT_CARRIED.format(n=n))
+
+
+def count_sql() -> str:
+    """The count, as a replication connection takes it (simple query, no parameters)."""
+    return "SELECT pg_catalog.count(*) FROM pg_catalog.pg_largeobject_metadata"

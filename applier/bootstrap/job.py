@@ -26,6 +26,8 @@ Order of work
    imports the same snapshot, so all slices together are the source at the
    slot's consistent point. A slice's rows and its done-record commit in one
    target transaction (:mod:`.copy_task`), so Spark retries never duplicate.
+   Then the large objects, in the driver, under the same snapshot
+   (:mod:`.largeobjects`): the stream cannot carry them.
 4. Post-data DDL (PKs, indexes, constraints) once the data is in, sequences,
    and the hand-off: the target's replication origin ``cfg.origin`` is
    created and advanced to the consistent point, in which ``applier run``
