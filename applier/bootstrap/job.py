@@ -133,7 +133,10 @@ def _bootstrap(
     # Before anything is made (the applier schema, the slot, a table), and
     # before discovery (which needs USAGE on the schemas): every privilege
     # either role lacks, then pg_dump/psql as new as the source.
-    scope = scope_of(src, published_tables(src, cfg), creates=True, truncate=truncate)
+    scope = scope_of(
+        src, published_tables(src, cfg), creates=True, truncate=truncate,
+        large_objects=cfg.bootstrap.large_objects,
+    )  # fmt: skip
     check("bootstrap", scope, source=src, target=tgt)
     plan = discover(src, cfg)
     clients.pick(cfg.source.conninfo(), plan.source_major, cfg.bootstrap.client_bin_dir)
