@@ -244,17 +244,18 @@ def copy_objects(src: Conn, tgt: Conn, objects: Sequence[LargeObject], *, replac
     (cutover's changed objects); else it must not exist.
     """
     done = Copied()
+    me = current_user(tgt)
     for i in range(0, len(objects), BATCH):
         batch = objects[i : i + BATCH]
         with tgt.transaction():
             if replace:
                 _unlink(tgt, [lo.oid for lo in batch])
-            done.bytes += _copy_batch(src, tgt, batch)
+            done.bytes += _copy_batch(src, tgt, batch, me)
         done.objects += len(batch)
     return done
 
 
-def _copy_batch(src: Conn, tgt: Conn, batch: Sequence[LargeObject]) -> int:
+def _copy_batch(src: Conn, tgt: Conn, batch: Sequence[LargeObject], me: str) -> int:
     """Data, owner and ACL of a batch, in the caller's target transaction; the bytes."""
     firsts = dict(
         src.cursor(binary=True)
@@ -276,7 +277,7 @@ def _copy_batch(src: Conn, tgt: Conn, batch: Sequence[LargeObject]) -> int:
             total += _copy_rest(src, tgt, lo.oid)
     with tgt.pipeline():
         for lo in batch:
-            for stmt in metadata_statements(lo, current_user(tgt)):
+            for stmt in metadata_statements(lo, me):
                 tgt.execute(stmt)
     return total
 
@@ -300,16 +301,10 @@ def _copy_rest(src: Conn, tgt: Conn, oid: int) -> int:
             return total
 
 
-_users: dict[int, str] = {}
-
-
 def current_user(tgt: Conn) -> str:
-    key = id(tgt)
-    if key not in _users:
-        row = tgt.execute("SELECT current_user::text").fetchone()
-        assert row is not None
-        _users[key] = str(row[0])
-    return _users[key]
+    row = tgt.execute("SELECT current_user::text").fetchone()
+    assert row is not None
+    return str(row[0])
 
 
 def metadata_statements(lo: LargeObject, me: str) -> Iterator[sql.Composed]:
