@@ -159,10 +159,12 @@ def _bootstrap(
     types = ddl.missing_types(src, tgt, plan.ddl_tables)
     to_empty = check_target(tgt, plan, ours=ours, truncate=truncate)
     check_slot(src, cfg.source.slot, recreate_slot or bool(prior and prior.phase != "done"))
-    large_objects.check(cfg, src, tgt)
+    large_objects.check(cfg, src, tgt, replace=truncate)
     ddl.create_types(src, tgt, types)
     truncate_tables(tgt, to_empty)
-    run = copy_under_new_slot(cfg, src, tgt, plan, prior, recreate_slot, quiet, spark)
+    run = copy_under_new_slot(
+        cfg, src, tgt, plan, prior, recreate_slot, quiet, spark, truncate=truncate
+    )
     # Spark stops (about a second) while the post-data DDL runs.
     stopper = threading.Thread(target=spark.stop, name="spark-stop", daemon=True)
     stopper.start()
@@ -280,8 +282,13 @@ def copy_under_new_slot(
     recreate_slot: bool,
     quiet: bool,
     spark: _SparkStarter,
+    *,
+    truncate: bool = False,
 ) -> PriorRun:
-    """Slot, schema, copy (on the context ``spark`` is starting); the caller stops Spark."""
+    """Slot, schema, copy (on the context ``spark`` is starting); the caller stops Spark.
+
+    ``truncate``: large objects the target has with other data are replaced.
+    """
     from ..stream.replconn import ReplicationConnection
 
     slot = cfg.source.slot
@@ -330,7 +337,8 @@ def copy_under_new_slot(
             )
             record_copy_phase(tgt, slot, run, info.snapshot_name, plan, created)
         _run_copy(cfg, sc, tgt, plan, run_id, info.snapshot_name, quiet)
-        large_objects.copy(cfg, src, tgt, info.snapshot_name)  # the snapshot is still held
+        # The snapshot is still held (repl is idle).
+        large_objects.copy(cfg, src, tgt, info.snapshot_name, replace=truncate)
         set_phase(tgt, slot, "post_data")
         run.phase = "post_data"
         return run

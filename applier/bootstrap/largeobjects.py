@@ -13,7 +13,8 @@ slices by OID range would only split into more round trips.
 Checks (:func:`check`, with every other refusal, before anything changes):
 the roles the objects need on the target (owners, grantees, grantors), and
 objects the target has already with other data, owner or ACL (an interrupted
-run's objects are equal and skipped; anything else is named, exit 3).
+run's objects are equal and skipped; anything else is named, exit 3, unless
+``--truncate``: then they are replaced, as the tables are emptied).
 
 ``[bootstrap] large_objects = false``: nothing is copied, and the bootstrap
 says once how many there are and that cutover copies them.
@@ -42,8 +43,12 @@ NOT_COPIED = (
 )
 
 
-def check(cfg: Config, src: Conn, tgt: Conn) -> None:
-    """Refuse, before anything changes, what would stop the copy half-way."""
+def check(cfg: Config, src: Conn, tgt: Conn, *, replace: bool = False) -> None:
+    """Refuse, before anything changes, what would stop the copy half-way.
+
+    ``replace`` (``--truncate``): objects the target has with other data are
+    copied again (unlinked first), as the tables are emptied, not refused.
+    """
     if not cfg.bootstrap.large_objects:
         n = lo.count(src)
         if n:
@@ -53,7 +58,8 @@ def check(cfg: Config, src: Conn, tgt: Conn) -> None:
     if not objects:
         return
     _refuse_missing_roles(tgt, objects)
-    _refuse_differing(src, tgt, objects)
+    if not replace:
+        _refuse(_present(src, tgt, objects)[1])
 
 
 def _refuse_missing_roles(tgt: Conn, objects: list[lo.LargeObject]) -> None:
@@ -63,13 +69,17 @@ def _refuse_missing_roles(tgt: Conn, objects: list[lo.LargeObject]) -> None:
         raise BootstrapRefused(e.message, hint=e.hint) from None
 
 
-def _refuse_differing(src: Conn, tgt: Conn, objects: list[lo.LargeObject]) -> list[int]:
-    """The OIDs the target has already, equal to the source's; raise for differing ones."""
+def _present(src: Conn, tgt: Conn, objects: list[lo.LargeObject]) -> tuple[list[int], list[int]]:
+    """The OIDs the target has already: (equal to the source's, differing)."""
     there = lo.digests(tgt, [o.oid for o in objects])
     if not there:
-        return []
+        return [], []
     here = lo.digests(src, list(there))
     differing = sorted(o for o in there if here.get(o) != there[o])
+    return sorted(set(there) - set(differing)), differing
+
+
+def _refuse(differing: list[int]) -> None:
     if differing:
         shown = ", ".join(str(o) for o in differing[:20])
         more = f" and {len(differing) - 20} more" if len(differing) > 20 else ""
@@ -77,13 +87,13 @@ def _refuse_differing(src: Conn, tgt: Conn, objects: list[lo.LargeObject]) -> li
             f"the target has large object(s) {shown}{more} with other data, owner or ACL "
             "than the source's",
             hint="unlink them on the target (SELECT pg_catalog.lo_unlink(oid)) if they are "
-            "not needed, and rerun",
+            "not needed and rerun, or rerun with --truncate to have them replaced",
         )
-    return sorted(there)
 
 
-def copy(cfg: Config, src: Conn, tgt: Conn, snapshot: str) -> lo.Copied:
-    """Copy every large object as of ``snapshot`` (the slot's exported snapshot)."""
+def copy(cfg: Config, src: Conn, tgt: Conn, snapshot: str, *, replace: bool = False) -> lo.Copied:
+    """Copy every large object as of ``snapshot`` (the slot's exported snapshot);
+    ``replace``: as in :func:`check`."""
     if not cfg.bootstrap.large_objects:
         return lo.Copied()
     started = time.monotonic()
@@ -93,16 +103,22 @@ def copy(cfg: Config, src: Conn, tgt: Conn, snapshot: str) -> lo.Copied:
         objects = lo.metadata(src)
         _refuse_missing_roles(tgt, objects)  # a role new since check()
         # A rerun after a crash finds the batches it committed: equal, skipped.
-        present = set(_refuse_differing(src, tgt, objects)) if objects else set()
-        todo = [o for o in objects if o.oid not in present]
-        done = lo.copy_objects(src, tgt, todo, replace=False)
+        equal, differing = _present(src, tgt, objects) if objects else ([], [])
+        if not replace:
+            _refuse(differing)
+        skip = set(equal) | set(differing)
+        done = lo.copy_objects(src, tgt, [o for o in objects if o.oid not in skip], replace=False)
+        by_oid = {o.oid: o for o in objects}
+        again = lo.copy_objects(src, tgt, [by_oid[o] for o in differing], replace=True)
+        done.objects += again.objects
+        done.bytes += again.bytes
     finally:
         src.execute("ROLLBACK")
     if objects:
         log.info(
             "large objects copied",
             extra={"ctx": {"objects": done.objects, "bytes": done.bytes,
-                           "already_there": len(present),
+                           "already_there": len(equal), "replaced": len(differing),
                            "seconds": round(time.monotonic() - started, 2)}},
         )  # fmt: skip
     return done

@@ -84,6 +84,22 @@ def test_an_object_the_target_has_with_other_data_is_named(pair: Pair) -> None:
     assert "30001" in e.value.message and "lo_unlink" in str(e.value.hint)
 
 
+def test_truncate_replaces_an_object_the_target_has_with_other_data(pair: Pair) -> None:
+    pair.pub_exec("SELECT lo_from_bytea(30001, 'source'::bytea)")
+    pair.sub_exec("SELECT lo_from_bytea(30001, 'target'::bytea)")
+    cfg = pair.config()
+    holder = pair.pub_conn()
+    holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+    snapshot = holder.execute("SELECT pg_export_snapshot()").fetchone()[0]  # type: ignore[index]
+    src, tgt = _sessions(pair)
+    with src, tgt, holder:
+        boot.check(cfg, src, tgt, replace=True)
+        with pytest.raises(BootstrapRefused, match="30001"):
+            boot.copy(cfg, src, tgt, snapshot)  # without --truncate: refused under it too
+        assert boot.copy(cfg, src, tgt, snapshot, replace=True).objects == 1
+    assert state(pair, "sub") == state(pair, "pub")
+
+
 def test_not_copied_when_configured_so_and_said_once(
     pair: Pair, caplog: pytest.LogCaptureFixture
 ) -> None:
