@@ -183,11 +183,26 @@ def _grants(items: list[list[Any]]) -> tuple[Grant, ...]:
     return tuple(out)
 
 
+#: Objects hashed per statement: a statement stays short (verify's
+#: statement_timeout bounds each) however many objects there are.
+DIGEST_BATCH = 1024
+
+
 def digests(conn: Conn, oids: Iterable[int] | None = None) -> dict[int, Digest]:
-    """Each object's (owner, ACL text, size, hash), computed in the server."""
-    params = {**_which(oids), "chunk": CHUNK}
-    rows = conn.execute(_DIGESTS, params).fetchall()
-    return {int(r[0]): Digest(r[1], r[2], int(r[3] or 0), str(r[4])) for r in rows}
+    """Each object's (owner, ACL text, size, hash), computed in the server, in
+    statements of :data:`DIGEST_BATCH` objects (all of them, or ``oids``)."""
+    if oids is None:
+        rows = conn.execute(
+            "SELECT oid::pg_catalog.int8 FROM pg_catalog.pg_largeobject_metadata ORDER BY 1"
+        ).fetchall()
+        oids = [int(r[0]) for r in rows]
+    wanted = list(oids)
+    out: dict[int, Digest] = {}
+    for i in range(0, len(wanted), DIGEST_BATCH):
+        params = {**_which(wanted[i : i + DIGEST_BATCH]), "chunk": CHUNK}
+        for r in conn.execute(_DIGESTS, params).fetchall():
+            out[int(r[0])] = Digest(r[1], r[2], int(r[3] or 0), str(r[4]))
+    return out
 
 
 def both_digests(
