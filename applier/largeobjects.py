@@ -64,7 +64,7 @@ import psycopg
 from psycopg import sql
 
 from . import pgconn
-from .errors import PermanentError
+from .errors import ApplierError, PermanentError
 
 log = logging.getLogger(__name__)
 Conn = psycopg.Connection[Any]
@@ -262,10 +262,16 @@ def copy_objects(src: Conn, tgt: Conn, objects: Sequence[LargeObject], *, replac
     me = current_user(tgt)
     for i in range(0, len(objects), BATCH):
         batch = objects[i : i + BATCH]
-        with tgt.transaction():
-            if replace:
-                _unlink(tgt, [lo.oid for lo in batch])
-            done.bytes += _copy_batch(src, tgt, batch, me)
+        try:
+            with tgt.transaction():
+                if replace:
+                    _unlink(tgt, [lo.oid for lo in batch])
+                done.bytes += _copy_batch(src, tgt, batch, me)
+        except psycopg.Error as e:
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise CopyFailed(
+                f"copying large objects {batch[0].oid}..{batch[-1].oid} failed: {first}"
+            ) from None
         done.objects += len(batch)
     return done
 
@@ -384,6 +390,10 @@ class SyncCounts:
             f"{self.created} created, {self.changed} changed, {self.deleted} deleted "
             f"({self.bytes} bytes copied)"
         )
+
+
+class CopyFailed(ApplierError):
+    """A server refused a batch (rolled back whole; the batches before it stay)."""
 
 
 class LargeObjectError(PermanentError):

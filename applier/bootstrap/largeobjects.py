@@ -31,7 +31,7 @@ from psycopg import sql
 
 from .. import largeobjects as lo
 from ..config import Config
-from ..errors import BootstrapRefused
+from ..errors import BootstrapError, BootstrapRefused
 
 log = logging.getLogger(__name__)
 Conn = psycopg.Connection[Any]
@@ -93,9 +93,20 @@ def _refuse(differing: list[int]) -> None:
 
 def copy(cfg: Config, src: Conn, tgt: Conn, snapshot: str, *, replace: bool = False) -> lo.Copied:
     """Copy every large object as of ``snapshot`` (the slot's exported snapshot);
-    ``replace``: as in :func:`check`."""
+    ``replace``: as in :func:`check`. A server's error is a :class:`BootstrapError`
+    (as a slice's: the batches committed stay, a rerun skips them)."""
     if not cfg.bootstrap.large_objects:
         return lo.Copied()
+    try:
+        return _copy(src, tgt, snapshot, replace)
+    except lo.CopyFailed as e:
+        raise BootstrapError(e.message) from None
+    except psycopg.Error as e:
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise BootstrapError(f"copying the large objects failed: {msg}") from None
+
+
+def _copy(src: Conn, tgt: Conn, snapshot: str, replace: bool) -> lo.Copied:
     started = time.monotonic()
     src.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
     try:

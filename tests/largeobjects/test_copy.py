@@ -11,7 +11,7 @@ from conftest import Pair
 from applier import largeobjects as lo
 from applier import pgconn
 from applier.bootstrap import largeobjects as boot
-from applier.errors import BootstrapRefused
+from applier.errors import BootstrapError, BootstrapRefused
 from largeobjects.lokit import STATE, load, roles, state
 
 
@@ -112,3 +112,42 @@ def test_not_copied_when_configured_so_and_said_once(
     said = [r.getMessage() for r in caplog.records if "large object" in r.getMessage()]
     assert len(said) == 1 and "1 large object(s)" in said[0] and "cutover" in said[0], said
     assert pair.sub_exec(STATE) == []
+
+
+def test_a_copy_failing_half_way_leaves_whole_batches_and_a_rerun_completes(pair: Pair) -> None:
+    """The target role may give objects to r0 but not (yet) to r1: the second batch fails
+    at its first r1 object. The first batch stays whole, the second leaves nothing; with
+    the membership granted, a rerun copies the rest and doubles nothing."""
+    from bootstrap.test_privileges import add_role
+
+    with roles(pair, 2) as r:
+        first, rest = range(70001, 70001 + lo.BATCH), range(70001 + lo.BATCH, 70005 + lo.BATCH)
+        pair.pub_exec(
+            "".join(
+                f"SELECT lo_from_bytea({o}, 'x{o}'::bytea); ALTER LARGE OBJECT {o} OWNER TO {r[0]};"
+                for o in first
+            )
+            + "".join(
+                f"SELECT lo_from_bytea({o}, 'y{o}'::bytea); ALTER LARGE OBJECT {o} OWNER TO {r[1]};"
+                for o in rest
+            )
+        )
+        tgt_role = add_role(pair, "sub", f"CREATE ROLE {{r}} LOGIN; GRANT {r[0]} TO {{r}}")
+        cfg = pair.config()
+        tgt_dsn = pair.sub.dsn(pair.sub_db, user=tgt_role)
+        holder = pair.pub_conn()
+        holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        snapshot = holder.execute("SELECT pg_export_snapshot()").fetchone()[0]  # type: ignore[index]
+        with holder, pgconn.connect(pair.pub_dsn, side="source", purpose="test") as src:
+            with (
+                pgconn.connect(tgt_dsn, side="target", purpose="test") as tgt,
+                pytest.raises(
+                    BootstrapError, match=r"large objects 70017\.\.70020 failed: must be"
+                ),
+            ):
+                boot.copy(cfg, src, tgt, snapshot)
+            assert [x[0] for x in state(pair, "sub")] == list(first)
+            pair.sub_exec(f"GRANT {r[1]} TO {tgt_role}")
+            with pgconn.connect(tgt_dsn, side="target", purpose="test") as tgt:
+                assert boot.copy(cfg, src, tgt, snapshot).objects == len(rest)
+        assert state(pair, "sub") == state(pair, "pub")
