@@ -89,7 +89,8 @@ class Grant:
 
 @dataclass(frozen=True, slots=True)
 class LargeObject:
-    """A large object's metadata (``acl`` None: the default privileges)."""
+    """A large object's metadata: ``acl_text`` as the catalog shows it (None: the
+    default privileges), ``acl`` its items in order."""
 
     oid: int
     owner: str
