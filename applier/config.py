@@ -304,6 +304,9 @@ class BootstrapConfig(_Section, frozen=True):
     #: The directory of the pg_dump and psql to run (of the source's major
     #: version or newer); None: found (applier.bootstrap.clients).
     client_bin_dir: Annotated[str, Meta(min_length=1)] | None = None
+    #: Copy the large objects under the snapshot (applier.bootstrap.largeobjects);
+    #: false: leave them to `applier cutover`, which copies them once writes stop.
+    large_objects: bool = True
 
 
 class LoggingConfig(_Section, frozen=True):

@@ -29,7 +29,8 @@ Steps
    Before either, the privileges both (and the sequences' copy) need are
    checked (:mod:`applier.privileges`): one refusal naming the GRANTs.
 3. Copy the sequences' current values (``applier sync-sequences``):
-   pgoutput does not replicate them.
+   pgoutput does not replicate them; nor large objects: the target's are
+   made the source's (created, changed, deleted: :func:`applier.largeobjects.sync`).
 4. Report the target's prepared transactions of this origin left open (a
    PREPARE before X whose COMMIT PREPARED has not come: finish it on the
    source, then rerun).
@@ -88,6 +89,8 @@ class Report:
     origin_progress: str | None = None
     confirmed: str | None = None
     sequences_set: int | None = None
+    #: Large objects created, changed, deleted on the target (and bytes copied).
+    large_objects: dict[str, int] | None = None
     prepared_left: list[str] = field(default_factory=list)
     verify: str = "not run"
     #: With --verify: the tables that differ, each with how (rows, schema).
@@ -160,6 +163,7 @@ def _cutover(cfg: Config, rep: Report, timeout: float, verify: bool) -> None:
     rep.catch_up_seconds = round(time.monotonic() - started, 2)
     rep.origin_progress, rep.confirmed, rep.prepared_left = _positions(cfg)
     rep.sequences_set = _sync_sequences(cfg)
+    rep.large_objects = _sync_large_objects(cfg)
     rep.code = EXIT_EQUAL
     if verify:
         rep.code = _verify(cfg, rep)
@@ -327,6 +331,15 @@ def _sync_sequences(cfg: Config) -> int:
         raise CutoverFailed(f"syncing the sequences failed: {str(e).strip()}") from None
 
 
+def _sync_large_objects(cfg: Config) -> dict[str, int]:
+    from .largeobjects import sync_databases
+
+    try:
+        return asdict(sync_databases(cfg.source.conninfo(), cfg.target.conninfo()))
+    except psycopg.Error as e:
+        raise CutoverFailed(f"syncing the large objects failed: {str(e).strip()}") from None
+
+
 def _verify(cfg: Config, rep: Report) -> int:
     from .verify import compare  # its heavy parts (Spark) are imported when it runs
 
@@ -402,6 +415,7 @@ def _render(rep: Report, out: TextIO) -> None:
         ("origin progress", rep.origin_progress or "-"),
         ("slot confirmed", rep.confirmed or "-"),
         ("sequences set", "-" if rep.sequences_set is None else str(rep.sequences_set)),
+        ("large objects", _large_objects(rep.large_objects)),
         ("verify", rep.verify),
     ]
     if rep.prepared_left:
@@ -417,6 +431,12 @@ def _render(rep: Report, out: TextIO) -> None:
     out.write("next:\n")
     for step in rep.next_steps:
         out.write(f"  - {step}\n")
+
+
+def _large_objects(counts: dict[str, int] | None) -> str:
+    if counts is None:
+        return "-"
+    return ", ".join(f"{counts[k]} {k}" for k in ("created", "changed", "deleted"))
 
 
 def _secs(s: float | None) -> str:

@@ -102,6 +102,23 @@ TARGET_SEQUENCES = Need(
 REPLICA_ROLE = Need(
     "target", "replica_role", "`SET` on the parameter `session_replication_role` (15+)"
 )
+# Large objects (applier.largeobjects): read with lo_get, which checks SELECT on each.
+SOURCE_LARGE_OBJECTS = Need(
+    "source",
+    "large_object_select",
+    "`SELECT` on each large object (`GRANT SELECT ON LARGE OBJECT ...`, or "
+    "`lo_compat_privileges` on for the role, which skips the checks)",
+)
+TARGET_LARGE_OBJECTS = Need(
+    "target", "large_object_select", "`SELECT` on each large object the target has (as above)"
+)
+LARGE_OBJECT_OWNERS = Need(
+    "target",
+    "large_object_owners",
+    "membership in each role that owns a source large object or granted a privilege on "
+    "one (`GRANT owner TO applier`: it gives each copy its owner and ACL; a superuser "
+    "has it)",
+)
 
 _RUN_FUNCTIONS = (
     "pg_replication_origin_create(text)",
@@ -127,11 +144,12 @@ _SEQUENCES = (SOURCE_SCHEMAS, SOURCE_SEQUENCES, TARGET_SEQUENCES)
 NEEDS: dict[str, tuple[Need, ...]] = {
     "bootstrap": (
         REPLICATION, SOURCE_SCHEMAS, SOURCE_TABLES, SOURCE_SEQUENCES,
+        SOURCE_LARGE_OBJECTS,
         APPLIER_SCHEMA, TARGET_CREATE, TARGET_COPY, TARGET_SEQUENCES,
         _origin_functions(
             "pg_replication_origin_create(text)", "pg_replication_origin_advance(text, pg_lsn)"
         ),
-        REPLICA_ROLE,
+        REPLICA_ROLE, LARGE_OBJECT_OWNERS,
     ),
     "run": _RUN,
     "sync-tables": (
@@ -141,9 +159,9 @@ NEEDS: dict[str, tuple[Need, ...]] = {
         REPLICA_ROLE,
     ),
     "sync-sequences": _SEQUENCES,
-    "cutover": (*_SEQUENCES, *_RUN),
+    "cutover": (*_SEQUENCES, SOURCE_LARGE_OBJECTS, *_RUN, LARGE_OBJECT_OWNERS),
     "verify": (
-        SOURCE_SCHEMAS, SOURCE_TABLES, TARGET_SELECT,
+        SOURCE_SCHEMAS, SOURCE_TABLES, SOURCE_LARGE_OBJECTS, TARGET_SELECT, TARGET_LARGE_OBJECTS,
         _origin_functions("pg_replication_origin_progress(text, boolean)"),
     ),
 }  # fmt: skip
@@ -163,6 +181,10 @@ class Scope:
     #: The command creates the included tables the target lacks.
     creates: bool = False
     truncate: bool = False
+    #: The command reads large objects (``[bootstrap] large_objects = false``: not)
+    #: and the roles that own a source large object or granted a privilege on one.
+    large_objects: bool = True
+    large_object_roles: Sequence[str] = ()
 
 
 @dataclass(frozen=True)
@@ -290,6 +312,10 @@ def _probes(need: Need, scope: Scope, f: _Facts) -> list[Probe]:
             )
             for fn in need.functions
         ]  # fmt: skip
+    if need.key == "large_object_select":
+        return [_large_object_select(f)] if scope.large_objects else []
+    if need.key == "large_object_owners":
+        return [_member(role, f) for role in scope.large_object_roles]
     if need.key == "replica_role":
         if f.server_version < 150000:  # no GRANT SET ON PARAMETER before 15: superuser only
             return [Probe("(SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user)",
@@ -301,6 +327,47 @@ def _probes(need: Need, scope: Scope, f: _Facts) -> list[Probe]:
             )
         ]  # fmt: skip
     raise AssertionError(f"unknown need {need.key}")
+
+
+#: Every large object readable: lo_compat_privileges, superuser, or SELECT through
+#: its ACL (NULL: the owner's default) granted to PUBLIC or to a role we act as.
+_LARGE_OBJECTS_READABLE = """(
+  pg_catalog.current_setting('lo_compat_privileges')::bool
+  OR (SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user)
+  OR NOT EXISTS (
+    SELECT 1 FROM pg_catalog.pg_largeobject_metadata m
+    WHERE NOT EXISTS (
+      SELECT 1 FROM pg_catalog.aclexplode(
+        coalesce(m.lomacl, pg_catalog.acldefault('L', m.lomowner))) a
+      WHERE a.privilege_type = 'SELECT'
+        AND (a.grantee = 0 OR pg_catalog.pg_has_role(a.grantee, 'USAGE')))))"""
+
+
+def _large_object_select(f: _Facts) -> Probe:
+    # One probe, not one per object: a GRANT per object could be millions of
+    # them; the role setting is one line (run as a superuser; a pinned session
+    # keeps it, applier.pgconn pins no such setting).
+    return Probe(
+        _LARGE_OBJECTS_READABLE, (), "SET lo_compat_privileges = on", "ROLE", _ident(f.role)
+    )
+
+
+#: A member of the role (16+: with SET, which ALTER ... OWNER TO asks); true for a
+#: role the target lacks: the copy's own check names it (create it).
+_MEMBER = (
+    "coalesce((SELECT pg_catalog.pg_has_role(r.oid, 'USAGE') "
+    "FROM pg_catalog.pg_roles r WHERE r.rolname = %s), true)"
+)
+_MEMBER_16 = (
+    "coalesce((SELECT pg_catalog.pg_has_role(r.oid, 'USAGE') "
+    "AND pg_catalog.pg_has_role(r.oid, 'SET') "
+    "FROM pg_catalog.pg_roles r WHERE r.rolname = %s), true)"
+)
+
+
+def _member(role: str, f: _Facts) -> Probe:
+    expr = _MEMBER_16 if f.server_version >= 160000 else _MEMBER
+    return Probe(expr, (role,), "", "MEMBERSHIP", _ident(role))
 
 
 _FACTS = """
@@ -375,9 +442,15 @@ WHERE c.relkind IN ('r', 'p', 'S') ORDER BY 1, 2
 
 
 def scope_of(
-    src: Conn, tables: Iterable[Rel], *, creates: bool = False, truncate: bool = False
+    src: Conn,
+    tables: Iterable[Rel],
+    *,
+    creates: bool = False,
+    truncate: bool = False,
+    large_objects: bool = True,
 ) -> Scope:
-    """The scope of ``tables`` (as published): with their partition trees and sequences."""
+    """The scope of ``tables`` (as published): with their partition trees and sequences,
+    and (``large_objects``) the roles of the source's large objects."""
     names = list(tables)
     rows = src.execute(_SCOPE, ([s for s, _ in names], [n for _, n in names])).fetchall()
     return Scope(
@@ -385,7 +458,20 @@ def scope_of(
         sequences=[(r[0], r[1]) for r in rows if r[2]],
         creates=creates,
         truncate=truncate,
+        large_objects=large_objects,
+        large_object_roles=[str(r[0]) for r in src.execute(_LARGE_OBJECT_ROLES).fetchall()]
+        if large_objects
+        else [],
     )
+
+
+_LARGE_OBJECT_ROLES = """
+SELECT pg_catalog.pg_get_userbyid(m.lomowner)::text FROM pg_catalog.pg_largeobject_metadata m
+UNION
+SELECT pg_catalog.pg_get_userbyid(a.grantor)::text
+FROM pg_catalog.pg_largeobject_metadata m, pg_catalog.aclexplode(m.lomacl) a
+ORDER BY 1
+"""
 
 
 def missing(conn: Conn, needs: Iterable[Need], scope: Scope) -> tuple[str, list[Probe]]:
@@ -411,6 +497,8 @@ def grants(role: str, lacking: list[Probe]) -> list[str]:
     for (priv, kind), objs in groups.items():
         if kind == "ROLE":
             out.append(f"ALTER ROLE {who} {priv};")
+        elif kind == "MEMBERSHIP":
+            out.append(f"GRANT {', '.join(dict.fromkeys(objs))} TO {who};")
         else:
             out.append(f"GRANT {priv} ON {kind} {', '.join(dict.fromkeys(objs))} TO {who};")
     return out

@@ -26,6 +26,8 @@ Order of work
    imports the same snapshot, so all slices together are the source at the
    slot's consistent point. A slice's rows and its done-record commit in one
    target transaction (:mod:`.copy_task`), so Spark retries never duplicate.
+   Then the large objects, in the driver, under the same snapshot
+   (:mod:`.largeobjects`): the stream cannot carry them.
 4. Post-data DDL (PKs, indexes, constraints) once the data is in, sequences,
    and the hand-off: the target's replication origin ``cfg.origin`` is
    created and advanced to the consistent point, in which ``applier run``
@@ -74,6 +76,7 @@ from ..lsn import Lsn
 from ..privileges import check, scope_of
 from ..stream.versions import check_source
 from . import clients
+from . import largeobjects as large_objects
 from . import schema as ddl
 from .checks import check_slot, check_target, truncate_tables
 from .copy_task import SliceResult, SliceTask, copy_slice
@@ -130,7 +133,10 @@ def _bootstrap(
     # Before anything is made (the applier schema, the slot, a table), and
     # before discovery (which needs USAGE on the schemas): every privilege
     # either role lacks, then pg_dump/psql as new as the source.
-    scope = scope_of(src, published_tables(src, cfg), creates=True, truncate=truncate)
+    scope = scope_of(
+        src, published_tables(src, cfg), creates=True, truncate=truncate,
+        large_objects=cfg.bootstrap.large_objects,
+    )  # fmt: skip
     check("bootstrap", scope, source=src, target=tgt)
     plan = discover(src, cfg)
     clients.pick(cfg.source.conninfo(), plan.source_major, cfg.bootstrap.client_bin_dir)
@@ -153,9 +159,12 @@ def _bootstrap(
     types = ddl.missing_types(src, tgt, plan.ddl_tables)
     to_empty = check_target(tgt, plan, ours=ours, truncate=truncate)
     check_slot(src, cfg.source.slot, recreate_slot or bool(prior and prior.phase != "done"))
+    large_objects.check(cfg, src, tgt, replace=truncate)
     ddl.create_types(src, tgt, types)
     truncate_tables(tgt, to_empty)
-    run = copy_under_new_slot(cfg, src, tgt, plan, prior, recreate_slot, quiet, spark)
+    run = copy_under_new_slot(
+        cfg, src, tgt, plan, prior, recreate_slot, quiet, spark, truncate=truncate
+    )
     # Spark stops (about a second) while the post-data DDL runs.
     stopper = threading.Thread(target=spark.stop, name="spark-stop", daemon=True)
     stopper.start()
@@ -273,8 +282,13 @@ def copy_under_new_slot(
     recreate_slot: bool,
     quiet: bool,
     spark: _SparkStarter,
+    *,
+    truncate: bool = False,
 ) -> PriorRun:
-    """Slot, schema, copy (on the context ``spark`` is starting); the caller stops Spark."""
+    """Slot, schema, copy (on the context ``spark`` is starting); the caller stops Spark.
+
+    ``truncate``: large objects the target has with other data are replaced.
+    """
     from ..stream.replconn import ReplicationConnection
 
     slot = cfg.source.slot
@@ -323,6 +337,8 @@ def copy_under_new_slot(
             )
             record_copy_phase(tgt, slot, run, info.snapshot_name, plan, created)
         _run_copy(cfg, sc, tgt, plan, run_id, info.snapshot_name, quiet)
+        # The snapshot is still held (repl is idle).
+        large_objects.copy(cfg, src, tgt, info.snapshot_name, replace=truncate)
         set_phase(tgt, slot, "post_data")
         run.phase = "post_data"
         return run

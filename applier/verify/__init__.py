@@ -7,6 +7,8 @@
   once it applied up to there).
 * :mod:`.job`: round 1 as a Spark job (same Spark settings as the bootstrap),
   narrowing differing ranges down to rows, rounds 2..N rechecking them.
+* :mod:`.largeobjects`: large objects (OIDs, owners, ACLs, data hashes),
+  reported as the rows of ``pg_catalog.pg_largeobject``.
 * :mod:`.report`: rich / ``--json`` / ``--diff-out`` output.
 
 Sequences behind the source while a worker replicates are "not yet synced"

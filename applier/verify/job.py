@@ -33,6 +33,7 @@ from typing import Any
 from psycopg import sql
 
 from ..config import Config
+from . import largeobjects as large_objects
 from .hashing import Catchup, Sides, keys_where
 from .ranges import Bound, KeyRange, VTable, range_where, split_range
 from .report import Diff, Report, SchemaDiff, TableReport
@@ -341,6 +342,7 @@ def verify(
         rep.differences += r.diffs
         rep.truncated = rep.truncated or r.truncated
     lagging = recheck_rounds(cfg, tables, reports, catchup, rounds)
+    reports.update(large_objects.compare(cfg, patterns, MAX_DIFFS))  # not in the rounds
     report = Report(list(reports.values()), schema, rounds, time.monotonic() - started, lagging)
     report.unsynced = unsynced
     return report

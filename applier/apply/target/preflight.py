@@ -52,6 +52,10 @@ pass:
    failover = true`` a slot created without it is altered to fail over
    (ALTER_REPLICATION_SLOT, 17+); ``false`` never turns off a failover slot.
 
+Not a check but said here, once per process: large objects on the source
+(the stream cannot carry them; :func:`applier.largeobjects.note_not_carried`
+says what copies them).
+
 Not detected: a slot dropped and re-created under the same name by someone
 else, while the origin has progress. Its ``confirmed_flush_lsn`` is then past
 the progress, but so is ours in normal operation (idle confirmations move it
@@ -69,6 +73,7 @@ from typing import Any
 
 import psycopg
 
+from applier import largeobjects
 from applier.config import Config
 from applier.errors import (
     BootstrapUnfinished,
@@ -101,6 +106,7 @@ def check_before_streaming(
     )
     check_publications(cfg.source.publications, repl.publications())
     check_no_unfinished_bootstrap(target, slot)
+    largeobjects.note_not_carried(int(repl.command(largeobjects.count_sql())[0][0]))
     info = repl.identify_system()
     check_source(target, repl, origin, slot, info, progress)
     state = repl.slot_state(slot)
