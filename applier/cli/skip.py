@@ -7,8 +7,8 @@ from pathlib import Path
 
 import click
 
-from .cliutil import config_option, exits_cleanly, load_cfg, parse_lsn
-from .lsn import Lsn
+from ..lsn import Lsn
+from .options import config_option, exits_cleanly, load_cfg, parse_lsn
 
 
 @click.group()
@@ -92,7 +92,7 @@ def skip_add(
 
     An identical active rule is not added twice: its id is printed.
     """
-    from . import skips
+    from .. import skips
 
     rule = skips.new_rule(
         table=table, ops=ops, xid=xid, lsn=lsn, error=error, sqlstates=sqlstates, dump=dump
@@ -127,7 +127,7 @@ def skip_list(config_path: Path | None, as_json: bool, active_only: bool) -> int
     object and error rules stay active until removed. "kept" counts the rule's
     rows in applier.skipped_changes.
     """
-    from . import skips
+    from .. import skips
 
     cfg = load_cfg(config_path, "warning")
     with skips.target(cfg, write=False) as conn:
@@ -142,7 +142,7 @@ def skip_list(config_path: Path | None, as_json: bool, active_only: bool) -> int
 @exits_cleanly
 def skip_remove(config_path: Path | None, rule_id: int) -> int:
     """Delete rule ID; the changes it kept stay in applier.skipped_changes."""
-    from . import skips
+    from .. import skips
 
     cfg = load_cfg(config_path, "warning")
     with skips.target(cfg, write=True) as conn:
@@ -172,7 +172,7 @@ def skip_dump(config_path: Path | None, xid: int | None, lsn: Lsn | None, fmt: s
     commented out ('-- ' before each line), so that
     `psql -v ON_ERROR_STOP=1 -f dump.sql` replays exactly the skipped changes.
     """
-    from . import skipdump, skips
+    from .. import skipdump, skips
 
     cfg = load_cfg(config_path, "warning")
     with skips.target(cfg, write=False) as conn:

@@ -12,11 +12,11 @@ from typing import Any, TypeVar
 
 import click
 
-from . import configenv
-from .config import Config, load_config
-from .errors import ApplierError
-from .log import log_fatal, setup_logging
-from .lsn import Lsn
+from .. import configenv
+from ..config import Config, load_config
+from ..errors import ApplierError
+from ..log import log_fatal, setup_logging
+from ..lsn import Lsn
 
 F = TypeVar("F", bound=Callable[..., Any])
 
