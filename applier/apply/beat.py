@@ -43,9 +43,9 @@ from typing import TYPE_CHECKING, Any
 from applier.lag import Lag
 from applier.lsn import pg_timestamp
 from applier.service import Notifier
+from applier.status.row import WorkerState
 
 from .handlers import Applier
-from .state import WorkerState
 
 if TYPE_CHECKING:
     from .worker import Worker

@@ -75,6 +75,7 @@ import psycopg
 from psycopg import pq
 
 from applier.lsn import Lsn, pg_timestamp
+from applier.pgconn import close_quietly
 
 from .copyrun import Run
 from .insertruns import InsertRuns
@@ -97,7 +98,7 @@ from .pipeline import (
 )
 from .planner import Formats, Params, Stmt
 from .stamp import PREPARE_STAMP, STAMP, check_stamp, literal, stamp_params
-from .targetconn import DEFAULT_TIMEOUT, close_quietly, connect, pin
+from .targetconn import DEFAULT_TIMEOUT, connect, pin
 
 __all__ = ["TargetSession", "connect", "is_transient_sqlstate", "session_settings"]
 

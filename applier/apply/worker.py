@@ -115,15 +115,17 @@ from applier.errors import (
     SchemaMismatch,
     TransientError,
 )
-from applier.health import STALE_INTERVALS
 from applier.lag import Lag, PendingCommits, measure
 from applier.lsn import Lsn, now_pg_timestamp, pg_timestamp
+from applier.pgconn import close_quietly
 from applier.privileges import Scope
 from applier.privileges import check as check_privileges
 from applier.protocol.speedups import dispatch_batch as _dispatch_batch
 from applier.redact import redact_dsn
 from applier.schema import schema_at_head, upgrade_target
 from applier.service import Service, signal_wakeup
+from applier.status.health import STALE_INTERVALS
+from applier.status.row import WorkerState
 
 from .backoff import Fault, backoff
 from .beat import Beat, Reporter
@@ -139,11 +141,10 @@ from .replan import Replan
 from .session import TargetSession, connect, is_transient_sqlstate
 from .skiprules import REFRESH_INTERVAL, SkipRules
 from .spool import SpoolSet, check_spool_dir, default_spool_dir
-from .state import WorkerState
 from .streamed import LiveRestream
 from .tablesync import TableSyncs
 from .tally import Tally, count_fault
-from .targetconn import client_keepalives, close_quietly
+from .targetconn import client_keepalives
 from .until import Until
 
 log = logging.getLogger("applier.apply")

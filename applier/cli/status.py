@@ -34,6 +34,6 @@ def status(config_path: Path | None, as_json: bool) -> int:
       5  the slot is missing or invalidated, or retains more WAL than
          [status] max_retained_wal
     """
-    from ..status import show_status
+    from ..status.report import show_status
 
     return show_status(load_cfg(config_path, "warning"), as_json=as_json)
