@@ -56,7 +56,7 @@ from .conflicts import (
 )
 from .mapping import RelMap
 from .pipeline import error_fields
-from .planner import Stmt, _changed
+from .planner import Stmt, changed_relation
 from .policies import (
     DELETE_MISSING,
     DELETE_ORIGIN,
@@ -340,7 +340,7 @@ class Resolution:
         query = sql.SQL(
             "SELECT pg_catalog.jsonb_agg(pg_catalog.to_jsonb(applier_x))::text "
             "FROM {} AS applier_x WHERE {}"
-        ).format(_changed(rm), where)
+        ).format(changed_relation(rm), where)
         try:
             row = conn.execute(query, params).fetchone()
         except psycopg.Error as e:

@@ -272,7 +272,7 @@ class Worker:
             upgrade_target(target_ci)
         # Reopened on the next write after it broke (a target restart, a terminated
         # backend): the row must keep showing a fresh heartbeat and the last error.
-        # The row is written once the first session owns the origin (state.py,
+        # The row is written once the first session owns the origin (status/row.py,
         # "Whose row"): a second worker must not take over the running one's row.
         self.status = WorkerState(
             status_conn,

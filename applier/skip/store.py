@@ -41,7 +41,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from .. import pgconn
-from ..config import Config, _check_table_pattern
+from ..config import Config, check_table_pattern
 from ..errors import ConfigError, PermanentError, TransientError
 from ..lsn import Lsn
 from ..redact import redact_dsn
@@ -125,7 +125,7 @@ def new_rule(
         )
     if table is not None:
         try:
-            _check_table_pattern(table)
+            check_table_pattern(table)
         except ValueError as e:
             raise ConfigError(f"--table: {e}", hint="quote the pattern for the shell") from None
     if lsn is not None and lsn == 0:
