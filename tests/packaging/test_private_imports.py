@@ -108,6 +108,39 @@ def test_no_private_name_is_imported_from_another_package() -> None:
     )
 
 
+def _imported(path: Path) -> Iterator[tuple[int, str]]:
+    """Each applier module ``path`` imports (at any depth of its code), with its line."""
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom):
+            source = _absolute(path, node)
+            for alias in node.names:
+                dotted = f"{source}.{alias.name}"
+                yield node.lineno, dotted if _is_module(dotted) else source
+        elif isinstance(node, ast.Import):
+            yield from ((node.lineno, alias.name) for alias in node.names)
+
+
+#: What each feature package's docstring says it must not import (it sits below them).
+FORBIDDEN = {
+    "applier.skip": ("applier.apply", "applier.stream", "applier.bootstrap", "applier.cli"),
+    "applier.status": ("applier.apply", "applier.stream", "applier.bootstrap", "applier.cli"),
+}
+
+
+def test_packages_import_as_their_docstrings_say() -> None:
+    """skip/ and status/ import only the package root's modules; only cli/ imports cli/."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        here = _package_of(path)
+        banned = FORBIDDEN.get(here, ())
+        if not here.startswith("applier.cli"):
+            banned = (*banned, "applier.cli")
+        for line, dotted in _imported(path):
+            if any(dotted == b or dotted.startswith(b + ".") for b in banned):
+                found.append(f"{path.relative_to(ROOT)}:{line}: {dotted}")
+    assert not found, "imports against the package rule:\n" + "\n".join(found)
+
+
 @pytest.mark.parametrize(
     ("source", "expected"),
     [
