@@ -151,7 +151,7 @@ class TablesConfig(_Section, frozen=True):
         for key in ("include", "exclude"):
             for p in getattr(self, key):
                 try:
-                    _check_table_pattern(p)
+                    check_table_pattern(p)
                 except ValueError as e:
                     raise _Invalid(key, str(e)) from None
 
@@ -195,7 +195,9 @@ def table_matches(pattern: str, schema: str, table: str) -> bool:
     return fnmatch.fnmatchcase(schema, ps) and fnmatch.fnmatchcase(table, pt)
 
 
-def _check_table_pattern(p: str) -> str:
+def check_table_pattern(p: str) -> str:
+    """``p`` if it is a ``[tables]`` pattern (``schema.table``, ``*`` allowed), else
+    ValueError saying what to write; skip rules' ``--table`` is checked by it too."""
     if p.count(".") != 1 or not all(p.split(".")):
         raise ValueError(f"pattern {p!r}: expected schema.table, '*' allowed (e.g. 'sales.*')")
     return p
@@ -215,7 +217,7 @@ class ConflictsConfig:
         for key, policies in root.items():
             if key != "default":
                 try:
-                    _check_table_pattern(key)
+                    check_table_pattern(key)
                 except ValueError as e:
                     raise ValueError(f"{key!r}: {e} (or 'default')") from None
             for kind, policy in policies.items():

@@ -3,7 +3,7 @@
 Steps
 =====
 
-1. Read where things stand (:func:`applier.status.collect`): the source's
+1. Read where things stand (:func:`applier.status.report.collect`): the source's
    current WAL position X (``pg_current_wal_lsn()``), the slot, the origin's
    progress, the worker's row; the lag at start, in bytes and seconds, as
    ``applier status`` shows it (:mod:`applier.lag`: 0 s when nothing is
@@ -60,9 +60,9 @@ import psycopg
 from . import pgconn
 from .config import Config
 from .errors import EXIT_USAGE, ApplierError, ConfigError, PermanentError
-from .health import HEALTHY
 from .lag import Lag
 from .lsn import Lsn
+from .status.health import HEALTHY
 
 log = logging.getLogger("applier.cutover")
 
@@ -129,7 +129,7 @@ def run_cutover(
 def _cutover(cfg: Config, rep: Report, timeout: float, verify: bool) -> None:
     from applier.apply.handlers.until import current_wal_lsn
 
-    from .status import collect
+    from .status.report import collect
 
     deadline = time.monotonic() + timeout
     st = collect(cfg)
@@ -175,7 +175,7 @@ def _cutover(cfg: Config, rep: Report, timeout: float, verify: bool) -> None:
 def _wait_for_worker(cfg: Config, position: Lsn, deadline: float) -> bool:
     """Wait until the slot's confirmed position reaches ``position``; False when the
     worker stopped cleanly (the caller applies in-process), raise when it failed."""
-    from .status import collect
+    from .status.report import collect
 
     log.info("waiting for the running worker", extra={"ctx": {"position": position}})
     while True:

@@ -49,7 +49,7 @@ the positions into a :class:`Lag`. A thread of the worker writes it every
 ``status_interval`` into ``applier.worker_status`` (``lag_at``,
 ``pending_since``), logs it and tells systemd (:mod:`applier.apply.target.beat`), so
 it keeps being told while the apply loop is blocked. ``applier status`` reads
-the source and that row and calls :func:`measure` too (:mod:`applier.status`);
+the source and that row and calls :func:`measure` too (:mod:`applier.status.report`);
 ``cutover`` reports what ``status`` says at its start. Without a running
 worker the seconds cannot be known (no one has received the commits): they
 are None, with :data:`NOT_RUNNING` saying why, while the bytes still are.

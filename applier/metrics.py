@@ -202,8 +202,7 @@ class WorkerCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         w = self.worker
         stream, applier = w.stream, w.applier
-        # LogicalStream has no public "streaming" flag; started and not stopped is it.
-        up = stream is not None and stream._started and not stream._stopped
+        up = stream is not None and stream.is_streaming
         yield _gauge("applier_up", "1 while the worker streams from the slot, else 0", int(up))
         yield from self._positions(stream, applier)
         tally = w.tally

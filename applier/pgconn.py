@@ -61,6 +61,7 @@ __all__ = [
     "PINNED",
     "VERSIONED",
     "Side",
+    "close_quietly",
     "connect",
     "known_version",
     "pinned_conninfo",
@@ -276,3 +277,14 @@ def _unknown_versioned(e: psycopg.OperationalError, pinned: Mapping[str, str]) -
 def known_version(conninfo: str) -> int | None:
     """The server_version a connection made with ``conninfo`` found (None: none made)."""
     return _versions.get(conninfo)
+
+
+def close_quietly(conn: psycopg.Connection[Any], what: str) -> None:
+    """Close ``conn`` even when it is broken (a target connection of
+    :func:`applier.apply.target.connection.connect` then records its backend as abandoned);
+    a failure to close must not mask the error in hand. ``what`` names the
+    connection in the debug line (``"apply"``, ``"catalog"``, ``"status"``: all the target's)."""
+    try:
+        conn.close()
+    except Exception:
+        log.debug("closing the %s connection failed", what, exc_info=True)

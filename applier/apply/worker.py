@@ -117,11 +117,10 @@ from applier.apply.rules.skiprules import REFRESH_INTERVAL, SkipRules
 from applier.apply.rules.tablesync import TableSyncs
 from applier.apply.sql.mapping import Catalog
 from applier.apply.sql.replan import Replan
-from applier.apply.state import WorkerState
 from applier.apply.tally import Tally, count_fault
 from applier.apply.target.beat import Beat, Reporter
 from applier.apply.target.confirm import Confirmer
-from applier.apply.target.connection import client_keepalives, close_quietly
+from applier.apply.target.connection import client_keepalives
 from applier.apply.target.holder import OBJECT_IN_USE, origin_taken
 from applier.apply.target.origin import ensure_origin, origin_progress
 from applier.apply.target.preflight import check_before_streaming
@@ -135,15 +134,17 @@ from applier.errors import (
     SchemaMismatch,
     TransientError,
 )
-from applier.health import STALE_INTERVALS
 from applier.lag import Lag, PendingCommits, measure
 from applier.lsn import Lsn, now_pg_timestamp, pg_timestamp
+from applier.pgconn import close_quietly
 from applier.privileges import Scope
 from applier.privileges import check as check_privileges
 from applier.protocol.speedups import dispatch_batch as _dispatch_batch
 from applier.redact import redact_dsn
 from applier.schema import schema_at_head, upgrade_target
 from applier.service import Service, signal_wakeup
+from applier.status.health import STALE_INTERVALS
+from applier.status.row import WorkerState
 
 log = logging.getLogger("applier.apply")
 
@@ -270,7 +271,7 @@ class Worker:
             upgrade_target(target_ci)
         # Reopened on the next write after it broke (a target restart, a terminated
         # backend): the row must keep showing a fresh heartbeat and the last error.
-        # The row is written once the first session owns the origin (state.py,
+        # The row is written once the first session owns the origin (status/row.py,
         # "Whose row"): a second worker must not take over the running one's row.
         self.status = WorkerState(
             status_conn,

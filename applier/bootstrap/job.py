@@ -91,7 +91,7 @@ from .plan import (
 )
 from .progress import BootstrapProgress, TableProgress, poll_stats
 from .sequences import SeqValue, connect, read_values, sequences_of, set_values
-from .spark import _copy_slots, _SparkStarter, spark_failure
+from .spark import SparkStarter, copy_slots, spark_failure
 
 log = logging.getLogger(__name__)
 Conn = psycopg.Connection[Any]
@@ -111,7 +111,7 @@ class PriorRun:
 def run_bootstrap(cfg: Config, *, recreate_slot: bool, truncate: bool, quiet: bool) -> int:
     src_dsn, tgt_dsn = cfg.source.conninfo(), cfg.target.conninfo()
     with connect(src_dsn, "source") as src, connect(tgt_dsn, "target") as tgt:
-        spark = _SparkStarter(cfg)
+        spark = SparkStarter(cfg)
         try:
             return _bootstrap(cfg, src, tgt, spark, recreate_slot, truncate, quiet)
         finally:
@@ -122,7 +122,7 @@ def _bootstrap(
     cfg: Config,
     src: Conn,
     tgt: Conn,
-    spark: _SparkStarter,
+    spark: SparkStarter,
     recreate_slot: bool,
     truncate: bool,
     quiet: bool,
@@ -281,7 +281,7 @@ def copy_under_new_slot(
     prior: PriorRun | None,
     recreate_slot: bool,
     quiet: bool,
-    spark: _SparkStarter,
+    spark: SparkStarter,
     *,
     truncate: bool = False,
 ) -> PriorRun:
@@ -331,12 +331,12 @@ def copy_under_new_slot(
                 cfg.source.conninfo(), src, tgt, plan, prior, info.snapshot_name, run, bindir
             )
             sc = spark.context()
-            resolve_targets(tgt, plan, cfg.bootstrap.slice_size, _copy_slots(cfg, sc))
+            resolve_targets(tgt, plan, cfg.bootstrap.slice_size, copy_slots(cfg, sc))
             run.post_data_sql = (run.post_data_sql or "") + defer_autovacuum(
                 src, tgt, plan, created
             )
             record_copy_phase(tgt, slot, run, info.snapshot_name, plan, created)
-        _run_copy(cfg, sc, tgt, plan, run_id, info.snapshot_name, quiet)
+        run_copy(cfg, sc, tgt, plan, run_id, info.snapshot_name, quiet)
         # The snapshot is still held (repl is idle).
         large_objects.copy(cfg, src, tgt, info.snapshot_name, replace=truncate)
         set_phase(tgt, slot, "post_data")
@@ -469,10 +469,12 @@ def build_tasks(cfg: Config, plan: SourcePlan, run_id: int, snapshot: str) -> li
     return tasks
 
 
-def _run_copy(
+def run_copy(
     cfg: Config, sc: Any, tgt: Conn, plan: SourcePlan, run_id: int, snapshot: str,
     quiet: bool,
 ) -> None:  # fmt: skip
+    """Copy ``plan``'s slices under ``snapshot`` as one Spark job (with the progress
+    display unless ``quiet``); used by bootstrap and by ``applier sync-tables``."""
     tasks = build_tasks(cfg, plan, run_id, snapshot)
     outcome: dict[str, Any] = {}
     started = time.monotonic()
@@ -523,7 +525,7 @@ def finish(cfg: Config, tgt: Conn, run: PriorRun) -> int:
         started = time.monotonic()
         # The DDL and the forgetting of it commit together: a rerun never runs it twice.
         with tgt.transaction():
-            _index_build_settings(tgt, cfg.bootstrap.maintenance_work_mem)
+            index_build_settings(tgt, cfg.bootstrap.maintenance_work_mem)
             ddl.run_script(tgt, run.post_data_sql, "indexes and constraints")
             tgt.execute(
                 "UPDATE applier.bootstrap_run SET post_data_sql = NULL WHERE slot = %s",
@@ -543,7 +545,7 @@ def finish(cfg: Config, tgt: Conn, run: PriorRun) -> int:
     return 0
 
 
-def _index_build_settings(tgt: Conn, mem_bytes: int) -> None:
+def index_build_settings(tgt: Conn, mem_bytes: int) -> None:
     """maintenance_work_mem for the post-data transaction, unless the target's is higher.
 
     A primary key on tens of millions of rows then sorts in memory instead of

@@ -22,11 +22,11 @@ archive is only ever renamed into place complete, and a context that fails
 to start with it is started again without it (and the archive removed).
 
 The commands that run Spark jobs (``bootstrap``, ``sync-tables``, ``verify``)
-share the rest: :class:`_SparkStarter` builds the context in a thread, so the
+share the rest: :class:`SparkStarter` builds the context in a thread, so the
 JVM boots while the driver makes the slot and the tables, and can be
-abandoned at once on an error; :func:`_spark` turns a failed start into a
-:class:`~applier.errors.BootstrapError` naming the master; :func:`_copy_slots`
-says how many tasks run at once; :func:`_stop_spark` leaves a context the
+abandoned at once on an error; :func:`start_spark` turns a failed start into a
+:class:`~applier.errors.BootstrapError` naming the master; :func:`copy_slots`
+says how many tasks run at once; :func:`stop_spark` leaves a context the
 tests share running; :func:`spark_failure` makes one line of a failed job.
 """
 
@@ -266,7 +266,7 @@ def spark_failure(exc: BaseException) -> ApplierError:
     )
 
 
-class _SparkStarter:
+class SparkStarter:
     """Builds the SparkContext in a thread once :meth:`start` is called.
 
     :meth:`context` starts it if needed and waits for it; :meth:`stop` and
@@ -280,7 +280,7 @@ class _SparkStarter:
         self._thread: threading.Thread | None = None
         self._stopped = False
 
-    def start(self) -> _SparkStarter:
+    def start(self) -> SparkStarter:
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="spark-start", daemon=True)
             self._thread.start()
@@ -288,7 +288,7 @@ class _SparkStarter:
 
     def _run(self) -> None:
         try:
-            self._sc = _spark(self._cfg)
+            self._sc = start_spark(self._cfg)
         except BaseException as e:  # re-raised by context()
             self._error = e
 
@@ -306,7 +306,7 @@ class _SparkStarter:
         self._thread.join()
         self._stopped = True
         if self._sc is not None:
-            _stop_spark(self._sc)
+            stop_spark(self._sc)
 
     def abandon(self) -> None:
         """On an error: stop Spark if it is up, without waiting for a JVM still booting.
@@ -318,7 +318,9 @@ class _SparkStarter:
             self.stop()
 
 
-def _spark(cfg: Config) -> Any:
+def start_spark(cfg: Config) -> Any:
+    """A SparkContext for ``cfg``'s master (logged with how long it took to start);
+    a failed start is a BootstrapError naming the master."""
     started = time.monotonic()
     try:
         sc = build_context(cfg.bootstrap)
@@ -343,7 +345,7 @@ def _spark(cfg: Config) -> Any:
     return sc
 
 
-def _copy_slots(cfg: Config, sc: Any) -> int:
+def copy_slots(cfg: Config, sc: Any) -> int:
     """Copies at once: Spark's task slots (cores of local[N], executors' cores),
     capped by ``[bootstrap] parallelism``."""
     try:
@@ -353,7 +355,8 @@ def _copy_slots(cfg: Config, sc: Any) -> int:
     return min(slots, cfg.bootstrap.parallelism or slots)
 
 
-def _stop_spark(sc: Any) -> None:
+def stop_spark(sc: Any) -> None:
+    """Stop ``sc``, unless the tests marked it to be shared (``_applier_keep``)."""
     # Tests share one context across bootstraps; a CLI run ends the JVM anyway.
     if not getattr(sc, "_applier_keep", False):
         sc.stop()

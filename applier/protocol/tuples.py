@@ -10,7 +10,7 @@ optimistically (no per-field checks) and, on anything odd, hand over to
 :class:`~applier.errors.DecodeError` naming the message, the column and the
 offset of the bad field.
 
-:func:`_tuple` (the chosen reader, for the decoder and the copy lane) gives a
+:func:`decode_tuple` (the chosen reader, for the decoder and the copy lane) gives a
 :class:`TupleData`; :func:`read_tuple` gives ``(kinds, values, end)`` or None,
 for the apply lanes that skip the message objects.
 """
@@ -28,7 +28,7 @@ from . import speedups
 from .malformed import fail as _fail
 from .messages import TupleData, fast_constructor
 
-__all__ = ["read_tuple"]
+__all__ = ["decode_tuple", "read_tuple"]
 
 _U32 = Struct(">I")
 # Bound once: attribute lookups cost more than the unpacking on the hot path.
@@ -107,7 +107,8 @@ def _native_tuple(read: speedups.ReadTuple) -> _TupleReader:
 
 
 #: The TupleData reader of the row messages: C when built (see applier.protocol.speedups).
-_tuple = _tuple_py if speedups.tuple_data is None else _native_tuple(speedups.tuple_data)
+#: ``(data, pos, kind) -> (TupleData, end)``, ``kind`` the message's letter for errors.
+decode_tuple = _tuple_py if speedups.tuple_data is None else _native_tuple(speedups.tuple_data)
 
 
 def _read_tuple_py(data: bytes, pos: int) -> tuple[bytes, tuple[bytes | None, ...], int] | None:

@@ -1,4 +1,5 @@
-"""The stream layer: a replication connection, the pgoutput stream on it, and ``applier decode``.
+"""The stream layer: a replication connection, the pgoutput stream on it, and a slot read
+without consuming it (what ``applier decode`` prints).
 
 * :mod:`.replconn` - :class:`ReplicationConnection`: replication commands
   (IDENTIFY_SYSTEM, CREATE/DROP_REPLICATION_SLOT) over psycopg 3's simple
@@ -7,7 +8,8 @@
   CopyData reading through selectors, keepalives, feedback of confirmed LSNs.
 * :mod:`.negotiate` - :func:`negotiate`: the START_REPLICATION options fitted
   to the source's version, every downgrade logged, pure.
-* :mod:`.decode_cmd` - ``applier decode``: print the stream, never advance the slot.
+* :mod:`.peek` - :func:`~.peek.run_decode`: print a slot's stream, never advance the
+  slot (the command line is :mod:`applier.cli.decode`).
 * :mod:`.versions` - what each source version supports (protocol, options,
   slot syntax, catalog columns), pure.
 """

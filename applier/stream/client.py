@@ -295,6 +295,11 @@ class LogicalStream(TakeLoop):
         """The replication connection's socket (to wait on it with others)."""
         return int(self._pgconn.socket)
 
+    @property
+    def is_streaming(self) -> bool:
+        """Started and not stopped: the slot is being streamed (``applier_up``)."""
+        return self._started and not self._stopped
+
     # -- feedback -------------------------------------------------------------------
 
     def confirm(self, flush_lsn: Lsn) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 import msgspec
 import psycopg
 
-from applier.apply.rules.tablesync import _MARK_READY
+from applier.apply.rules.tablesync import MARK_READY
 from applier.apply.target.holder import last_worker
 
 from ..bootstrap.clients import pick
@@ -66,7 +66,7 @@ def run_sync_tables(
 ) -> int:
     from ..bootstrap.plan import discover
     from ..bootstrap.sequences import connect
-    from ..bootstrap.spark import _SparkStarter
+    from ..bootstrap.spark import SparkStarter
     from ..schema import schema_at_head, upgrade_target
     from ..stream.versions import check_source
 
@@ -97,7 +97,7 @@ def run_sync_tables(
         forget_stale(src, tgt, cfg)
         rows = _rows(tgt, cfg.origin)
         forget_removed(src, tgt, cfg, rows, set(plan.ddl_tables))
-        tgt.execute(_MARK_READY, (cfg.origin, cfg.origin))
+        tgt.execute(MARK_READY, (cfg.origin, cfg.origin))
         cleanup_finished(src, tgt, cfg)
         rows = _rows(tgt, cfg.origin)
         todo = _pick(tgt, cfg, plan, rows, patterns)
@@ -107,7 +107,7 @@ def run_sync_tables(
             return 0
         if not without_worker and any(_copies(rows.get((t.schema, t.name))) for t in todo):
             check_worker_runs(tgt, cfg)
-        spark = _SparkStarter(cfg)  # started by the first copy (a resumed catch-up needs none)
+        spark = SparkStarter(cfg)  # started by the first copy (a resumed catch-up needs none)
         try:
             for t in todo:
                 _sync_one(cfg, src, tgt, t, rows.get((t.schema, t.name)), spark, truncate,

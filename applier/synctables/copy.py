@@ -24,10 +24,10 @@ from applier.apply.target.origin import origin_progress
 
 from ..bootstrap import schema as ddl
 from ..bootstrap.clients import pick
-from ..bootstrap.job import _index_build_settings, _run_copy, resolve_targets
+from ..bootstrap.job import index_build_settings, resolve_targets, run_copy
 from ..bootstrap.plan import SourcePlan, TableSpec
 from ..bootstrap.sequences import read_values, sequences_of, set_values
-from ..bootstrap.spark import _copy_slots
+from ..bootstrap.spark import copy_slots
 from ..config import Config
 from ..errors import BootstrapError
 from ..lsn import Lsn
@@ -132,15 +132,15 @@ def copy_table(
                 ddl.ensure_schemas(tgt, [t.schema])
                 ddl.run_script(tgt, pre, f"table {t.qualname}")
                 set_state(tgt, cfg.origin, name, "copying", created=True)
-            resolve_targets(tgt, plan, cfg.bootstrap.slice_size, _copy_slots(cfg, sc))
+            resolve_targets(tgt, plan, cfg.bootstrap.slice_size, copy_slots(cfg, sc))
         row = tgt.execute("SELECT nextval('applier.bootstrap_run_id')").fetchone()
         assert row is not None
-        _run_copy(tcfg, sc, tgt, plan, int(row[0]), info.snapshot_name, quiet)
+        run_copy(tcfg, sc, tgt, plan, int(row[0]), info.snapshot_name, quiet)
     finally:
         repl.close()
     with tgt.transaction():
         if post:
-            _index_build_settings(tgt, cfg.bootstrap.maintenance_work_mem)
+            index_build_settings(tgt, cfg.bootstrap.maintenance_work_mem)
             ddl.run_script(tgt, post, f"indexes and constraints of {t.qualname}")
         if attach:
             ddl.run_script(tgt, attach, f"the attachment of partition {t.qualname}")

@@ -130,16 +130,16 @@ class _Spark:
 
     def context(self) -> Any:
         if self._sc is None:
-            from ..bootstrap.spark import _spark
+            from ..bootstrap.spark import start_spark
 
-            self._sc = _spark(self._cfg)
+            self._sc = start_spark(self._cfg)
         return self._sc
 
     def stop(self) -> None:
         if self._sc is not None:
-            from ..bootstrap.spark import _stop_spark
+            from ..bootstrap.spark import stop_spark
 
-            _stop_spark(self._sc)
+            stop_spark(self._sc)
             self._sc = None
 
 

@@ -54,8 +54,8 @@ def test_the_c_speedups_are_built_and_chosen() -> None:
     )
     if not os.environ.get("APPLIER_PURE_PYTHON"):
         assert speedups.describe() == "C speedups"
-        assert reader._tuple is not reader._tuple_py
-        assert decoder._tuple is reader._tuple  # what the row messages call
+        assert reader.decode_tuple is not reader._tuple_py
+        assert decoder._tuple is reader.decode_tuple  # what the row messages call
         assert copyrun.text_row is native.copy_text_row
         assert copyrun.binary_row is native.copy_binary_row
 
@@ -224,7 +224,7 @@ def test_row_messages_decode_the_same(
         data = data[: len(data) - cut]
         body = {73: decoder._insert, 85: decoder._update, 68: decoder._delete}[data[0]]
         outcomes = []
-        for impl in (reader._tuple_py, reader._tuple):
+        for impl in (reader._tuple_py, reader.decode_tuple):
             saved, decoder._tuple = decoder._tuple, impl
             try:
                 outcomes.append(repr(body(data, 1 + len(xid), None)))

@@ -12,7 +12,7 @@ from conftest import SMOKE_PAIRS, Pair
 from psycopg.rows import dict_row
 
 from applier.schema import upgrade_target
-from applier.status import SLOT_SQL
+from applier.status.report import SLOT_SQL
 
 
 def _status(cfg_path: str) -> tuple[int, dict[str, object], str]:

@@ -39,7 +39,7 @@ from applier.apply.sql.planner import Formats, Params, Stmt
 from applier.errors import DecodeError
 from applier.lsn import Lsn
 from applier.protocol import speedups
-from applier.protocol.tuples import _tuple
+from applier.protocol.tuples import decode_tuple as _tuple  # this module's name: tests swap it
 
 TEXT, BINARY, NO_COPY = 0, 1, -1
 

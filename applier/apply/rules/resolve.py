@@ -63,7 +63,7 @@ from applier.apply.rules.policies import (
 )
 from applier.apply.rules.skiprules import Kept, Rule, SkipRules
 from applier.apply.sql.mapping import RelMap
-from applier.apply.sql.planner import Stmt, _changed
+from applier.apply.sql.planner import Stmt, changed_relation
 from applier.apply.tally import Tally
 from applier.apply.target.pipeline import error_fields
 from applier.errors import ApplyError
@@ -339,7 +339,7 @@ class Resolution:
         query = sql.SQL(
             "SELECT pg_catalog.jsonb_agg(pg_catalog.to_jsonb(applier_x))::text "
             "FROM {} AS applier_x WHERE {}"
-        ).format(_changed(rm), where)
+        ).format(changed_relation(rm), where)
         try:
             row = conn.execute(query, params).fetchone()
         except psycopg.Error as e:

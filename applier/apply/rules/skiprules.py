@@ -10,7 +10,7 @@ SQLSTATEs), and only those: the failed transaction is replayed with a savepoint
 per change (the careful replay of :mod:`applier.apply.handlers.dispatch`), so the
 fast path never pays for it.
 
-Rules are managed with ``applier skip`` (:mod:`applier.skips`); the worker
+Rules are managed with ``applier skip`` (:mod:`applier.skip`); the worker
 reads the active ones at start and again every few seconds
 (:data:`REFRESH_INTERVAL`), on its catalog connection, and compiles them per
 table on first use (a table with no rule costs one flag test per change).

@@ -85,7 +85,10 @@ _BASELINE = (
     "VALUES (%s, %s, %s, 'ready') ON CONFLICT DO NOTHING"
 )
 
-_MARK_READY = """
+#: syncdone -> ready for every table whose catch-up the origin has passed (params:
+#: origin, origin). Public: ``applier sync-tables`` runs it too, before it starts
+#: new copies (:mod:`applier.synctables.command`).
+MARK_READY = """
 UPDATE applier.table_sync SET state = 'ready', slot = NULL, updated_at = pg_catalog.now()
  WHERE origin = %s AND state = 'syncdone'
    AND lsn <= pg_catalog.pg_replication_origin_progress(%s, true)
@@ -349,7 +352,7 @@ class TableSyncs:
             self._read = now
             self._load(self.conn)
             if any(st == "syncdone" for st, _ in self.states.values()):
-                self.conn.execute(_MARK_READY, (self.origin, self.origin))
+                self.conn.execute(MARK_READY, (self.origin, self.origin))
             self._answer = any(self._due(n, st) for n, (st, _) in self.states.items())
         if self._answer and _at_boundary(applier):
             if not stream.keepalives_received:

@@ -106,20 +106,23 @@ class Stmt:
     head: bytes = b""
 
 
-def _ph(n: int) -> sql.SQL:
+def placeholder(n: int) -> sql.SQL:
+    """Parameter ``$n`` of a statement (the planner's statements are prepared by
+    position; the conflict and FULL-identity statements number theirs the same way)."""
     return sql.SQL("$" + str(n))
 
 
-def _qualified(rm: RelMap) -> sql.Composable:
+def qualified(rm: RelMap) -> sql.Composable:
+    """The target table's schema-qualified, quoted name."""
     return sql.Identifier(rm.relation.namespace, rm.relation.name)
 
 
-def _changed(rm: RelMap) -> sql.Composable:
+def changed_relation(rm: RelMap) -> sql.Composable:
     """The relation an UPDATE/DELETE/TRUNCATE names: ``ONLY`` unless partitioned, so an
     inheritance parent never reaches its children's rows (same key, same ctid)."""
     if rm.target is not None and rm.target.partitioned:
-        return _qualified(rm)
-    return sql.Composed([sql.SQL("ONLY "), _qualified(rm)])
+        return qualified(rm)
+    return sql.Composed([sql.SQL("ONLY "), qualified(rm)])
 
 
 def compare(
@@ -263,7 +266,7 @@ class Planner:
     @staticmethod
     def truncate(rms: Sequence[RelMap], restart_identity: bool) -> bytes:
         """TRUNCATE of the message's included relations, never CASCADE (see module doc)."""
-        q = sql.SQL("TRUNCATE {}").format(sql.SQL(", ").join(_changed(rm) for rm in rms))
+        q = sql.SQL("TRUNCATE {}").format(sql.SQL(", ").join(changed_relation(rm) for rm in rms))
         if restart_identity:
             q = sql.Composed([q, sql.SQL(" RESTART IDENTITY")])
         return sql.Composed([q, sql.SQL(" RESTRICT")]).as_bytes(None)
@@ -303,10 +306,10 @@ class Planner:
         # GENERATED ALWAYS identity column; without it the target refuses the
         # row (SQLSTATE 428C9). It is a no-op for tables without identity.
         head = sql.SQL("INSERT INTO {} ({}) OVERRIDING SYSTEM VALUE VALUES ").format(
-            _qualified(rm), sql.SQL(", ").join(cols)
+            qualified(rm), sql.SQL(", ").join(cols)
         )
         q = sql.SQL("{}({})").format(
-            head, sql.SQL(", ").join(_ph(n) for n in range(1, len(idx) + 1))
+            head, sql.SQL(", ").join(placeholder(n) for n in range(1, len(idx) + 1))
         )
         # COPY writes identity columns like OVERRIDING SYSTEM VALUE. It refuses
         # tables where row-level security applies, so those keep INSERT. A table
@@ -318,7 +321,7 @@ class Planner:
         if rm.target is not None and not rm.target.rls and not rm.target.observed:
             copy = (
                 sql.SQL("COPY {} ({}) FROM STDIN")
-                .format(_qualified(rm), sql.SQL(", ").join(cols))
+                .format(qualified(rm), sql.SQL(", ").join(cols))
                 .as_bytes(None)
             )
         stmt = Stmt(
@@ -348,7 +351,7 @@ class Planner:
             if full and old_shape[1 + i] == 2:
                 conds.append(sql.Composed([ident, sql.SQL(" IS NULL")]))
             else:
-                conds.append(compare(rm.columns[i], ident, _ph(n)))
+                conds.append(compare(rm.columns[i], ident, placeholder(n)))
         if not conds:
             return sql.SQL("true")
         return sql.SQL(" AND ").join(conds)
@@ -367,7 +370,7 @@ class Planner:
         cond = self._conditions(rm, where, first, old_shape)
         if not full:
             return sql.Composed([head, sql.SQL(" WHERE "), cond])
-        q = _changed(rm)
+        q = changed_relation(rm)
         if rm.target is not None and rm.target.partitioned:
             return sql.SQL(
                 "{head} {join} (SELECT tableoid AS o, ctid AS c FROM {q} WHERE {cond} LIMIT 1) "
@@ -384,15 +387,15 @@ class Planner:
         full = old_shape.startswith(b"f")
         partitioned = full and rm.target is not None and rm.target.partitioned
         sets = sql.SQL(", ").join(
-            sql.Composed([sql.Identifier(rm.columns[i].name), sql.SQL(" = "), _ph(n)])
+            sql.Composed([sql.Identifier(rm.columns[i].name), sql.SQL(" = "), placeholder(n)])
             for n, i in enumerate(new_idx, start=1)
         )
         if partitioned:
-            head = sql.SQL("UPDATE {} AS applier_t SET {}").format(_changed(rm), sets)
+            head = sql.SQL("UPDATE {} AS applier_t SET {}").format(changed_relation(rm), sets)
             body = self._locate(rm, head, where, len(new_idx) + 1, old_shape, join="FROM")
             query = body.as_bytes(None)
         else:
-            head = sql.SQL("UPDATE {} SET {}").format(_changed(rm), sets)
+            head = sql.SQL("UPDATE {} SET {}").format(changed_relation(rm), sets)
             query = self._locate(rm, head, where, len(new_idx) + 1, old_shape).as_bytes(None)
         types = tuple(rm.columns[i].type_oid for i in new_idx + where)
         stmt = Stmt(self._name(rm, UPDATE), query, types, new_idx, where, True, False)
@@ -421,7 +424,7 @@ class Planner:
             "UPDATE {q} AS {t} SET {sets} FROM (VALUES {rows}) AS {v} (applier_o, {names}) "
             "WHERE {match} RETURNING {v}.applier_o"
         ).format(
-            q=_changed(rm), t=t, sets=sets, rows=rows, v=v,
+            q=changed_relation(rm), t=t, sets=sets, rows=rows, v=v,
             names=sql.SQL(", ").join(names), match=match,
         )  # fmt: skip
         types = tuple(rm.columns[i].type_oid for i in cols) * n
@@ -443,7 +446,7 @@ class Planner:
             "DELETE FROM {q} AS {t} USING (VALUES {rows}) AS {v} (applier_o, {names}) "
             "WHERE {match} RETURNING {v}.applier_o"
         ).format(
-            q=_changed(rm), t=t, rows=values_rows(n, width), v=v,
+            q=changed_relation(rm), t=t, rows=values_rows(n, width), v=v,
             names=sql.SQL(", ").join(names), match=match,
         )  # fmt: skip
         types = tuple(rm.columns[i].type_oid for i in rm.key) * n
@@ -455,9 +458,9 @@ class Planner:
         where = self._where_cols(rm, old_shape)
         full = old_shape.startswith(b"f")
         if full and rm.target is not None and rm.target.partitioned:
-            head = sql.SQL("DELETE FROM {} AS applier_t").format(_changed(rm))
+            head = sql.SQL("DELETE FROM {} AS applier_t").format(changed_relation(rm))
         else:
-            head = sql.SQL("DELETE FROM {}").format(_changed(rm))
+            head = sql.SQL("DELETE FROM {}").format(changed_relation(rm))
         query = self._locate(rm, head, where, 1, old_shape).as_bytes(None)
         types = tuple(rm.columns[i].type_oid for i in where)
         stmt = Stmt(self._name(rm, DELETE), query, types, (), where, True, False)
@@ -485,7 +488,8 @@ def values_rows(n: int, width: int) -> sql.Composable:
     """``(1, $1, .. $width), (2, ..)``: ``n`` rows of parameters, each after its ordinal."""
     return sql.SQL(", ").join(
         sql.SQL("({}, {})").format(
-            sql.Literal(r + 1), sql.SQL(", ").join(_ph(r * width + j + 1) for j in range(width))
+            sql.Literal(r + 1),
+            sql.SQL(", ").join(placeholder(r * width + j + 1) for j in range(width)),
         )
         for r in range(n)
     )

@@ -41,10 +41,10 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from applier.apply.handlers.dispatch import Applier
-from applier.apply.state import WorkerState
 from applier.lag import Lag
 from applier.lsn import pg_timestamp
 from applier.service import Notifier
+from applier.status.row import WorkerState
 
 if TYPE_CHECKING:
     from applier.apply.worker import Worker

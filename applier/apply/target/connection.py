@@ -105,15 +105,6 @@ def pin(conn: psycopg.Connection[Any], settings: list[tuple[str, str]]) -> None:
     )
 
 
-def close_quietly(conn: psycopg.Connection[Any], what: str) -> None:
-    """Close ``conn`` even when it is broken (that records its backend as abandoned,
-    see :func:`connect`); a failure to close must not mask the error in hand."""
-    try:
-        conn.close()
-    except Exception:
-        log.debug("closing the target %s connection failed", what, exc_info=True)
-
-
 def backend_busy(conninfo: str, pid: int, terminate: bool) -> str | None:
     """What backend ``pid`` is doing, asked on a fresh connection.
 

@@ -24,7 +24,7 @@ when its state is ``running``, it is not this very process, and
   something else is not). The heartbeat does not matter here: a worker blocked
   in a long statement beats late, and a worker killed a second ago beat fresh.
 * on another host: its heartbeat is younger than
-  :data:`~applier.health.STALE_INTERVALS` status intervals (what ``applier
+  :data:`~applier.status.health.STALE_INTERVALS` status intervals (what ``applier
   status`` calls fresh), since its process cannot be seen from here. A worker
   killed there within that time is taken as running: the refusal is then one
   restart too many, never a second worker.
@@ -46,7 +46,7 @@ from typing import Any
 import psycopg
 
 from applier.errors import AnotherWorker, ApplierError, TransientError
-from applier.health import STALE_INTERVALS
+from applier.status.health import STALE_INTERVALS
 
 #: SQLSTATE object_in_use: the origin is set up by another session.
 OBJECT_IN_USE = "55006"
@@ -64,7 +64,7 @@ class LastWorker:
     def runs(self, status_interval: float) -> bool:
         """The one rule of "a worker runs" as seen from the row alone (drop, sync-tables,
         and ``applier status`` say it so): its state is running (or starting) and its
-        heartbeat is fresher than :data:`~applier.health.STALE_INTERVALS` status
+        heartbeat is fresher than :data:`~applier.status.health.STALE_INTERVALS` status
         intervals. A worker on this host is told more surely by its process
         (:func:`is_other_worker`)."""
         return (

@@ -77,7 +77,7 @@ from psycopg import pq
 from applier.apply.batching.copyrun import Run
 from applier.apply.batching.insertruns import InsertRuns
 from applier.apply.sql.planner import Formats, Params, Stmt
-from applier.apply.target.connection import DEFAULT_TIMEOUT, close_quietly, connect, pin
+from applier.apply.target.connection import DEFAULT_TIMEOUT, connect, pin
 from applier.apply.target.pipeline import (
     _CHECK,
     _CHECKS,
@@ -97,6 +97,7 @@ from applier.apply.target.pipeline import (
 )
 from applier.apply.target.stamp import PREPARE_STAMP, STAMP, check_stamp, literal, stamp_params
 from applier.lsn import Lsn, pg_timestamp
+from applier.pgconn import close_quietly
 
 __all__ = ["TargetSession", "connect", "is_transient_sqlstate", "session_settings"]
 

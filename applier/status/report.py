@@ -20,7 +20,7 @@ queried on its own short connection, so a down server shows up as an error
 for that side while the other side is still reported. The slot's
 ``failover`` flag (PostgreSQL 17+) is shown; null on older servers.
 
-The exit code is a health verdict (:mod:`applier.health`): 0 healthy, 1 a
+The exit code is a health verdict (:mod:`applier.status.health`): 0 healthy, 1 a
 server unreachable, 3 the worker stopped on an error, 4 no worker running or
 its heartbeat stale, 5 the slot missing, invalidated or retaining more WAL
 than ``[status] max_retained_wal``; ``--json`` carries it as ``code`` with
@@ -40,13 +40,13 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from . import pgconn
-from .config import Config
-from .errors import ApplierError, describe_error_record
+from .. import pgconn
+from ..config import Config
+from ..errors import ApplierError, describe_error_record
+from ..lag import SOURCE_WAL_LSN, Lag, format_bytes, measure, not_running
+from ..lsn import Lsn
+from ..redact import redact_dsn
 from .health import STALE_INTERVALS, assess
-from .lag import SOURCE_WAL_LSN, Lag, format_bytes, measure, not_running
-from .lsn import Lsn
-from .redact import redact_dsn
 
 SLOT_SQL = sql.SQL("""
 SELECT s.slot_name, s.plugin, s.active, s.active_pid,
@@ -127,7 +127,7 @@ class Status:
     errors: list[str] = field(default_factory=list)
     source_reachable: bool = True
     target_reachable: bool = True
-    #: The verdict (applier.health): the exit code, its name, why, what to do.
+    #: The verdict (applier.status.health): the exit code, its name, why, what to do.
     code: int | None = None
     health: str | None = None
     reason: str | None = None
@@ -300,7 +300,7 @@ def render_json(st: Status, out: TextIO) -> None:
 def render_text(st: Status, out: TextIO) -> None:
     from rich.table import Table
 
-    from .console import console as make_console
+    from ..console import console as make_console
 
     table = Table(title=f"applier: slot {st.slot_name} -> origin {st.origin}", show_header=False)
     table.add_column(style="bold")
@@ -405,7 +405,7 @@ def _skip_hint(st: Status, out: TextIO) -> None:
 
 
 def show_status(cfg: Config, *, as_json: bool, out: TextIO = sys.stdout) -> int:
-    """Print the status; return its health code (see :mod:`applier.health`)."""
+    """Print the status; return its health code (see :mod:`applier.status.health`)."""
     st = collect(cfg)
     (render_json if as_json else render_text)(st, out)
     assert st.code is not None

@@ -1,6 +1,6 @@
 """``applier skip dump``: kept changes as SQL a DBA can review and replay by hand.
 
-Input is what :func:`applier.skips.kept_changes` read from
+Input is what :func:`applier.skip.store.kept_changes` read from
 ``applier.skipped_changes``, in source commit order. The worker stores rows as
 jsonb objects of column -> the text the source printed (null for NULL):
 ``key`` holds the replica identity columns that locate the row (the old key of
@@ -45,7 +45,7 @@ from typing import Any, TextIO
 import psycopg
 from psycopg import sql
 
-from .skips import KeptChange
+from .store import KeptChange
 
 # What binary-mode values look like as the worker keeps them.
 _HEX = re.compile(r"^\\x(?:[0-9a-fA-F]{2})*$")

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import click
 
-from .cliutil import config_option, exits_cleanly, load_cfg, parse_lsn
-from .lsn import Lsn
+from ..lsn import Lsn
+from .options import config_option, exits_cleanly, load_cfg, parse_lsn
 
 
 @click.group()
@@ -92,15 +92,15 @@ def skip_add(
 
     An identical active rule is not added twice: its id is printed.
     """
-    from . import skips
+    from ..skip import store
 
-    rule = skips.new_rule(
+    rule = store.new_rule(
         table=table, ops=ops, xid=xid, lsn=lsn, error=error, sqlstates=sqlstates, dump=dump
     )
     cfg = load_cfg(config_path, "warning")
-    with skips.target(cfg, write=True) as conn:
-        rule_id, created = skips.add_rule(conn, cfg.origin, rule)
-        past = skips.applied_past(conn, cfg.origin, lsn) if lsn is not None else None
+    with store.target(cfg, write=True) as conn:
+        rule_id, created = store.add_rule(conn, cfg.origin, rule)
+        past = store.applied_past(conn, cfg.origin, lsn) if lsn is not None else None
     if not created:
         click.echo(f"applier: an identical active rule exists: {rule_id}", err=True)
     if past is not None:
@@ -127,12 +127,12 @@ def skip_list(config_path: Path | None, as_json: bool, active_only: bool) -> int
     object and error rules stay active until removed. "kept" counts the rule's
     rows in applier.skipped_changes.
     """
-    from . import skips
+    from ..skip import store
 
     cfg = load_cfg(config_path, "warning")
-    with skips.target(cfg, write=False) as conn:
-        rules = skips.list_rules(conn, cfg.origin, active_only=active_only)
-    skips.render_rules(rules, sys.stdout, origin=cfg.origin, as_json=as_json)
+    with store.target(cfg, write=False) as conn:
+        rules = store.list_rules(conn, cfg.origin, active_only=active_only)
+    store.render_rules(rules, sys.stdout, origin=cfg.origin, as_json=as_json)
     return 0
 
 
@@ -142,11 +142,11 @@ def skip_list(config_path: Path | None, as_json: bool, active_only: bool) -> int
 @exits_cleanly
 def skip_remove(config_path: Path | None, rule_id: int) -> int:
     """Delete rule ID; the changes it kept stay in applier.skipped_changes."""
-    from . import skips
+    from ..skip import store
 
     cfg = load_cfg(config_path, "warning")
-    with skips.target(cfg, write=True) as conn:
-        kept = skips.remove_rule(conn, cfg.origin, rule_id)
+    with store.target(cfg, write=True) as conn:
+        kept = store.remove_rule(conn, cfg.origin, rule_id)
     click.echo(f"removed skip rule {rule_id} ({kept} kept change(s) stay)", err=True)
     return 0
 
@@ -172,14 +172,14 @@ def skip_dump(config_path: Path | None, xid: int | None, lsn: Lsn | None, fmt: s
     commented out ('-- ' before each line), so that
     `psql -v ON_ERROR_STOP=1 -f dump.sql` replays exactly the skipped changes.
     """
-    from . import skipdump, skips
+    from ..skip import dump, store
 
     cfg = load_cfg(config_path, "warning")
-    with skips.target(cfg, write=False) as conn:
-        changes = skips.kept_changes(conn, cfg.origin, xid=xid, lsn=lsn)
-        shapes = skipdump.table_shapes(conn, changes) if fmt == "sql" else {}
+    with store.target(cfg, write=False) as conn:
+        changes = store.kept_changes(conn, cfg.origin, xid=xid, lsn=lsn)
+        shapes = dump.table_shapes(conn, changes) if fmt == "sql" else {}
     if fmt == "json":
-        skipdump.render_json(changes, sys.stdout)
+        dump.render_json(changes, sys.stdout)
     else:
-        skipdump.render_sql(changes, shapes, sys.stdout, origin=cfg.origin)
+        dump.render_sql(changes, shapes, sys.stdout, origin=cfg.origin)
     return 0

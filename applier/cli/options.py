@@ -12,11 +12,11 @@ from typing import Any, TypeVar
 
 import click
 
-from . import configenv
-from .config import Config, load_config
-from .errors import ApplierError
-from .log import log_fatal, setup_logging
-from .lsn import Lsn
+from .. import configenv
+from ..config import Config, load_config
+from ..errors import ApplierError
+from ..log import log_fatal, setup_logging
+from ..lsn import Lsn
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -31,6 +31,8 @@ config_option = click.option(
 
 
 def load_cfg(config_path: Path | None, log_level: str | None = None) -> Config:
+    """The config (file and ``APPLIER_*`` variables), with logging set up from it
+    (``log_level`` overrides its level); neither given is a usage error."""
     if config_path is None and not any(
         v.startswith(configenv.PREFIX) and v not in configenv.RESERVED for v in os.environ
     ):
@@ -62,6 +64,7 @@ def exits_cleanly(fn: F) -> F:
 
 
 def parse_lsn(ctx: click.Context, param: click.Parameter, value: str | None) -> Lsn | None:
+    """An option's ``X/Y`` LSN (click callback); a bad one is a usage error naming it."""
     if value is None:
         return None
     try:

@@ -17,7 +17,7 @@ Whose row
 
 The row names the worker that owns the origin: a second ``applier run``
 reads its host, pid and heartbeat to tell another worker from an abandoned
-backend (:mod:`.holder`). So a worker writes its host and pid only once it
+backend (:mod:`applier.apply.target.holder`). So a worker writes its host and pid only once it
 has taken the origin (:meth:`WorkerState.claim`); before that, a retried
 error is recorded in ``last_error`` alone, and a refusal because another
 worker runs (:class:`~applier.errors.AnotherWorker`) not at all: the row is
@@ -42,9 +42,9 @@ from typing import Any
 
 import psycopg
 
-from applier.apply.target.connection import close_quietly
 from applier.errors import AnotherWorker, ApplierError, ErrorRecord
 from applier.lsn import Lsn, pg_timestamp
+from applier.pgconn import close_quietly
 
 log = logging.getLogger("applier.apply")
 

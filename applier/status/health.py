@@ -32,10 +32,10 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .config import Config
+from ..config import Config
 
 if TYPE_CHECKING:
-    from .status import Status
+    from .report import Status
 
 HEALTHY, UNREACHABLE, ERROR, NOT_RUNNING, SLOT = 0, 1, 3, 4, 5
 

@@ -1,4 +1,7 @@
-"""``applier decode``: print the decoded change stream of a slot, one message per line.
+"""Peek at a slot: print its decoded change stream, one message per line (``applier decode``).
+
+The command line is :mod:`applier.cli.decode`; this module reads the slot and
+formats its messages.
 
 A debugging and inspection tool, so it must never change what it inspects:
 the stream runs with ``report_flush=False`` (flush/apply reported as 0/0,

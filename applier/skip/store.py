@@ -19,7 +19,7 @@ appliers writing into one target keep separate rules:
   command twice makes one rule).
 * ``applier.skipped_changes``: what the worker kept of skipped transactions.
   :func:`kept_changes` reads them in replay order (commit LSN, change number);
-  :mod:`applier.skipdump` prints them as SQL.
+  :mod:`applier.skip.dump` prints them as SQL.
 
 Writers bring the schema to head first (as ``run`` does: alembic only when it
 is behind). Readers never write: a target without the tables has no rules and
@@ -40,11 +40,11 @@ from typing import Any, TextIO
 import psycopg
 from psycopg.rows import dict_row
 
-from . import pgconn
-from .config import Config, _check_table_pattern
-from .errors import ConfigError, PermanentError, TransientError
-from .lsn import Lsn
-from .redact import redact_dsn
+from .. import pgconn
+from ..config import Config, check_table_pattern
+from ..errors import ConfigError, PermanentError, TransientError
+from ..lsn import Lsn
+from ..redact import redact_dsn
 
 KINDS = ("object", "txn", "error")
 OPS = ("insert", "update", "delete", "truncate")
@@ -125,7 +125,7 @@ def new_rule(
         )
     if table is not None:
         try:
-            _check_table_pattern(table)
+            check_table_pattern(table)
         except ValueError as e:
             raise ConfigError(f"--table: {e}", hint="quote the pattern for the shell") from None
     if lsn is not None and lsn == 0:
@@ -213,7 +213,7 @@ def target(cfg: Config, *, write: bool) -> Iterator[psycopg.Connection[Any]]:
         conn = pgconn.connect(conninfo, side="target", purpose="applier skip")
     try:
         if write:
-            from .schema import schema_at_head, upgrade_target
+            from ..schema import schema_at_head, upgrade_target
 
             if not schema_at_head(conn):
                 upgrade_target(conninfo)
