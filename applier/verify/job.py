@@ -28,15 +28,17 @@ import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from psycopg import sql
 
-from ..config import Config
 from .hashing import Catchup, Sides, keys_where
 from .ranges import Bound, KeyRange, VTable, range_where, split_range
 from .report import Diff, Report, SchemaDiff, TableReport
 from .schema import SEQUENCE_BEHIND
+
+if TYPE_CHECKING:  # a task imports this module on an executor: no config library there
+    from ..config import Config
 
 log = logging.getLogger(__name__)
 
