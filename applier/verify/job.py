@@ -220,13 +220,15 @@ def hash_on_spark(
     cfg: Config, sc: Any, items: list[tuple[VTable, KeyRange]], catchup: Catchup, fetch_rows: int
 ) -> list[RangeResult]:
     """Round 1 as a Spark job; at most ``task_slots`` tasks at once."""
+    from ..bootstrap.executors import task_dsns
     from ..bootstrap.spark import spark_failure
 
     parts = deal(items, task_slots(cfg, sc))
+    src_dsn, tgt_dsn = task_dsns(cfg, sc)
     works = [
         Work(
-            cfg.source.conninfo(),
-            cfg.target.conninfo(),
+            src_dsn,
+            tgt_dsn,
             catchup,
             cfg.verify.statement_timeout,
             fetch_rows,
@@ -254,7 +256,7 @@ def hash_on_spark(
         sc.cancelJobGroup(group)
         raise
     if "error" in outcome:
-        raise spark_failure(outcome["error"])
+        raise spark_failure(outcome["error"], "verify")
     results: list[RangeResult] = outcome["results"]
     return results
 
