@@ -321,6 +321,20 @@ def pair15(pool: ClusterPool, tmp_path: Path) -> Iterator[Pair]:
         _drop_pair(p)
 
 
+def test_a_dsn_without_a_password_source_is_refused(pw_pair: Pair) -> None:
+    """The driver's own DSN: a server that asks for a password and no password
+    anywhere (dsn, password_file, ~/.pgpass, PGPASSWORD) is the config's fault, exit 2
+    with what to set, not a transient failure retried forever."""
+    pair = pw_pair
+    cfg = pair.write_config(
+        source={"dsn": pair.pub.dsn(pair.pub_db, user="app")}, logging={"level": "warning"}
+    )
+    proc = _cli("bootstrap", "--config", str(cfg), "--quiet", env={"PGPASSFILE": "/nonexistent"})
+    assert proc.returncode == EXIT_USAGE, proc.stderr[-3000:]
+    (line,) = _errors(proc)
+    assert "no password supplied" in line and "password_file" in line, line
+
+
 # -- a worker lost mid-copy (last: it leaves the cluster with one worker) ----------------------
 
 SLOW_TARGET = """
