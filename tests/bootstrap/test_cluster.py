@@ -304,7 +304,7 @@ def test_preflight_psql_reach_and_password(
         assert len(lines) == 3, proc.stderr[-4000:]
         text = "\n".join(lines)
         assert "pg_dump and psql of PostgreSQL 18 or newer" in text, text
-        assert "cannot connect to the source with host=127.0.0.1 port=1" in text, text
+        assert "cannot connect to the source with" in text and "port=1:" in text, text
         assert "executor_source_dsn" in text
         assert "no password for the target" in text and "password_file" in text, text
         _nothing_created(pair.pub, pair.pub_db, pair.sub, pair.sub_db)
