@@ -33,6 +33,9 @@ import pyspark
 ROOT = Path(__file__).resolve().parents[2]
 
 
+_SMALL_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+
+
 def _cache() -> Path:
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     return base / "applier-tests"
@@ -111,6 +114,9 @@ class SparkCluster:
             PATH="/usr/local/bin:/usr/bin:/bin",
             SPARK_HOME=str(self.spark_home),
             SPARK_DAEMON_MEMORY="256m",
+            # The driver's own choice (applier.bootstrap.spark): C1 only and the serial
+            # GC, fewer threads at start-up on a small machine.
+            SPARK_DAEMON_JAVA_OPTS=_SMALL_JVM,
             SPARK_LOCAL_IP="127.0.0.1",
             SPARK_WORKER_DIR=str(self.workdir / "work"),
             SPARK_LOG_DIR=str(self.workdir / "logs"),
@@ -179,6 +185,7 @@ class SparkCluster:
             "spark.executor.memory": "512m",
             "spark.executor.cores": "1",
             "spark.cores.max": str(self.workers),
+            "spark.executor.extraJavaOptions": _SMALL_JVM,
         }
 
 
