@@ -275,6 +275,8 @@ _TASK_HOST = re.compile(r"\(TID \d+\) \(([^\s()]+) executor ([^\s()]+)\)")
 #: An executor that cannot start the configured Python.
 _NO_PYTHON = re.compile(r'Cannot run program "([^"]+)"')
 _NO_MODULE = re.compile(r"No module named '([\w.]+)'")
+#: The failed task's own exception when it was no Python error (Spark's, Java's).
+_TASK_CAUSE = re.compile(r"most recent failure: Lost task [^:]*\): (.+)")
 
 #: What to do after a failed job, by command.
 _RERUN = {
@@ -310,12 +312,21 @@ def spark_failure(exc: BaseException, job: str = "bootstrap") -> ApplierError:
             hint=f"install pyspark and psycopg[binary] in it, or ship a packed environment "
             f"with spark.archives ({_SETUP})",
         )
-    found = _PY_ERR.findall(text)
-    detail = found[-1].strip() if found else (text.strip().splitlines() or ["?"])[0][:300]
     return BootstrapError(
-        f"the Spark {job} job failed{on}: {detail}",
+        f"the Spark {job} job failed{on}: {_cause(text)}",
         hint=_RERUN.get(job, "fix the cause and rerun the command"),
     )
+
+
+def _cause(text: str) -> str:
+    """The last Python error of the failed task, else its Java exception, else the
+    first line that is not py4j's "An error occurred while calling ..." (no cause)."""
+    if found := _PY_ERR.findall(text):
+        return str(found[-1]).strip()
+    if task := _TASK_CAUSE.search(text):
+        return task.group(1).strip()[:300]
+    lines = [ln for ln in text.strip().splitlines() if "An error occurred while calling" not in ln]
+    return (lines or ["?"])[0].strip(": ")[:300]
 
 
 class _SparkStarter:
