@@ -309,6 +309,43 @@ class BootstrapConfig(_Section, frozen=True):
     #: Copy the large objects under the snapshot (applier.bootstrap.largeobjects);
     #: false: leave them to `applier cutover`, which copies them once writes stop.
     large_objects: bool = True
+    #: On a Spark cluster (a master other than ``local``): the Python the
+    #: executors run (it needs pyspark and psycopg); None: the cluster's own
+    #: (``PYSPARK_PYTHON`` if set, else ``python3`` on the executors' PATH).
+    #: A local master always runs the driver's own Python.
+    executor_python: Annotated[str, Meta(min_length=1)] | None = None
+    #: The DSNs the executors' tasks connect with, when the driver's are not
+    #: reachable from them (``host=127.0.0.1`` means each executor's own host).
+    #: None: ``[source] dsn`` / ``[target] dsn``. The driver's password (from the
+    #: dsn, ``password_file`` or ``password_credential``) goes to a cluster's
+    #: executors as a 0600 secret file shipped with the job, never in SparkConf
+    #: (applier.bootstrap.executors).
+    executor_source_dsn: Annotated[str, Meta(min_length=1)] | None = None
+    executor_target_dsn: Annotated[str, Meta(min_length=1)] | None = None
+
+    def __post_init__(self) -> None:
+        for key in ("executor_source_dsn", "executor_target_dsn"):
+            value = getattr(self, key)
+            if value is None:
+                continue
+            try:
+                conninfo_to_dict(value)
+            except psycopg.ProgrammingError as e:
+                detail = redact_conninfo_error(str(e))
+                raise _Invalid(key, f"not a valid libpq connection string ({detail})") from None
+        for key in self.spark_conf:
+            if _ENV_SECRET.search(key):
+                raise _Invalid(
+                    "spark_conf",
+                    f"{key}: a password in SparkConf is readable by anyone who can see the "
+                    "job (UI, event log); give it with [source]/[target] password_file "
+                    "(shipped as a 0600 file) or a passfile on the executors",
+                )
+
+
+#: SparkConf keys that would put a libpq password into an executor's or the
+#: application master's environment (``spark.executorEnv.PGPASSWORD``).
+_ENV_SECRET = re.compile(r"(?:executorEnv|appMasterEnv|driverEnv)\.PGPASSWORD$", re.IGNORECASE)
 
 
 class LoggingConfig(_Section, frozen=True):

@@ -64,6 +64,7 @@ __all__ = [
     "close_quietly",
     "connect",
     "known_version",
+    "local_conninfo",
     "pinned_conninfo",
     "settings",
     "startup_options",
@@ -157,10 +158,31 @@ def pinned_conninfo(
     """
     version = server_version if server_version is not None else _versions.get(conninfo, 0)
     opts = startup_options(conninfo, settings(side, version, extra))
-    return make_conninfo(conninfo, options=opts, client_encoding="UTF8")
+    return make_conninfo(local_conninfo(conninfo), options=opts, client_encoding="UTF8")
 
 
 _UNKNOWN = re.compile(r'unrecognized configuration parameter "([^"]+)"')
+
+#: A ``passfile`` value naming a secret file shipped with a Spark job
+#: (:mod:`applier.bootstrap.executors`): ``spark-file:NAME`` is the file's copy
+#: in the task's own Spark files directory.
+SHIPPED = "spark-file:"
+
+
+def local_conninfo(conninfo: str) -> str:
+    """``conninfo`` with a shipped ``passfile`` (:data:`SHIPPED`) made the path of its
+    copy here, readable by this user only (libpq ignores a passfile others can read)."""
+    if SHIPPED not in conninfo:
+        return conninfo
+    params = conninfo_to_dict(conninfo)
+    name = str(params.get("passfile") or "")
+    if not name.startswith(SHIPPED):
+        return conninfo
+    from pyspark import SparkFiles
+
+    path = SparkFiles.get(name[len(SHIPPED) :])
+    os.chmod(path, 0o600)  # Spark copies files with the umask's mode
+    return make_conninfo(conninfo, passfile=path)
 
 
 @overload
@@ -221,7 +243,9 @@ def connect(
     pinned = settings(side, STARTUP_SINCE if version is None else version, extra)
     while True:
         ci = make_conninfo(
-            conninfo, options=startup_options(conninfo, pinned), client_encoding="UTF8"
+            local_conninfo(conninfo),
+            options=startup_options(conninfo, pinned),
+            client_encoding="UTF8",
         )
         try:
             conn = connection_class.connect(

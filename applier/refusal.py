@@ -56,6 +56,10 @@ _PHRASES: tuple[tuple[str, str, str | None], ...] = (
         "~/.pgpass or PGPASSWORD (never in the dsn)",
     ),
     ("password is not", "28P01", None),  # "... password is not assigned/valid"
+    # libpq's own words, before any message of the server: it asked for a password and
+    # none was given (dsn, password_file, password_credential, ~/.pgpass, PGPASSWORD).
+    ("no password supplied", "28P01", "the {side} asks for a password: set [{side}] "
+     "password_file or password_credential, or put it in ~/.pgpass or PGPASSWORD"),
     ("no pg_hba.conf entry", "28000", "allow this role, database and host in the {side}'s "
      "pg_hba.conf (then reload it), or fix [{side}] dsn"),
     ("is not permitted to log in", "28000", "ALTER ROLE ... LOGIN on the {side}, or fix the "

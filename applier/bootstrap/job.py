@@ -140,6 +140,9 @@ def _bootstrap(
     check("bootstrap", scope, source=src, target=tgt)
     plan = discover(src, cfg)
     clients.pick(cfg.source.conninfo(), plan.source_major, cfg.bootstrap.client_bin_dir)
+    # A cluster's executors have what the copy needs (modules, psql, reach to
+    # both servers), before anything is made; a no-op on a local master.
+    spark.preflight(plan.source_major)
     # As `applier run` does: alembic (0.25 s of imports) only when there is
     # something to migrate.
     if not schema_at_head(tgt):
@@ -438,16 +441,25 @@ def _autovacuum_options(
     return {(r[0], r[1]): (r[2], r[3]) for r in rows}
 
 
-def build_tasks(cfg: Config, plan: SourcePlan, run_id: int, snapshot: str) -> list[SliceTask]:
+def build_tasks(
+    cfg: Config,
+    plan: SourcePlan,
+    run_id: int,
+    snapshot: str,
+    dsns: tuple[str, str] | None = None,
+) -> list[SliceTask]:
+    """The slices' tasks; ``dsns``: (source, target) as the tasks connect (default: the
+    driver's, see :func:`.executors.task_dsns`)."""
+    src_dsn, tgt_dsn = dsns or (cfg.source.conninfo(), cfg.target.conninfo())
     tasks = []
     for t in plan.tables:
         assert t.dst is not None
         for s in t.slices:
             tasks.append(
                 SliceTask(
-                    source_conninfo=cfg.source.conninfo(),
+                    source_conninfo=src_dsn,
                     source_version=plan.source_version,
-                    target_conninfo=cfg.target.conninfo(),
+                    target_conninfo=tgt_dsn,
                     snapshot=snapshot,
                     slot=cfg.source.slot,
                     run_id=run_id,
@@ -471,11 +483,13 @@ def build_tasks(cfg: Config, plan: SourcePlan, run_id: int, snapshot: str) -> li
 
 def run_copy(
     cfg: Config, sc: Any, tgt: Conn, plan: SourcePlan, run_id: int, snapshot: str,
-    quiet: bool,
+    quiet: bool, command: str = "bootstrap",
 ) -> None:  # fmt: skip
     """Copy ``plan``'s slices under ``snapshot`` as one Spark job (with the progress
     display unless ``quiet``); used by bootstrap and by ``applier sync-tables``."""
-    tasks = build_tasks(cfg, plan, run_id, snapshot)
+    from .executors import task_dsns
+
+    tasks = build_tasks(cfg, plan, run_id, snapshot, task_dsns(cfg, sc))
     outcome: dict[str, Any] = {}
     started = time.monotonic()
 
@@ -500,7 +514,7 @@ def run_copy(
             raise
         progress.update(poll_stats(tgt, cfg.source.slot, run_id))
     if "error" in outcome:
-        raise spark_failure(outcome["error"])
+        raise spark_failure(outcome["error"], command)
     results: list[SliceResult] = outcome["results"]
     progress.print_summary()
     log.info(

@@ -23,14 +23,16 @@ import logging
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg import sql
 
 from .. import refusal
-from ..config import Config
 from ..errors import BootstrapError
+
+if TYPE_CHECKING:  # imported by tasks on executors, without the config library
+    from ..config import Config
 
 Conn = psycopg.Connection[Any]
 log = logging.getLogger(__name__)

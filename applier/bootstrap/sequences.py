@@ -13,17 +13,19 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg import sql
 
 from .. import pgconn
-from ..config import Config
 from ..errors import BootstrapError, SourceError
 from ..privileges import check, scope_of
 from ..redact import redact_dsn
 from .plan import discover, published_tables, quote_qual
+
+if TYPE_CHECKING:  # imported by tasks on executors, without the config library
+    from ..config import Config
 
 log = logging.getLogger(__name__)
 Conn = psycopg.Connection[Any]

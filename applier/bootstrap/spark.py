@@ -1,7 +1,10 @@
 """The SparkContext of a bootstrap, built from ``[bootstrap]``, and its life in a command.
 
-Python workers must run our interpreter (they import ``applier`` to run the
-copy tasks), so ``PYSPARK_PYTHON`` defaults to ``sys.executable``. Task
+On a local master the Python workers run our interpreter (they import
+``applier`` to run the copy tasks), so ``PYSPARK_PYTHON`` defaults to
+``sys.executable``; on a cluster that path means nothing to another host: the
+executors run ``[bootstrap] executor_python`` or the cluster's own Python, and
+get applier's code from the driver (:mod:`.executors`). Task
 retries are safe (a slice's data and done-record commit together), so local
 masters get a retry count too: ``local[N]`` alone never retries a task.
 
@@ -24,10 +27,14 @@ to start with it is started again without it (and the archive removed).
 The commands that run Spark jobs (``bootstrap``, ``sync-tables``, ``verify``)
 share the rest: :class:`SparkStarter` builds the context in a thread, so the
 JVM boots while the driver makes the slot and the tables, and can be
-abandoned at once on an error; :func:`start_spark` turns a failed start into a
-:class:`~applier.errors.BootstrapError` naming the master; :func:`copy_slots`
-says how many tasks run at once; :func:`stop_spark` leaves a context the
-tests share running; :func:`spark_failure` makes one line of a failed job.
+abandoned at once on an error, and runs the executors' preflight
+(:func:`.executors.preflight`); :func:`start_spark` turns a failed start into a
+:class:`~applier.errors.BootstrapError` naming the master and ships applier's
+code to a cluster; :func:`copy_slots` says how many tasks run at once;
+:func:`stop_spark` leaves a context the tests share running;
+:func:`spark_failure` makes one line of a failed job, naming the job and the
+executor's own cause (py4j's "An error occurred while calling ..." is no
+cause).
 """
 
 from __future__ import annotations
@@ -45,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import BootstrapConfig, Config
-from ..errors import ApplierError, BootstrapError
+from ..errors import ApplierError, BootstrapError, ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -105,9 +112,19 @@ def _usable_archive(bcfg: BootstrapConfig) -> Path | None:
     return path
 
 
-def _conf(bcfg: BootstrapConfig, java_options: str) -> Any:
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+def _set_python(bcfg: BootstrapConfig) -> None:
+    """The executors' Python, read by pyspark when the context starts (``PYSPARK_PYTHON``)."""
+    from .executors import is_local
+
+    if is_local(bcfg.spark_master):
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    elif bcfg.executor_python is not None:
+        os.environ["PYSPARK_PYTHON"] = bcfg.executor_python
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+
+
+def _conf(bcfg: BootstrapConfig, java_options: str) -> Any:
+    _set_python(bcfg)
     from pyspark import SparkConf
 
     conf = (
@@ -250,20 +267,66 @@ def build_class_archive(bcfg: BootstrapConfig) -> Path:
 # -- one command's context: started, sized, stopped; its job's failures -------------
 
 
-_PY_ERR = re.compile(r"^(?:applier\.errors\.\w+|psycopg\.[\w.]+|\w+Error): (.+)$", re.MULTILINE)
+_PY_ERR = re.compile(
+    r"^(?:applier\.[\w.]+\.\w+|psycopg\.[\w.]+|\w+Error|\w+Exception): (.+)$", re.MULTILINE
+)
+#: Where Spark says a task failed: "Lost task 0.3 in stage 1.0 (TID 7) (HOST executor 1)".
+_TASK_HOST = re.compile(r"\(TID \d+\) \(([^\s()]+) executor ([^\s()]+)\)")
+#: An executor that cannot start the configured Python.
+_NO_PYTHON = re.compile(r'Cannot run program "([^"]+)"')
+_NO_MODULE = re.compile(r"No module named '([\w.]+)'")
+#: The failed task's own exception when it was no Python error (Spark's, Java's).
+_TASK_CAUSE = re.compile(r"most recent failure: Lost task [^:]*\): (.+)")
+
+#: What to do after a failed job, by command.
+_RERUN = {
+    "bootstrap": "fix the cause and rerun `applier bootstrap` (it starts the copy over)",
+    "sync-tables": "fix the cause and rerun `applier sync-tables` (it copies the table again)",
+    "verify": "fix the cause and rerun `applier verify`",
+}
+_SETUP = "README: Running on a Spark cluster"
 
 
-def spark_failure(exc: BaseException) -> ApplierError:
-    """One line out of a Spark job failure: the Python error of the failed task if any."""
+def spark_failure(exc: BaseException, job: str = "bootstrap") -> ApplierError:
+    """One line out of a failed Spark job of ``job``: the failed task's own cause and host.
+
+    An executor that lacks what every task needs (its Python, a module) is a
+    configuration error (exit 2) saying what to install; any other cause is
+    the task's error, with what to rerun.
+    """
     if isinstance(exc, ApplierError):
         return exc
     text = str(exc)
-    found = _PY_ERR.findall(text)
-    detail = found[-1].strip() if found else (text.strip().splitlines() or ["?"])[0][:300]
+    host = _TASK_HOST.search(text)
+    # A local master's tasks run in the "driver" executor: no other host to name.
+    on = f" on executor {host.group(1)}" if host and host.group(2) != "driver" else ""
+    if m := _NO_PYTHON.search(text):
+        return ConfigError(
+            f"the Spark {job} job failed: the executors{on} cannot run Python {m.group(1)}",
+            hint="set [bootstrap] executor_python to the executors' Python, which needs "
+            f"pyspark and psycopg ({_SETUP})",
+        )
+    if m := _NO_MODULE.search(text):
+        return ConfigError(
+            f"the Spark {job} job failed: the executors' Python{on} lacks the module {m.group(1)}",
+            hint=f"install pyspark and psycopg[binary] in it, or ship a packed environment "
+            f"with spark.archives ({_SETUP})",
+        )
     return BootstrapError(
-        f"the Spark copy job failed: {detail}",
-        hint="fix the cause and rerun `applier bootstrap` (it starts the copy over)",
+        f"the Spark {job} job failed{on}: {_cause(text)}",
+        hint=_RERUN.get(job, "fix the cause and rerun the command"),
     )
+
+
+def _cause(text: str) -> str:
+    """The last Python error of the failed task, else its Java exception, else the
+    first line that is not py4j's "An error occurred while calling ..." (no cause)."""
+    if found := _PY_ERR.findall(text):
+        return str(found[-1]).strip()
+    if task := _TASK_CAUSE.search(text):
+        return task.group(1).strip()[:300]
+    lines = [ln for ln in text.strip().splitlines() if "An error occurred while calling" not in ln]
+    return (lines or ["?"])[0].strip(": ")[:300]
 
 
 class SparkStarter:
@@ -273,8 +336,10 @@ class SparkStarter:
     :meth:`abandon` may be called any number of times.
     """
 
-    def __init__(self, cfg: Config) -> None:
+    def __init__(self, cfg: Config, job: str = "bootstrap") -> None:
         self._cfg = cfg
+        self._job = job
+        self._checked = False
         self._sc: Any = None
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
@@ -299,6 +364,19 @@ class SparkStarter:
         if self._error is not None:
             raise self._error
         return self._sc
+
+    def preflight(self, psql_major: int = 0) -> None:
+        """On a cluster: start Spark, wait for it, check the executors (once).
+
+        Called before the command creates anything; a no-op on a local master,
+        whose executors are this process's machine and Python, checked already.
+        """
+        from .executors import is_local, preflight
+
+        if self._checked or is_local(self._cfg.bootstrap.spark_master):
+            return
+        preflight(self.context(), self._cfg, self._job, psql_major)
+        self._checked = True
 
     def stop(self) -> None:
         if self._thread is None or self._stopped:
@@ -330,6 +408,10 @@ def start_spark(cfg: Config) -> Any:
             f"cannot start Spark (master {cfg.bootstrap.spark_master}): {first}",
             hint="check bootstrap.spark_master / spark_conf, Java and pyspark",
         ) from None
+    from .executors import is_local, ship_code
+
+    if not is_local(cfg.bootstrap.spark_master):
+        ship_code(sc)
     log.info(
         "spark started",
         extra={

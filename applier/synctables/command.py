@@ -107,8 +107,12 @@ def run_sync_tables(
             return 0
         if not without_worker and any(_copies(rows.get((t.schema, t.name))) for t in todo):
             check_worker_runs(tgt, cfg)
-        spark = SparkStarter(cfg)  # started by the first copy (a resumed catch-up needs none)
+        # Started by the first copy (a resumed catch-up needs none).
+        spark = SparkStarter(cfg, "sync-tables")
         try:
+            if any(_copies(rows.get((t.schema, t.name))) for t in todo):
+                # A cluster's executors have what the copy needs, before any slot is made.
+                spark.preflight(plan.source_major)
             for t in todo:
                 _sync_one(cfg, src, tgt, t, rows.get((t.schema, t.name)), spark, truncate,
                           timeout, quiet)  # fmt: skip

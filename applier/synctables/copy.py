@@ -135,7 +135,7 @@ def copy_table(
             resolve_targets(tgt, plan, cfg.bootstrap.slice_size, copy_slots(cfg, sc))
         row = tgt.execute("SELECT nextval('applier.bootstrap_run_id')").fetchone()
         assert row is not None
-        run_copy(tcfg, sc, tgt, plan, int(row[0]), info.snapshot_name, quiet)
+        run_copy(tcfg, sc, tgt, plan, int(row[0]), info.snapshot_name, quiet, "sync-tables")
     finally:
         repl.close()
     with tgt.transaction():

@@ -130,9 +130,11 @@ class _Spark:
 
     def context(self) -> Any:
         if self._sc is None:
+            from ..bootstrap.executors import preflight
             from ..bootstrap.spark import start_spark
 
             self._sc = start_spark(self._cfg)
+            preflight(self._sc, self._cfg, "verify")  # a cluster's executors, checked
         return self._sc
 
     def stop(self) -> None:

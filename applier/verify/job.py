@@ -28,16 +28,18 @@ import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from psycopg import sql
 
-from ..config import Config
 from . import largeobjects as large_objects
 from .hashing import Catchup, Sides, keys_where
 from .ranges import Bound, KeyRange, VTable, range_where, split_range
 from .report import Diff, Report, SchemaDiff, TableReport
 from .schema import SEQUENCE_BEHIND
+
+if TYPE_CHECKING:  # a task imports this module on an executor: no config library there
+    from ..config import Config
 
 log = logging.getLogger(__name__)
 
@@ -219,13 +221,15 @@ def hash_on_spark(
     cfg: Config, sc: Any, items: list[tuple[VTable, KeyRange]], catchup: Catchup, fetch_rows: int
 ) -> list[RangeResult]:
     """Round 1 as a Spark job; at most ``task_slots`` tasks at once."""
+    from ..bootstrap.executors import task_dsns
     from ..bootstrap.spark import spark_failure
 
     parts = deal(items, task_slots(cfg, sc))
+    src_dsn, tgt_dsn = task_dsns(cfg, sc)
     works = [
         Work(
-            cfg.source.conninfo(),
-            cfg.target.conninfo(),
+            src_dsn,
+            tgt_dsn,
             catchup,
             cfg.verify.statement_timeout,
             fetch_rows,
@@ -253,7 +257,7 @@ def hash_on_spark(
         sc.cancelJobGroup(group)
         raise
     if "error" in outcome:
-        raise spark_failure(outcome["error"])
+        raise spark_failure(outcome["error"], "verify")
     results: list[RangeResult] = outcome["results"]
     return results
 

@@ -189,7 +189,7 @@ def test_copy_failure_is_one_line_and_rerun_finishes(pair: Pair, spark: Any) -> 
     pair.sub_exec("CREATE TABLE t (id int PRIMARY KEY, v int)")
     cfg = pair.config()
     with pytest.raises(
-        BootstrapError, match=r"Spark copy job failed: .*invalid input syntax"
+        BootstrapError, match=r"Spark bootstrap job failed: .*invalid input syntax"
     ) as ei:
         run_bootstrap(cfg, recreate_slot=False, truncate=False, quiet=True)
     assert "\n" not in str(ei.value)
