@@ -18,8 +18,8 @@ pages, whose sorted keys give the quantiles (a range is then about
 a row). The sampled keys inside a range (about 20) are its *cuts*: the
 range's first hash is taken per piece between them, in the same single scan
 (``width_bucket``), so a difference is already located to a piece of some
-``chunk_rows / 20`` rows. A piece that differs is cut again by walking its
-own keys (``row_number() % step``, an index-only scan of that piece alone).
+``chunk_rows / 20`` rows. The differing pieces of a range are then narrowed
+by buckets of a hash of the key (:mod:`.task`), which need no cut.
 
 Keys compare under each server's collation: a text key whose collations
 sort differently on the two servers could put one row in different ranges
@@ -37,8 +37,6 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
-
-from ..bootstrap.plan import discover, quote_qual, target_columns
 
 Conn = psycopg.Connection[Any]
 Bound = tuple[str, ...]
@@ -84,6 +82,8 @@ class KeyRange:
 
 def key_columns(conn: Conn, schema: str, name: str) -> list[tuple[str, str]]:
     """(column, type) of the primary key, else of the replica-identity index; [] if none."""
+    from ..bootstrap.plan import quote_qual
+
     rows = conn.execute(
         "SELECT a.attname, format_type(a.atttypid, a.atttypmod) "
         "FROM pg_index i JOIN pg_class c ON c.oid = i.indrelid "
@@ -106,6 +106,8 @@ def key_columns(conn: Conn, schema: str, name: str) -> list[tuple[str, str]]:
 
 
 def _exists(conn: Conn, schema: str, name: str) -> bool:
+    from ..bootstrap.plan import quote_qual
+
     row = conn.execute("SELECT to_regclass(%s)", (quote_qual(schema, name),)).fetchone()
     return row is not None and row[0] is not None
 
@@ -117,6 +119,7 @@ def tables_to_verify(src: Conn, tgt: Conn, cfg: Any, patterns: list[str] | None)
     (the target is not partitioned alike) is compared at the root: the
     source's whole tree against the target's table.
     """
+    from ..bootstrap.plan import discover, target_columns
     from ..config import table_matches
 
     plan = discover(src, cfg)
@@ -183,6 +186,25 @@ def range_where(t: VTable, rng: KeyRange) -> tuple[sql.Composable, list[Any]]:
     if not parts:
         return sql.SQL("true"), params
     return sql.SQL(" AND ").join(parts), params
+
+
+def ranges_where(t: VTable, ranges: list[KeyRange]) -> tuple[sql.Composable, list[Any]]:
+    """The rows of any of these ranges: adjacent ones joined, the rest OR-ed (each an
+    index range scan of its own; a BitmapOr)."""
+    joined: list[KeyRange] = []
+    for r in ranges:
+        if joined and joined[-1].hi is not None and joined[-1].hi == r.lo:
+            joined[-1] = KeyRange(joined[-1].lo, r.hi)
+        else:
+            joined.append(KeyRange(r.lo, r.hi))
+    if len(joined) == 1:
+        return range_where(t, joined[0])
+    parts, params = [], []
+    for r in joined:
+        where, p = range_where(t, r)
+        parts.append(sql.SQL("({})").format(where))
+        params += p
+    return sql.SQL(" OR ").join(parts), params
 
 
 def key_order(t: VTable, alias: str | None = None) -> sql.Composable:
@@ -252,24 +274,6 @@ def _inner(keys: list[Bound], lo: Bound | None, hi: Bound | None) -> tuple[Bound
     start = 0 if lo is None else keys.index(lo) + 1
     stop = len(keys) if hi is None else keys.index(hi)
     return tuple(dict.fromkeys(k for k in keys[start:stop] if k != lo and k != hi))
-
-
-def split_range(
-    conn: Conn, t: VTable, rng: KeyRange, rows: int, parts: int, side: str
-) -> list[KeyRange]:
-    """Cut ``rng`` (of about ``rows`` rows on ``side``) into ``parts`` by walking its keys."""
-    step = max(1, rows // parts)
-    where, params = range_where(t, rng)
-    q = sql.SQL(
-        "SELECT {kt} FROM (SELECT {ko}, row_number() OVER (ORDER BY {ko}) AS applier_rn "
-        "FROM {rel} WHERE {where}) s "
-        "WHERE applier_rn %% %s = 1 AND applier_rn > 1 ORDER BY applier_rn"
-    ).format(kt=key_text(t), ko=key_order(t), rel=relation(t, side), where=where)
-    cuts = [tuple(r) for r in conn.execute(q, [*params, step]).fetchall()]
-    if not cuts:
-        return [rng]
-    bounds: list[Bound | None] = [rng.lo, *cuts, rng.hi]
-    return [KeyRange(bounds[i], bounds[i + 1]) for i in range(len(bounds) - 1)]
 
 
 def bucket_of(t: VTable, cuts: list[Bound]) -> tuple[sql.Composable, list[Any]]:
