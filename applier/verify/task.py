@@ -108,11 +108,11 @@ def run_range(
     differing = [(p, s, d) for p, (s, d) in zip(pieces, pairs, strict=True) if s != d]
     if differing:
         rows = sum(max(s.rows, d.rows) for _, s, d in differing)
-        budget = MAX_DIFFS - named[t.name]
+        budget = MAX_DIFFS - named.get(t.name, 0)
         res.diffs, res.truncated = narrow(
             sides, t, [p for p, _, _ in differing], rows, fetch_rows, budget
         )
-        named[t.name] += len(res.diffs)
+        named[t.name] = named.get(t.name, 0) + len(res.diffs)
     res.seconds = time.monotonic() - started
     return res
 
