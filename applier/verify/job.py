@@ -24,6 +24,11 @@ On a cluster this puts the first seconds of hashing on the driver, which
 must reach both databases anyway (it plans and rechecks); the bulk of a big
 verify still runs on the executors.
 
+A local master (``local[N]``) does not start Spark at all: its tasks would
+run on the driver's own cores and do what the driver's threads do (send
+queries; the hashing is in the servers), after a JVM and Python workers
+took CPU from the servers on the same machine (bench/README-verify.md).
+
 Rounds
 ------
 Rounds 2..N (``--rounds``, default 3) run in the driver: only the rows found
@@ -78,6 +83,11 @@ def task_slots(cfg: Config, sc: Any) -> int:
     except Exception:  # a context without the usual attributes
         slots = 1
     return min(slots, cfg.verify.parallelism or slots)
+
+
+def local_master(cfg: Config) -> bool:
+    """Spark would run the tasks on this machine: the driver's threads do it alone."""
+    return cfg.bootstrap.spark_master.startswith("local")
 
 
 def driver_slots(cfg: Config) -> int:
@@ -158,8 +168,9 @@ def hash_ranges(
     for th in threads:
         th.start()
     rest: list[Item] = []
+    spark_takes_over = not local_master(cfg)
     while any(th.is_alive() for th in threads):
-        if spark.ready() and len(queue):
+        if spark_takes_over and spark.ready() and len(queue):
             rest = queue.rest()
             break
         time.sleep(0.02)
@@ -258,7 +269,8 @@ def verify(
     from .schema import compare_schema
 
     started = time.monotonic()
-    spark.start()  # the JVM boots while the driver plans and hashes the first ranges
+    if not local_master(cfg):
+        spark.start()  # the JVM boots while the driver plans and hashes the first ranges
     timeout = cfg.verify.statement_timeout
     src = connect(cfg.source.conninfo(), "source", timeout)
     tgt = connect(cfg.target.conninfo(), "target", timeout)

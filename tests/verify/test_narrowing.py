@@ -6,8 +6,8 @@ These tests put differences where an off-by-one would lose them: on a
 range's or a piece's bounds, in the first and the last bucket, in composite
 and quoted keys; and whole tables that differ in every row, hold one row,
 or are empty on one side. Round 1 runs on the driver's threads here (no
-Spark: ``NoSpark`` never comes up); one test runs the same on Spark and
-compares.
+Spark: a local master never starts it); one test runs the same on Spark
+and compares.
 """
 
 from __future__ import annotations
@@ -198,7 +198,9 @@ def test_spark_tasks_and_driver_threads_find_the_same_rows(pair: Pair, spark: An
         "INSERT INTO nokey VALUES (5, 'b'); DELETE FROM nokey WHERE ctid = (SELECT min(ctid)"
         "  FROM nokey WHERE a = 7)"
     )
-    cfg = pair.config(verify={"fetch_rows": 20})
+    # A cluster's master in the config (a local one never starts Spark), the
+    # tests' local context as the Spark that is up.
+    cfg = pair.config(verify={"fetch_rows": 20}, bootstrap={"spark_master": "spark://h:7077"})
     found = {}
     for name, spark_of in (("driver", NoSpark()), ("spark", UpSpark(spark))):
         report = job.verify(cfg, spark_of, patterns=None, chunk_rows=1000, rounds=1)
