@@ -149,6 +149,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3, help="interleaved repetitions (medians)")
     ap.add_argument("--pgcopydb", default=None, help="a pgcopydb with `compare` (0.13+)")
     ap.add_argument("--spark-master", default="local[*]")
+    ap.add_argument("--parallelism", type=int, default=None, help="[verify] parallelism")
     args = ap.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     base = make_base_dir("applier-vbench-")
@@ -184,6 +185,7 @@ def run_all(args: argparse.Namespace, base: Path) -> None:
             f'[target]\ndsn = "{sub.dsn(db)}"\n'
             f'[bootstrap]\nspark_master = "{args.spark_master}"\n'
             '[logging]\nlevel = "warning"\n'
+            + (f"[verify]\nparallelism = {args.parallelism}\n" if args.parallelism else "")
         )
         results: dict[str, dict[str, list[float]]] = {}
         for phase in ("start-up", "equal", "100 differences"):
