@@ -129,11 +129,22 @@ def hash_query(t: VTable, side: str, rng: KeyRange) -> tuple[sql.Composed, list[
 def pieces_query(
     t: VTable, side: str, rng: KeyRange, cuts: list[Bound]
 ) -> tuple[sql.Composed, list[Any]]:
-    """The hash of each piece of ``rng`` cut at ``cuts``, in one scan."""
+    """The hash of each piece of ``rng`` cut at ``cuts``, in one scan.
+
+    The piece is grouped on as the output of a function scan, not as the
+    ``width_bucket`` expression itself: the planner estimates an expression's
+    groups as its column's distinct values (every row, for a key), and so
+    planned a serial hash aggregate with spill partitions and full JIT; a
+    function scan's output has no statistics (a small default estimate), so
+    the server may split the scan among its parallel workers, each
+    aggregating its share (Partial HashAggregate under Gather), as it does
+    for ``pgcopydb compare data``'s single aggregate.
+    """
     bucket, b_params = bucket_of(t, cuts)
     where, params = range_where(t, rng)
     q = sql.SQL(
-        "SELECT {b}, count(*), coalesce(sum({rh}), 0)::text FROM {rel} WHERE {where} GROUP BY 1"
+        "SELECT applier_p.piece, count(*), coalesce(sum({rh}), 0)::text "
+        "FROM {rel}, LATERAL unnest(ARRAY[{b}]) AS applier_p(piece) WHERE {where} GROUP BY 1"
     ).format(b=bucket, rh=row_hash(t), rel=relation(t, side), where=where)
     return q, [*b_params, *params]
 
