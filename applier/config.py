@@ -410,8 +410,11 @@ class VerifyConfig(_Section, frozen=True):
     #: Spark tasks hashing ranges at once (each holds one connection per server);
     #: None: as many as Spark runs at once (its task slots).
     parallelism: Annotated[int, Meta(ge=1)] | None = None
-    #: Rows per key range of the first pass (the --chunk-rows default).
-    chunk_rows: Annotated[int, Meta(ge=100)] = 100_000
+    #: Rows per key range of the first pass (the --chunk-rows default): one query
+    #: and one snapshot a side. Fewer, larger ranges cost the servers less per
+    #: row (5M rows, one run each: 100k 52 s, 1M 40 s, one range 44 s; see
+    #: bench/README-verify.md), and ranges still run several at once.
+    chunk_rows: Annotated[int, Meta(ge=100)] = 1_000_000
     #: A differing range is cut until it holds at most this many rows, then its
     #: (key, row hash) pairs are read from both sides and compared.
     fetch_rows: Annotated[int, Meta(ge=10)] = 500

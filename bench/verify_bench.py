@@ -5,18 +5,21 @@ two texts, a timestamptz; 20M rows ~ 2.3 GB) loaded alike into a throwaway
 PG15 source and a PG15 (or 18) target, then compared three ways, each timed
 from the command's start to its answer:
 
-* applier: ``applier verify --json`` as a subprocess (Spark start-up included),
-  ``local[*]``, the default ``[verify]`` settings;
+* applier: ``applier verify --json`` as a subprocess (all of its start-up
+  included), ``local[*]`` (which runs the ranges on the driver's threads and
+  starts no Spark), the default ``[verify]`` settings;
 * handwritten: ``SELECT count(*), md5(string_agg(md5(b::text), '' ORDER BY id))``
   on each side, the two queries at once (two threads);
 * pgcopydb: ``pgcopydb compare data`` (one ``sum(hashtext(row::text))`` query
   per table and side), when a pgcopydb with ``compare`` is found
   (``--pgcopydb PATH``; Debian 12's 0.10 has no ``compare``).
 
-First with equal tables, then after 100 scattered differences on the target
-(34 rows changed, 33 deleted, 33 extra). Only applier names the rows; the
-other two only say "differs". ``--runs N`` interleaves the methods N times
-and reports medians (the machine is shared and noisy).
+First the fixed start-up: ``applier verify`` of a one-row table (``tiny``)
+and pgcopydb on a database holding only that table; then equal tables, then
+after 100 scattered differences on the target (34 rows changed, 33 deleted,
+33 extra). Only applier names the rows; the other two only say "differs".
+``--runs N`` interleaves the methods N times and reports medians (the
+machine is shared and noisy).
 
 Usage: ``python bench/verify_bench.py --rows 5000000 [--runs 3] [--target-version 18]``
 """
@@ -75,10 +78,10 @@ def scatter_differences(sub: Any, rows: int) -> set[int]:
     return {*changed, *deleted, *extra}
 
 
-def bench_applier(cfg: Path) -> tuple[float, bool, set[int]]:
+def bench_applier(cfg: Path, *extra: str) -> tuple[float, bool, set[int]]:
     t0 = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "applier.cli", "verify", "--config", str(cfg), "--json"],
+        [sys.executable, "-m", "applier.cli", "verify", "--config", str(cfg), "--json", *extra],
         capture_output=True,
         text=True,
     )
@@ -93,11 +96,12 @@ def bench_applier(cfg: Path) -> tuple[float, bool, set[int]]:
 HANDWRITTEN = "SELECT count(*), md5(string_agg(md5(b::text), '' ORDER BY id)) FROM bench b"
 
 
-def bench_handwritten(pub: Any, sub: Any, db: str) -> tuple[float, bool]:
+def bench_handwritten(pub: Any, sub: Any, db: str, tiny: bool = False) -> tuple[float, bool]:
     out: dict[str, Any] = {}
+    query = HANDWRITTEN.replace("bench b", "tiny b") if tiny else HANDWRITTEN
 
     def one(name: str, cluster: Any) -> None:
-        out[name] = cluster.execute(HANDWRITTEN, db)[0]
+        out[name] = cluster.execute(query, db)[0]
 
     t0 = time.monotonic()
     threads = [threading.Thread(target=one, args=a) for a in (("s", pub), ("t", sub))]
@@ -145,6 +149,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3, help="interleaved repetitions (medians)")
     ap.add_argument("--pgcopydb", default=None, help="a pgcopydb with `compare` (0.13+)")
     ap.add_argument("--spark-master", default="local[*]")
+    ap.add_argument("--parallelism", type=int, default=None, help="[verify] parallelism")
     args = ap.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     base = make_base_dir("applier-vbench-")
@@ -168,7 +173,11 @@ def run_all(args: argparse.Namespace, base: Path) -> None:
         for c in (pub, sub):
             c.create_database(db)
             load(_On(c, db), args.rows)
-        pub.execute("CREATE PUBLICATION pub FOR TABLE bench", db)
+        for c in (pub, sub):  # the start-up phase compares a one-row table
+            c.create_database("tiny")
+            c.execute("CREATE TABLE tiny (id int PRIMARY KEY); INSERT INTO tiny VALUES (1)", "tiny")
+            c.execute("CREATE TABLE tiny (id int PRIMARY KEY); INSERT INTO tiny VALUES (1)", db)
+        pub.execute("CREATE PUBLICATION pub FOR TABLE bench, tiny", db)
         print(f"loaded {args.rows:,} rows on both sides in {time.monotonic() - t0:.0f}s")
         cfg = base / "verify.toml"
         cfg.write_text(
@@ -176,10 +185,11 @@ def run_all(args: argparse.Namespace, base: Path) -> None:
             f'[target]\ndsn = "{sub.dsn(db)}"\n'
             f'[bootstrap]\nspark_master = "{args.spark_master}"\n'
             '[logging]\nlevel = "warning"\n'
+            + (f"[verify]\nparallelism = {args.parallelism}\n" if args.parallelism else "")
         )
         results: dict[str, dict[str, list[float]]] = {}
-        for phase in ("equal", "100 differences"):
-            if phase != "equal":
+        for phase in ("start-up", "equal", "100 differences"):
+            if phase == "100 differences":
                 expected = scatter_differences(_On(sub, db), args.rows)
             times: dict[str, list[float]] = {"applier": [], "handwritten": []}
             if pgcopydb:
@@ -188,18 +198,21 @@ def run_all(args: argparse.Namespace, base: Path) -> None:
                 for name in times:
                     for c in (pub, sub):
                         c.execute("CHECKPOINT")
-                    if name == "applier":
-                        dt, equal, keys = bench_applier(cfg)
+                    if name == "applier" and phase == "start-up":
+                        dt, equal, keys = bench_applier(cfg, "--tables", "public.tiny")
+                    elif name == "applier":
+                        dt, equal, keys = bench_applier(cfg, "--tables", "public.bench")
                         if phase == "equal":
                             assert equal and not keys, keys
                         else:
                             assert keys == expected, (len(keys), sorted(keys ^ expected)[:10])
                     elif name == "handwritten":
-                        dt, equal = bench_handwritten(pub, sub, db)
+                        dt, equal = bench_handwritten(pub, sub, db, phase == "start-up")
                     else:
                         assert pgcopydb is not None
-                        dt, equal = bench_pgcopydb(pgcopydb, pub, sub, db)
-                    assert equal == (phase == "equal"), (name, phase)
+                        on = "tiny" if phase == "start-up" else db
+                        dt, equal = bench_pgcopydb(pgcopydb, pub, sub, on)
+                    assert equal == (phase != "100 differences"), (name, phase)
                     times[name].append(dt)
                     print(f"{phase}: run {i}: {name:12s} {dt:7.1f} s", flush=True)
             results[phase] = times
@@ -212,6 +225,12 @@ def run_all(args: argparse.Namespace, base: Path) -> None:
             ratio = med["applier"] / med[name]
             runs = ", ".join(f"{x:.1f}" for x in v)
             print(f"| {phase} | {name} | {med[name]:.1f} | {runs} | {ratio:.2f} |")
+    print()
+    fixed = {n: statistics.median(v) for n, v in results["start-up"].items()}
+    for phase in ("equal", "100 differences"):
+        for name, v in results[phase].items():
+            per_row = (statistics.median(v) - fixed[name]) / args.rows * 1e6
+            print(f"{phase}: {name}: start-up {fixed[name]:.1f} s + {per_row:.2f} us a row")
 
 
 class _On:

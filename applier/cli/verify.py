@@ -22,7 +22,7 @@ from .options import config_option, exits_cleanly, load_cfg
     "--chunk-rows",
     type=click.IntRange(min=100),
     default=None,
-    help="Rows per key range (default: [verify] chunk_rows, 100000).",
+    help="Rows per key range (default: [verify] chunk_rows, 1000000).",
 )
 @click.option(
     "--rounds",

@@ -5,8 +5,10 @@
 * :mod:`.hashing`: the in-server range hashes and the snapshot discipline
   (a source range under a snapshot of known WAL position, the target range
   once it applied up to there).
-* :mod:`.job`: round 1 as a Spark job (same Spark settings as the bootstrap),
-  narrowing differing ranges down to rows, rounds 2..N rechecking them.
+* :mod:`.task`: one task: ranges hashed on both sides at once, differing
+  ones narrowed down to rows (one round trip per level).
+* :mod:`.job`: round 1 (the driver's threads while Spark starts, then Spark,
+  same Spark settings as the bootstrap), rounds 2..N rechecking the rows.
 * :mod:`.largeobjects`: large objects (OIDs, owners, ACLs, data hashes),
   reported as the rows of ``pg_catalog.pg_largeobject``.
 * :mod:`.report`: rich / ``--json`` / ``--diff-out`` output.
@@ -26,6 +28,7 @@ Everything heavy (pyspark, psycopg queries) is imported inside
 from __future__ import annotations
 
 import logging
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -98,7 +101,7 @@ def compare(
     try:
         report = verify(
             cfg,
-            spark.context,
+            spark,
             patterns=tables or None,
             chunk_rows=chunk_rows or cfg.verify.chunk_rows,
             rounds=rounds,
@@ -122,27 +125,65 @@ def compare(
 
 
 class _Spark:
-    """The bootstrap's SparkContext, started only if some table has ranges to hash."""
+    """The bootstrap's SparkContext, started in a thread while the driver plans and hashes.
+
+    :meth:`ready` says without waiting whether it is up (:mod:`.job` hands it
+    the ranges not yet started then); a verify that finished before it came
+    up never waits for it: :meth:`stop` leaves a JVM still booting to stop
+    itself once up (or to die with this process).
+    """
 
     def __init__(self, cfg: Config) -> None:
         self._cfg = cfg
         self._sc: Any = None
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._stopped = False
+
+    def start(self) -> _Spark:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="spark-start", daemon=True)
+            self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        from ..bootstrap.executors import preflight
+        from ..bootstrap.spark import start_spark, stop_spark
+
+        try:
+            sc = start_spark(self._cfg)
+            preflight(sc, self._cfg, "verify")  # a cluster's executors, checked
+        except BaseException as e:  # re-raised by context()
+            self._error = e
+            return
+        with self._lock:
+            self._sc = sc
+            if self._stopped:  # the verify ended while it booted
+                stop_spark(sc)
+
+    def ready(self) -> bool:
+        """Up (or failed to start: :meth:`context` raises), without waiting."""
+        return self._thread is not None and not self._thread.is_alive()
 
     def context(self) -> Any:
-        if self._sc is None:
-            from ..bootstrap.executors import preflight
-            from ..bootstrap.spark import start_spark
-
-            self._sc = start_spark(self._cfg)
-            preflight(self._sc, self._cfg, "verify")  # a cluster's executors, checked
+        self.start()
+        assert self._thread is not None
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
         return self._sc
 
     def stop(self) -> None:
-        if self._sc is not None:
-            from ..bootstrap.spark import stop_spark
+        from ..bootstrap.spark import stop_spark
 
-            stop_spark(self._sc)
-            self._sc = None
+        with self._lock:
+            if self._stopped:
+                return
+            self._stopped = True
+            if self._sc is not None:
+                stop_spark(self._sc)
+                self._sc = None
 
 
 __all__ = ["compare", "run_verify"]

@@ -129,13 +129,64 @@ def hash_query(t: VTable, side: str, rng: KeyRange) -> tuple[sql.Composed, list[
 def pieces_query(
     t: VTable, side: str, rng: KeyRange, cuts: list[Bound]
 ) -> tuple[sql.Composed, list[Any]]:
-    """The hash of each piece of ``rng`` cut at ``cuts``, in one scan."""
+    """The hash of each piece of ``rng`` cut at ``cuts``, in one scan.
+
+    The piece is grouped on as the output of a function scan, not as the
+    ``width_bucket`` expression itself: the planner estimates an expression's
+    groups as its column's distinct values (every row, for a key), and so
+    planned a serial hash aggregate with spill partitions and full JIT; a
+    function scan's output has no statistics (a small default estimate), so
+    the server may split the scan among its parallel workers, each
+    aggregating its share (Partial HashAggregate under Gather), as it does
+    for ``pgcopydb compare data``'s single aggregate.
+    """
     bucket, b_params = bucket_of(t, cuts)
     where, params = range_where(t, rng)
     q = sql.SQL(
-        "SELECT {b}, count(*), coalesce(sum({rh}), 0)::text FROM {rel} WHERE {where} GROUP BY 1"
+        "SELECT applier_p.piece, count(*), coalesce(sum({rh}), 0)::text "
+        "FROM {rel}, LATERAL unnest(ARRAY[{b}]) AS applier_p(piece) WHERE {where} GROUP BY 1"
     ).format(b=bucket, rh=row_hash(t), rel=relation(t, side), where=where)
     return q, [*b_params, *params]
+
+
+def ident_hash(t: VTable) -> sql.Composable:
+    """A 64-bit hash of what names a row: its key's text (keyed), else the row's own hash.
+
+    Both sides compute it alike, so it buckets the same row into the same
+    bucket on each side whatever else either side holds (see :mod:`.task`).
+    """
+    if not t.key:
+        return row_hash(t)
+    text = sql.SQL("ROW({})::text").format(sql.SQL(", ").join(sql.Identifier(k) for k in t.key))
+    if t.fast_hash:
+        return sql.SQL("hashtextextended({}, 0)").format(text)
+    return sql.SQL("('x' || substr(md5({}), 1, 16))::bit(64)::bigint").format(text)
+
+
+def bucket(t: VTable, modulus: int) -> sql.Composable:
+    """The row's bucket, 0 .. modulus - 1 (``mod`` keeps the dividend's sign)."""
+    m = sql.Literal(modulus)
+    return sql.SQL("mod(mod({h}, {m}) + {m}, {m})").format(h=ident_hash(t), m=m)
+
+
+def in_buckets(
+    t: VTable, where: sql.Composable, params: list[Any], modulus: int, buckets: list[int]
+) -> tuple[sql.Composable, list[Any]]:
+    """``where``, narrowed to the rows in these buckets of ``modulus`` (1: all of them)."""
+    if modulus == 1:
+        return where, params
+    cond = sql.SQL("({}) AND {} = ANY(%s::bigint[])").format(where, bucket(t, modulus))
+    return cond, [*params, buckets]
+
+
+def buckets_query(
+    t: VTable, side: str, where: sql.Composable, params: list[Any], modulus: int
+) -> tuple[sql.Composed, list[Any]]:
+    """The hash of each bucket of ``modulus`` under ``where``, in one scan."""
+    q = sql.SQL(
+        "SELECT {b}, count(*), coalesce(sum({rh}), 0)::text FROM {rel} WHERE {where} GROUP BY 1"
+    ).format(b=bucket(t, modulus), rh=row_hash(t), rel=relation(t, side), where=where)
+    return q, params
 
 
 def pairs_query(
@@ -260,6 +311,19 @@ class Sides:
         src = {int(r[0]): RangeHash(int(r[1]), r[2]) for r in s_rows}
         dst = {int(r[0]): RangeHash(int(r[1]), r[2]) for r in t_rows}
         return [(src.get(i, empty), dst.get(i, empty)) for i in range(len(cuts) + 1)]
+
+    def bucket_hashes(
+        self, t: VTable, where: sql.Composable, params: list[Any], modulus: int
+    ) -> dict[int, tuple[RangeHash, RangeHash]]:
+        """The hashes of the buckets of ``modulus`` under ``where`` on each side (both
+        sides' buckets: a bucket one side lacks is empty there)."""
+        q_s, _ = buckets_query(t, "source", where, params, modulus)
+        q_t, _ = buckets_query(t, "target", where, params, modulus)
+        s_rows, t_rows = self.both(q_s, q_t, params)
+        empty = RangeHash(0, "0")
+        src = {int(r[0]): RangeHash(int(r[1]), r[2]) for r in s_rows}
+        dst = {int(r[0]): RangeHash(int(r[1]), r[2]) for r in t_rows}
+        return {b: (src.get(b, empty), dst.get(b, empty)) for b in src.keys() | dst.keys()}
 
     def rows(
         self, t: VTable, where: sql.Composable, params: list[Any]

@@ -1,18 +1,36 @@
-"""The verify job: range hashes on Spark, narrowing, and the rounds that absorb writes.
+"""The verify job: round 1 over every range, then the rounds that absorb writes.
 
-Round 1 is the Spark job. Every table is cut into key ranges (:mod:`.ranges`);
-the ranges are dealt to at most ``[verify] parallelism`` partitions (default:
-Spark's task slots), so no more than that many tasks hash at once, each with
-one session per server. A task hashes a range on both sides at once
-(:mod:`.hashing`). A range that differs and holds more than ``[verify]
-fetch_rows`` rows is cut by its own keys into up to ``FANOUT`` pieces,
-hashed again in one scan of the range (``width_bucket`` over the cuts), and
-so on; a range (or piece) small enough is read as (key, row
-hash) pairs from both sides, and only the rows whose hash differs are read
-in full, by key: the differing keys and what each side has. Equal ranges
-move two numbers per side, no row; a differing range moves its keys and
-row hashes, and row data only for the rows that differ.
+Planning
+--------
+Every table is cut into key ranges (:mod:`.ranges`), each with the sampled
+keys inside it as cuts. A task (:mod:`.task`) hashes a range per piece on
+both sides at once and narrows its differing pieces down to rows.
 
+Who runs the tasks: the driver while Spark starts, then Spark
+-------------------------------------------------------------
+Spark is started at once, in a thread, and takes a few seconds (JVM,
+Python workers). Meanwhile the driver runs the ranges itself, one at a
+time in each of ``slots`` threads (each with one session per server), from
+a queue ordered largest first. Once Spark is up, the ranges not yet started
+are dealt to at most ``slots`` Spark tasks (after the driver's threads end
+the range each is on, so no more than ``slots`` ranges are hashed at once);
+the results are the same wherever a range ran. A verify whose ranges all
+ran before Spark came up does not wait for it: the start-up is paid once,
+overlapped with the first queries, as the bootstrap does. ``slots`` is
+``[verify] parallelism``, else Spark's task slots (``local[N]``: N; before
+Spark is up, for another master: the driver's cores).
+
+On a cluster this puts the first seconds of hashing on the driver, which
+must reach both databases anyway (it plans and rechecks); the bulk of a big
+verify still runs on the executors.
+
+A local master (``local[N]``) does not start Spark at all: its tasks would
+run on the driver's own cores and do what the driver's threads do (send
+queries; the hashing is in the servers), after a JVM and Python workers
+took CPU from the servers on the same machine (bench/README-verify.md).
+
+Rounds
+------
 Rounds 2..N (``--rounds``, default 3) run in the driver: only the rows found
 differing are read again by key, under a new snapshot and after a new
 catch-up wait. A row is reported only when it differed in every round; a
@@ -23,187 +41,40 @@ the target, or applied past the snapshot) agrees in a later round.
 from __future__ import annotations
 
 import logging
-import math
+import os
+import re
 import threading
 import time
-from collections import defaultdict
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
-
-from psycopg import sql
+from collections import defaultdict, deque
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Protocol
 
 from . import largeobjects as large_objects
-from .hashing import Catchup, Sides, keys_where
-from .ranges import Bound, KeyRange, VTable, range_where, split_range
-from .report import Diff, Report, SchemaDiff, TableReport
+from .hashing import Catchup, Sides
+from .ranges import KeyRange, VTable
+from .report import Report, SchemaDiff, TableReport
 from .schema import SEQUENCE_BEHIND
+from .task import MAX_DIFFS, RangeResult, Work, recheck, run_range, run_work
 
 if TYPE_CHECKING:  # a task imports this module on an executor: no config library there
     from ..config import Config
 
 log = logging.getLogger(__name__)
 
-#: Pieces a differing range is cut into at most, per level. Hashing a piece
-#: again in the server costs far less than reading its (key, hash) pairs
-#: into Python (measured: 100 differences in 20 ranges of 100k rows, pairs of
-#: whole ranges 24 s, 16 pieces first ~2 s), so a range is cut down to
-#: pieces of ``fetch_rows`` in levels of 16.
-FANOUT = 16
-#: Differing rows named per table at most; past it the table is only said to differ.
-MAX_DIFFS = 10_000
-#: Keys read back per query in the rechecks.
-RECHECK_BATCH = 1000
+Item = tuple[VTable, KeyRange]
 
 
-@dataclass(frozen=True)
-class Work:
-    """What one Spark task does: its ranges, on its own two sessions."""
+class SparkStarter(Protocol):
+    """A SparkContext being started in the background (``applier.verify._Spark``)."""
 
-    src_dsn: str
-    tgt_dsn: str
-    catchup: Catchup
-    statement_timeout: float
-    fetch_rows: int
-    items: tuple[tuple[VTable, KeyRange], ...]
+    def start(self) -> Any: ...
+    def ready(self) -> bool: ...
+    def context(self) -> Any: ...
 
 
-@dataclass
-class RangeResult:
-    table: str
-    rows: int  # on the source
-    target_rows: int
-    seconds: float
-    diffs: list[Diff] = field(default_factory=list)
-    truncated: bool = False
-
-
-def run_work(work: Work) -> list[RangeResult]:
-    """A Spark task: hash and narrow its ranges."""
-    sides = Sides(work.src_dsn, work.tgt_dsn, work.catchup, work.statement_timeout)
-    try:
-        out = []
-        named: dict[str, int] = defaultdict(int)
-        for t, rng in work.items:
-            started = time.monotonic()
-            if rng.cuts:  # hashed piece by piece in one scan
-                pairs = sides.piece_hashes(t, rng, list(rng.cuts))
-            else:
-                pairs = [sides.hashes(t, rng)]
-            pieces = rng.pieces() if rng.cuts else [rng]
-            res = RangeResult(t.name, sum(s.rows for s, _ in pairs), 0, 0.0)
-            res.target_rows = sum(d.rows for _, d in pairs)
-            for piece, (s, d) in zip(pieces, pairs, strict=True):
-                if s != d:
-                    budget = MAX_DIFFS - named[t.name]
-                    found, more = narrow(sides, t, piece, s.rows, d.rows, work, budget)
-                    res.diffs += found
-                    res.truncated = res.truncated or more
-                    named[t.name] += len(found)
-            res.seconds = time.monotonic() - started
-            out.append(res)
-        return out
-    finally:
-        sides.close()
-
-
-def narrow(
-    sides: Sides, t: VTable, rng: KeyRange, src_rows: int, tgt_rows: int, work: Work, budget: int
-) -> tuple[list[Diff], bool]:
-    """The rows that differ in ``rng`` (at most ``budget``; True when more were left)."""
-    if budget <= 0:
-        return [], True
-    n = max(src_rows, tgt_rows)
-    if not t.key or n <= work.fetch_rows:
-        where, params = range_where(t, rng)
-        return compare_range(sides, t, where, params, budget)
-    side = "source" if src_rows >= tgt_rows else "target"
-    parts = min(FANOUT, math.ceil(n / work.fetch_rows))
-    pieces = split_range(sides.src if side == "source" else sides.tgt, t, rng, n, parts, side)
-    if len(pieces) == 1:  # cannot cut further: read it whole
-        where, params = range_where(t, rng)
-        return compare_range(sides, t, where, params, budget)
-    out: list[Diff] = []
-    truncated = False
-    hashes = sides.piece_hashes(t, rng, [p.lo for p in pieces[1:] if p.lo is not None])
-    for piece, (s, d) in zip(pieces, hashes, strict=True):
-        if s != d:
-            found, more = narrow(sides, t, piece, s.rows, d.rows, work, budget - len(out))
-            out += found
-            truncated = truncated or more
-    return out, truncated
-
-
-def compare_range(
-    sides: Sides, t: VTable, where: sql.Composable, params: list[Any], budget: int
-) -> tuple[list[Diff], bool]:
-    """(key, row hash) pairs of both sides, then the rows of the keys that differ.
-
-    The pairs are 16-odd bytes a row: row *data* moves only for the rows
-    that differ, read again by key (under a new snapshot: a row that was in
-    flight is often equal by then and drops out at once).
-    """
-    s_rows, t_rows = sides.pairs(t, where, params)
-    src = {tuple(r[0]) if t.key else (r[0],): r[1] for r in s_rows}
-    dst = {tuple(r[0]) if t.key else (r[0],): r[1] for r in t_rows}
-    idents = sorted(k for k in src.keys() | dst.keys() if src.get(k) != dst.get(k))
-    if not idents:
-        return [], False
-    return diffs_of(sides, t, idents[:budget]), len(idents) > budget
-
-
-def compare_rows(sides: Sides, t: VTable, where: sql.Composable, params: list[Any]) -> list[Diff]:
-    """Read the rows under ``where`` on both sides; the ones that differ."""
-    s_rows, t_rows = sides.rows(t, where, params)
-    if t.key:
-        src = {tuple(r[0]): (r[1], r[2]) for r in s_rows}
-        dst = {tuple(r[0]): (r[1], r[2]) for r in t_rows}
-        out = []
-        for k in sorted(src.keys() | dst.keys()):
-            a, b = src.get(k), dst.get(k)
-            if a is not None and b is not None and a[0] == b[0]:
-                continue
-            row = (a or b or (None, None))[1]
-            out.append(Diff(t.name, k, _key_dict(t, k, row), a and a[1], b and b[1]))
-        return out
-    src_m = {r[0]: (int(r[1]), r[2]) for r in s_rows}
-    dst_m = {r[0]: (int(r[1]), r[2]) for r in t_rows}
-    out = []
-    for h in sorted(src_m.keys() | dst_m.keys()):
-        a, b = src_m.get(h, (0, None)), dst_m.get(h, (0, None))
-        if a[0] != b[0]:
-            out.append(Diff(t.name, (h,), None, a[1], b[1], a[0], b[0]))
-    return out
-
-
-def _key_dict(t: VTable, key: Bound, row: dict[str, Any] | None) -> dict[str, Any]:
-    """The key as JSON values (as the row has them), else as texts."""
-    if row is not None and all(k in row for k in t.key):
-        return {k: row[k] for k in t.key}
-    return dict(zip(t.key, key, strict=True))
-
-
-def diffs_of(sides: Sides, t: VTable, idents: list[Bound]) -> list[Diff]:
-    """The rows of these keys (row hashes, without a key) on both sides, where they differ."""
-    out: list[Diff] = []
-    for i in range(0, len(idents), RECHECK_BATCH):
-        keys = idents[i : i + RECHECK_BATCH]
-        where, params = keys_where(t, keys)
-        wanted = set(keys)
-        out += [d for d in compare_rows(sides, t, where, params) if d.ident in wanted]
-    return out
-
-
-def recheck(sides: Sides, t: VTable, diffs: list[Diff]) -> list[Diff]:
-    """Read the differing rows again (a new snapshot, a new catch-up): those still differing."""
-    return diffs_of(sides, t, [d.ident for d in diffs])
-
-
-# -- the driver -----------------------------------------------------------------------------
-
-
-def deal(items: list[tuple[VTable, KeyRange]], parts: int) -> list[list[tuple[VTable, KeyRange]]]:
+def deal(items: list[Item], parts: int) -> list[list[Item]]:
     """Round-robin: each partition gets ranges of every table (no partition with one big table)."""
-    out: list[list[tuple[VTable, KeyRange]]] = [[] for _ in range(max(1, min(parts, len(items))))]
+    out: list[list[Item]] = [[] for _ in range(max(1, min(parts, len(items))))]
     for i, item in enumerate(items):
         out[i % len(out)].append(item)
     return out
@@ -217,10 +88,114 @@ def task_slots(cfg: Config, sc: Any) -> int:
     return min(slots, cfg.verify.parallelism or slots)
 
 
-def hash_on_spark(
-    cfg: Config, sc: Any, items: list[tuple[VTable, KeyRange]], catchup: Catchup, fetch_rows: int
+def local_master(cfg: Config) -> bool:
+    """Spark would run the tasks on this machine: the driver's threads do it alone."""
+    return cfg.bootstrap.spark_master.startswith("local")
+
+
+def driver_slots(cfg: Config) -> int:
+    """Ranges the driver hashes at once before Spark is up: what Spark would run at once."""
+    if cfg.verify.parallelism:
+        return cfg.verify.parallelism
+    m = re.fullmatch(r"local\[(\d+)(?:,\d+)?\]", cfg.bootstrap.spark_master)
+    if m:
+        return max(1, int(m.group(1)))
+    return max(1, os.cpu_count() or 1)
+
+
+class RangeQueue:
+    """The ranges not started yet: the driver's threads take one at a time, Spark the rest."""
+
+    def __init__(self, items: list[Item]) -> None:
+        self._items = deque(items)
+        self._lock = threading.Lock()
+
+    def take(self) -> Item | None:
+        with self._lock:
+            return self._items.popleft() if self._items else None
+
+    def rest(self) -> list[Item]:
+        with self._lock:
+            out = list(self._items)
+            self._items.clear()
+            return out
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+class DriverThread(threading.Thread):
+    """Hashes ranges from the queue on its own two sessions until it is empty."""
+
+    def __init__(self, cfg: Config, queue: RangeQueue, catchup: Catchup) -> None:
+        super().__init__(name="verify-driver", daemon=True)
+        self.cfg, self.queue, self.catchup = cfg, queue, catchup
+        self.results: list[RangeResult] = []
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        sides: Sides | None = None
+        named: dict[str, int] = defaultdict(int)
+        try:
+            while (item := self.queue.take()) is not None:
+                if sides is None:
+                    c = self.cfg
+                    sides = Sides(
+                        c.source.conninfo(), c.target.conninfo(), self.catchup,
+                        c.verify.statement_timeout,
+                    )  # fmt: skip
+                t, rng = item
+                self.results.append(run_range(sides, t, rng, self.cfg.verify.fetch_rows, named))
+        except BaseException as e:  # re-raised by the main thread
+            self.error = e
+            self.queue.rest()  # the others stop after their range
+        finally:
+            if sides is not None:
+                sides.close()
+
+
+def largest_first(items: list[Item], ranges_of: dict[str, int]) -> list[Item]:
+    """A table without a key is one range of the whole table: start those first."""
+    return sorted(items, key=lambda it: -(it[0].est_rows // max(1, ranges_of[it[0].name])))
+
+
+def hash_ranges(
+    cfg: Config, spark: SparkStarter, items: list[Item], catchup: Catchup
 ) -> list[RangeResult]:
-    """Round 1 as a Spark job; at most ``task_slots`` tasks at once."""
+    """Round 1: the driver's threads while Spark starts, then Spark takes what is left."""
+    ranges_of: dict[str, int] = defaultdict(int)
+    for t, _ in items:
+        ranges_of[t.name] += 1
+    queue = RangeQueue(largest_first(items, ranges_of))
+    threads = [DriverThread(cfg, queue, catchup) for _ in range(driver_slots(cfg))]
+    for th in threads:
+        th.start()
+    rest: list[Item] = []
+    spark_takes_over = not local_master(cfg)
+    while any(th.is_alive() for th in threads):
+        if spark_takes_over and spark.ready() and len(queue):
+            rest = queue.rest()
+            break
+        time.sleep(0.02)
+    for th in threads:
+        th.join()
+    for th in threads:
+        if th.error is not None:
+            raise th.error
+    results = [r for th in threads for r in th.results]
+    log.info(
+        "verify: ranges hashed by the driver",
+        extra={"ctx": {"ranges": len(results), "left_to_spark": len(rest)}},
+    )
+    if rest:
+        results += hash_on_spark(cfg, spark.context(), rest, catchup, cfg.verify.fetch_rows)
+    return results
+
+
+def hash_on_spark(
+    cfg: Config, sc: Any, items: list[Item], catchup: Catchup, fetch_rows: int
+) -> list[RangeResult]:
+    """Ranges as a Spark job; at most ``task_slots`` tasks at once."""
     from ..bootstrap.executors import task_dsns
     from ..bootstrap.spark import spark_failure
 
@@ -276,14 +251,15 @@ def catchup_of(cfg: Config, src: Any, tgt: Any) -> Catchup:
 
 def verify(
     cfg: Config,
-    sc_factory: Any,
+    spark: SparkStarter,
     *,
     patterns: list[str] | None,
     chunk_rows: int,
     rounds: int,
     strict_sequences: bool = False,
 ) -> Report:
-    """Schema, then round 1 on Spark, then the rechecks; the whole report.
+    """Schema, then round 1 (the driver while ``spark`` starts, then Spark), then the
+    rechecks; the whole report.
 
     Sequences behind the source are differences only with ``strict_sequences``
     or when no worker streams: during live replication they are behind until
@@ -298,6 +274,8 @@ def verify(
     from .schema import compare_schema
 
     started = time.monotonic()
+    if not local_master(cfg):
+        spark.start()  # the JVM boots while the driver plans and hashes the first ranges
     timeout = cfg.verify.statement_timeout
     src = connect(cfg.source.conninfo(), "source", timeout)
     tgt = connect(cfg.target.conninfo(), "target", timeout)
@@ -331,9 +309,8 @@ def verify(
         extra={"ctx": {"tables": len(tables), "ranges": len(items), "fast_hash": fast,
                        "seconds": round(time.monotonic() - started, 2)}},
     )  # fmt: skip
-    sc = sc_factory() if items else None
     hashed = time.monotonic()
-    results = hash_on_spark(cfg, sc, items, catchup, cfg.verify.fetch_rows) if items else []
+    results = hash_ranges(cfg, spark, items, catchup) if items else []
     log.info(
         "verify: ranges hashed",
         extra={"ctx": {"seconds": round(time.monotonic() - hashed, 2),

