@@ -272,6 +272,9 @@ class ApplyConfig(_Section, frozen=True):
     spool_limit: Size = 0
     synchronous_commit: Literal["on", "off", "local", "remote_write", "remote_apply"] = "off"
     status_interval: Annotated[float, Meta(gt=0)] = 10.0
+    #: Seconds between the worker's "progress" log lines (never more often than
+    #: status_interval, the thread that writes them wakes at that pace).
+    progress_interval: Annotated[float, Meta(gt=0)] = 10.0
     #: Seconds of server silence before reconnecting.
     timeout: Annotated[float, Meta(gt=0)] = 60.0
     #: Seconds a target socket may stay silent while results are owed before the

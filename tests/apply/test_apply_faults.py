@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import pytest
 from applykit import Runner, wait_equal
-from conftest import CORE_PAIRS, Pair
+from conftest import Pair
 
 PGBENCH_SCRIPT = """
 \\set aid random(1, 100000 * :scale)
@@ -99,8 +99,15 @@ def test_walsender_terminated_mid_stream(pair: Pair) -> None:
     assert runner.stop() == 0
 
 
+#: Recovery from a kill differs by version only in what the worker starts with: the
+#: slot's creation syntax and the protocol (14: protocol 2 and the pre-15 syntax) on the
+#: source, the origin's functions on the target (15, 18). 15->18 and 17->18 added
+#: nothing beyond (pgbench's transactions are never streamed) at 30 s each.
+CRASH_PAIRS = ["15-15", "14-18"]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("pair", CORE_PAIRS, indirect=True)
+@pytest.mark.parametrize("pair", CRASH_PAIRS, indirect=True)
 def test_crash_sigkill_20_times(pair: Pair) -> None:
     """pgbench on the source while applier run is SIGKILLed >= 20 times: no loss, no duplicate."""
     _pgbench_setup(pair)

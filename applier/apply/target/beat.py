@@ -11,11 +11,11 @@ Two parts, because one of them must go on when the other cannot:
   ``status_interval`` the lag (:mod:`applier.lag`) into the status row
   (``lag_at``, ``pending_since``, read by ``applier status``) and a
   ``STATUS=`` line for systemd (what the worker does, lag, last applied
-  commit); every ``max(10, status_interval)`` s the "progress" log line. It
-  only reads plain attributes of the worker (as the metrics' scrape does), so
-  it never waits for the apply loop: while the loop is blocked (a lock on the
-  target) the lag it tells keeps growing, which is when it matters most, and
-  ``STATUS=`` says since when the loop has not come round.
+  commit); every ``max(progress_interval, status_interval)`` s the "progress"
+  log line. It only reads plain attributes of the worker (as the metrics'
+  scrape does), so it never waits for the apply loop: while the loop is
+  blocked (a lock on the target) the lag it tells keeps growing, which is when
+  it matters most, and ``STATUS=`` says since when the loop has not come round.
 
 Why the watchdog is fed from the loop and nowhere else while streaming: the
 loop only comes back there when a batch was applied or the stream was idle and
@@ -81,6 +81,7 @@ class Reporter:
         self.worker = worker
         self.status = status
         self.interval = worker.cfg.apply.status_interval
+        self.log_every = max(worker.cfg.apply.progress_interval, self.interval)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="applier reporter", daemon=True)
         self.last_log = time.monotonic()
@@ -103,7 +104,7 @@ class Reporter:
         lag = w.lag()
         self.status.lag(w.pending_since())
         w.notify.status(self.status_line(lag, now))
-        if now - self.last_log >= max(10.0, self.interval):
+        if now - self.last_log >= self.log_every:
             self._progress(lag, now)
 
     def status_line(self, lag: Lag, now: float) -> str:
