@@ -25,6 +25,7 @@ from applier.apply.batching.mergelane import SEND, hold_update
 from applier.apply.batching.paths import Paths, paths_of
 from applier.apply.handlers.states import ChangeCtx, Txn
 from applier.apply.rules.conflicts import CheckedRows, ConflictPlanner
+from applier.apply.rules.resolve import Resolver
 from applier.apply.rules.skiprules import SkipRules
 from applier.apply.rules.tablesync import NO_SYNCS, TableSyncs
 from applier.apply.sql.mapping import Catalog, RelMap
@@ -56,16 +57,12 @@ class Changes:
     syncs: TableSyncs = NO_SYNCS
     paths: dict[int, Paths]
 
-    if TYPE_CHECKING:  # provided by Applier and Resolution; no stubs at run time (MRO)
+    if TYPE_CHECKING:  # provided by Applier; no stubs at run time (MRO)
 
         def relmap(self, oid: int, lsn: Lsn) -> RelMap: ...
         def _xid(self) -> int | None: ...
-        def _keep(self, ctx: Any, rule: Any, skipped: bool = True, **error: str | None) -> None: ...
-        def _careful(self, ctx: Any, send: Any) -> None: ...
-        def _insert_checked(self, ctx: Any, res: Any) -> None: ...
-        def _rows_checked(self, group: Any, res: Any) -> None: ...
-        def _upsert_checked(self, ctx: Any, res: Any) -> None: ...
-        def _origin_checked(self, ctx: Any, res: Any) -> None: ...
+
+    resolver: Resolver
 
     def _target(self, lsn: Lsn, oid: int, m: Any, op: str) -> ChangeCtx | None:
         """The change's context, or None when it is not to be applied (already applied,
@@ -100,14 +97,14 @@ class Changes:
         if txn.rule is not None:
             self.skipped_changes += 1
             self.tally.skip(rm.qualname, "transaction_rule")
-            self._keep(ctx, txn.rule)
+            self.resolver.keep(ctx, txn.rule)
             return None
         if self.rules.has_object:
             skips = self.rules.for_table(rm.qualname)
             if skips is not None and op in skips.by_op:
                 self.skipped_changes += 1
                 self.tally.skip(rm.qualname, "table_rule")
-                self._keep(ctx, skips.by_op[op])
+                self.resolver.keep(ctx, skips.by_op[op])
                 return None
         counts, k = self.tally.changes, (oid, op)  # per table and op: applier.apply.tally
         counts[k] = counts.get(k, 0) + 1
@@ -151,7 +148,7 @@ class Changes:
         runs = (self.paths.get(rm.version) or paths_of(self, rm, txn)).runs
         if rm.policy is not None and rm.policy.checked_insert:
             stmt, params, fmts = self._planned(ctx, self.cplanner.insert, txn.commit_ts)
-            ctx.check = self._insert_checked
+            ctx.check = self.resolver.insert_checked
             if session.multi_row and runs and self.cplanner.batchable(rm, stmt):
                 new = m.new.values
                 ctx.key = tuple([new[i] for i in rm.key])
@@ -161,7 +158,7 @@ class Changes:
             return
         stmt, params, fmts = self.planner.insert(rm, m)
         if self.careful:
-            self._careful(ctx, lambda: session.execute(stmt, params, fmts, ctx))
+            self.resolver.careful(ctx, lambda: session.execute(stmt, params, fmts, ctx))
         elif runs:
             session.insert(stmt, params, fmts, ctx)
         else:
@@ -231,7 +228,9 @@ class Changes:
 
     def _checked_rows(self, stmt: Any, n: int, ctxs: list[Any]) -> Any:
         """For a run of checked INSERTs: the statement for n rows, and its context."""
-        return self.cplanner.insert_many(ctxs[0].rm, stmt, n), CheckedRows(ctxs, self._rows_checked)
+        return self.cplanner.insert_many(ctxs[0].rm, stmt, n), CheckedRows(
+            ctxs, self.resolver.rows_checked
+        )
 
     def _planned(self, ctx: ChangeCtx, plan: Callable[..., Any], *args: Any) -> Any:
         """Plan a change; a refusal (REPLICA IDENTITY NOTHING) gets its context."""
@@ -248,7 +247,7 @@ class Changes:
         stmt, params, fmts = self._planned(ctx, plan)
         if self.careful:
             session = self.session
-            self._careful(ctx, lambda: session.execute(stmt, params, fmts, ctx))
+            self.resolver.careful(ctx, lambda: session.execute(stmt, params, fmts, ctx))
         else:
             self.session.execute(stmt, params, fmts, ctx)
 
@@ -261,10 +260,10 @@ class Changes:
         planned: Any = None
         if rm.policy.check_origin:
             planned = self._planned(ctx, self.cplanner.origin_checked, txn.commit_ts)
-            ctx.check = self._origin_checked
+            ctx.check = self.resolver.origin_checked
         elif isinstance(m, Update) and rm.policy.checked_update:
             planned = self._planned(ctx, self.cplanner.update)
-            ctx.check = self._upsert_checked
+            ctx.check = self.resolver.upsert_checked
         if planned is None:
             return False
         if self.merger.tables:
@@ -276,7 +275,7 @@ class Changes:
 
     def _send(self, ctx: ChangeCtx, send: Callable[[], None]) -> None:
         if self.careful:
-            self._careful(ctx, send)
+            self.resolver.careful(ctx, send)
         else:
             send()
 

@@ -138,9 +138,9 @@ from applier.apply.handlers.spool import Spool, SpoolSet
 from applier.apply.handlers.states import State, Txn
 from applier.apply.handlers.streamed import Streamed
 from applier.apply.handlers.twophase import TwoPhase
-from applier.apply.rules.conflicts import Conflict, ConflictPlanner
+from applier.apply.rules.conflicts import ConflictPlanner
 from applier.apply.rules.originfilter import OriginFilter
-from applier.apply.rules.resolve import Resolution
+from applier.apply.rules.resolve import Resolver
 from applier.apply.rules.skiprules import SkipRules
 from applier.apply.sql.mapping import Catalog, RelMap
 from applier.apply.sql.planner import Planner
@@ -222,7 +222,7 @@ _PENDING_AT: dict[type, Callable[[Any], tuple[Lsn, int]]] = {
 }
 
 
-class Applier(Changes, Resolution, Streamed, TwoPhase):
+class Applier(Changes, Streamed, TwoPhase):
     """The message state machine: one handler per message kind, states in one place."""
 
     def __init__(
@@ -281,12 +281,12 @@ class Applier(Changes, Resolution, Streamed, TwoPhase):
         self.group_opened = 0.0
         #: The send_time of the stream's last read (the worker sets it per batch).
         self.sent_at = 0
-        session.on_missing = self._missing_row
-        self.catalog_conn = catalog.conn
         self.rules = rules if rules is not None else SkipRules(cfg.origin)
-        self.policies = self.rels.policies
-        self.our_origin_id = our_origin_id
-        self.conflicts: list[Conflict] = []
+        #: Conflicts, careful replay and skip rules (applier.apply.rules.resolve).
+        self.resolver = Resolver(
+            self, cfg, session, self.rels.policies, catalog.conn, our_origin_id
+        )
+        session.on_missing = self.resolver.missing_row
         self.cplanner = ConflictPlanner(self.planner, our_origin_id or 0)
         #: Transactions up to this source position are replayed carefully (see
         #: applier.apply.rules.resolve, "Careful replay"): a savepoint per change.
@@ -410,7 +410,7 @@ class Applier(Changes, Resolution, Streamed, TwoPhase):
             return
         if txn.rule is not None:
             self.skipped_txns += 1
-        self._finish_records(txn, end_lsn)
+        self.resolver.finish_records(txn, end_lsn)
         if self.session.in_txn:
             # An empty transaction inside an open group joins it (its position must
             # not be confirmed before the group's commit).
@@ -445,7 +445,7 @@ class Applier(Changes, Resolution, Streamed, TwoPhase):
     def _commit(self, end_lsn: Lsn, ts: int, txns: int) -> None:
         """Send the commit; the bookkeeping of success runs when its result comes."""
         self._send_held()
-        self._flush_conflicts()
+        self.resolver.flush_conflicts()
         entry = self.flush.store_pending(end_lsn)
         counts = self.tally.take(self.relmaps)
 
@@ -453,7 +453,7 @@ class Applier(Changes, Resolution, Streamed, TwoPhase):
             # Rows not found that the commit did not wait for (conflicts.py, "Records"):
             # their results came before this commit's, so these are exactly the ones
             # of the transactions it committed.
-            late, self.conflicts = self.conflicts, []
+            late = self.resolver.take_conflicts()
             self.tally.conflicts_met(late, into=counts[2])
             self.flush.resolve(entry, local)
             self.tally.commit(counts, txns)
@@ -461,7 +461,7 @@ class Applier(Changes, Resolution, Streamed, TwoPhase):
             self.last_commit_lsn = end_lsn
             self.last_commit_ts = ts
             for c in late:
-                self.record_alone(c)
+                self.resolver.record_alone(c)
 
         # One by one after a failed group: wait, so an error names its transaction.
         self.session.commit(end_lsn, ts, done, wait=end_lsn <= self.no_group_until)
@@ -534,7 +534,7 @@ class Applier(Changes, Resolution, Streamed, TwoPhase):
         self.txn = None
         self.state = IDLE
         self.group_txns = 0
-        self.conflicts = []
+        self.resolver.discard()
         self.tally.discard()
         self.merger.discard()
         self.session.rollback()

@@ -73,6 +73,7 @@ from applier.apply.batching.mergelane import MergeLane, open_merge_lane
 from applier.apply.handlers.relations import same_relation
 from applier.apply.handlers.spool import Spool, SpoolSet
 from applier.apply.handlers.states import IDLE, STREAM, TXN, State, Txn
+from applier.apply.rules.resolve import Resolver
 from applier.apply.rules.skiprules import SkipRules
 from applier.apply.rules.tablesync import TableSyncs
 from applier.apply.tally import Tally
@@ -134,7 +135,7 @@ class Streamed:
     rules: SkipRules
     syncs: TableSyncs
     relations: dict[int, Any]
-    conflicts: list[Any]
+    resolver: Resolver
     no_group_until: Lsn
     careful_until: Lsn
     #: ``streaming = "parallel"``: apply a streamed transaction as it arrives.
@@ -248,7 +249,7 @@ class Streamed:
         """End the live transaction and roll back everything of it in hand."""
         self.live = None
         live.spool.live = False
-        self.conflicts = []
+        self.resolver.discard()
         self.tally.discard()
         self.merger.discard()
         self.session.rollback()

@@ -50,6 +50,7 @@ from applier.protocol import (
 
 if TYPE_CHECKING:
     from applier.apply.handlers.spool import SpoolSet
+    from applier.apply.rules.resolve import Resolver
     from applier.apply.target.session import TargetSession
 
 log = logging.getLogger("applier.apply")
@@ -69,6 +70,7 @@ class TwoPhase:
     skipped_txns: int
     applied_txns: int
     origins: OriginFilter
+    resolver: Resolver
 
     def commit_group(self) -> None:
         raise NotImplementedError
@@ -79,12 +81,6 @@ class TwoPhase:
         raise NotImplementedError
 
     def _replay(self, xid: int, commit_lsn: Lsn, gid: str | None = None, ts: int = 0) -> None:
-        raise NotImplementedError
-
-    def _finish_records(self, txn: Txn, end_lsn: Lsn) -> None:
-        raise NotImplementedError
-
-    def _flush_conflicts(self) -> None:
         raise NotImplementedError
 
     def _send_held(self, oid: int | None = None) -> None:
@@ -149,11 +145,11 @@ class TwoPhase:
             return
         # Its kept changes and a txn rule's mark: prepared with it (a skipped
         # transaction is prepared empty but for them, and COMMIT PREPARED finds it).
-        self._finish_records(txn, end_lsn)
+        self.resolver.finish_records(txn, end_lsn)
         if not self.session.in_txn:
             self.session.begin()  # an empty prepared transaction, so COMMIT PREPARED finds it
         self._send_held()
-        self._flush_conflicts()
+        self.resolver.flush_conflicts()
         committed = self.session.committed
         local = self.session.prepare(txn.gid, end_lsn, prepare_ts)
         # A prepare replayed at its COMMIT PREPARED ends below the progress: the origin

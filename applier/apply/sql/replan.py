@@ -51,7 +51,7 @@ class Replan:
         live = applier.live.xid if applier.live is not None else applier.live_failed
         if live is not None:
             self.no_live.add(live)
-        if isinstance(e, ApplyError) and not applier.careful and applier.catchable(e):
+        if isinstance(e, ApplyError) and not applier.careful and applier.resolver.catchable(e):
             self.careful_until = Lsn(max(received, self.careful_until))
             self.no_group_until = Lsn(max(self.careful_until, self.no_group_until))
             log.warning(
@@ -64,7 +64,7 @@ class Replan:
         merged = "merged_changes" in e.context
         if not applier.group_txns and not session.failed_inflight and not merged and live is None:
             if isinstance(e, ApplyError):
-                applier.explain_failure(e)
+                applier.resolver.explain_failure(e)
             return False
         # Some earlier transaction of the open group may be the culprit, and the
         # error's context may name the wrong one: roll back, restream from the origin
