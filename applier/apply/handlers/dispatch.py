@@ -135,7 +135,7 @@ from applier.apply.batching.paths import refresh as refresh_paths
 from applier.apply.handlers.changes import Changes
 from applier.apply.handlers.relations import RelationCache
 from applier.apply.handlers.spool import Spool, SpoolSet
-from applier.apply.handlers.states import State, Txn
+from applier.apply.handlers.states import State, Txn, check_move
 from applier.apply.handlers.streamed import Streamed
 from applier.apply.handlers.twophase import TwoPhase
 from applier.apply.rules.conflicts import ConflictPlanner
@@ -340,6 +340,10 @@ class Applier(Changes, Streamed, TwoPhase):
 
         return handle
 
+    def move(self, to: State) -> None:
+        """Move the session state to ``to``: only as TRANSITIONS allows (states.py)."""
+        self.state = check_move(self.state, to)
+
     def dispatch(self, lsn: Lsn, msg: PgOutputMessage) -> None:
         entry = self.handlers.get(type(msg))
         if entry is None or self.state not in entry[0]:
@@ -375,7 +379,7 @@ class Applier(Changes, Streamed, TwoPhase):
         self.session.txn_context = {"lsn": commit_lsn, "xid": xid, "finish_lsn": commit_lsn}
 
     def on_begin(self, lsn: Lsn, m: Begin) -> None:
-        self.state = TXN
+        self.move(TXN)
         skip = m.final_lsn < self.progress
         if skip:
             log.info(
@@ -386,7 +390,7 @@ class Applier(Changes, Streamed, TwoPhase):
 
     def on_commit(self, lsn: Lsn, m: Commit) -> None:
         assert self.txn is not None
-        self.state = IDLE
+        self.move(IDLE)
         self._end_txn(m.end_lsn, m.commit_ts, groupable=True)
 
     def _end_txn(self, end_lsn: Lsn, commit_ts: int, groupable: bool = False) -> None:
@@ -532,7 +536,7 @@ class Applier(Changes, Streamed, TwoPhase):
             self.live.spool.live = False
             self.live = None
         self.txn = None
-        self.state = IDLE
+        self.move(IDLE)
         self.group_txns = 0
         self.resolver.discard()
         self.tally.discard()

@@ -156,6 +156,9 @@ class Streamed:
     def commit_group(self) -> None:
         raise NotImplementedError
 
+    def move(self, to: State) -> None:
+        raise NotImplementedError
+
     def dispatch(self, lsn: Lsn, msg: Any) -> None:
         raise NotImplementedError
 
@@ -212,7 +215,8 @@ class Streamed:
             if known is not None and not same_relation(known, msg):
                 self.drop_live("its Relation message differs from the one in hand")
                 return
-        self.txn, self.state = live.txn, TXN
+        self.txn = live.txn
+        self.move(TXN)
         try:
             self.dispatch(lsn, msg)
             self.lane = _lane_after(self, msg, data, live.txn)
@@ -220,7 +224,8 @@ class Streamed:
             self.live_failed = live.xid
             raise
         finally:
-            self.txn, self.state = None, STREAM
+            self.txn = None
+            self.move(STREAM)
 
     def _may_go_live(self, lsn: Lsn, xid: int) -> bool:
         return (
@@ -282,14 +287,14 @@ class Streamed:
                 xid=m.xid,
                 hint="the stream is out of order; applier run restarts from the origin",
             )
-        self.state = STREAM
+        self.move(STREAM)
         sp = self.spool = self.spools.open(m.xid, m.first_segment)
         if m.first_segment and self._may_go_live(lsn, m.xid):
             self._go_live(lsn, m.xid, sp)
 
     def on_stream_stop(self, lsn: Lsn, m: StreamStop) -> None:
         sp, live = self.spool, self.live
-        self.state = IDLE
+        self.move(IDLE)
         self.spool = None
         if live is not None and live.spool is sp and sp is not None and sp.filtered:
             self.drop_live("its origin is not to be applied")
@@ -297,7 +302,7 @@ class Streamed:
     def _replay(self, xid: int, commit_lsn: Lsn, gid: str | None = None, ts: int = 0) -> None:
         """Apply a spooled transaction through the change handlers (state TXN)."""
         spool = self.spools.get(xid)
-        self.state = TXN
+        self.move(TXN)
         self._start_txn(xid, commit_lsn, False, gid, ts)
         if spool is None:
             return
@@ -338,11 +343,11 @@ class Streamed:
             return
         try:
             self._replay(m.xid, m.commit_lsn, None, m.commit_ts)
-            self.state = IDLE
+            self.move(IDLE)
             self._end_txn(m.end_lsn, m.commit_ts)
             log.debug("streamed transaction replayed", extra={"ctx": {"lane_rows": self.lane_rows}})
         finally:
-            self.state = IDLE
+            self.move(IDLE)
             self.spools.discard(m.xid)
 
     def _commit_live(self, live: Live, m: StreamCommit) -> None:
@@ -379,7 +384,7 @@ class Streamed:
                 raise
             log.debug("streamed transaction applied", extra={"ctx": {"lane_rows": self.lane_rows}})
         finally:
-            self.state = IDLE
+            self.move(IDLE)
             self.spools.discard(m.xid)
 
     def on_stream_abort(self, lsn: Lsn, m: StreamAbort) -> None:

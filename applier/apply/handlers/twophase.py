@@ -75,6 +75,9 @@ class TwoPhase:
     def commit_group(self) -> None:
         raise NotImplementedError
 
+    def move(self, to: State) -> None:
+        raise NotImplementedError
+
     def _start_txn(
         self, xid: int, commit_lsn: Lsn, skip: bool, gid: str | None = None, ts: int = 0
     ) -> None:
@@ -103,7 +106,7 @@ class TwoPhase:
             self._replay(m.xid, m.prepare_lsn, gid, m.prepare_ts)
             self._finish_prepare(m.end_lsn, m.prepare_ts)
         finally:
-            self.state = IDLE
+            self.move(IDLE)
             self.spools.discard(m.xid)
 
     def gid(self, xid: int) -> str:
@@ -128,7 +131,7 @@ class TwoPhase:
         skip = self.is_prepared(gid)
         if skip:
             log.info("skipping a transaction prepared before", extra={"ctx": {"gid": gid}})
-        self.state = PREPARE
+        self.move(PREPARE)
         self._start_txn(m.xid, m.prepare_lsn, skip, gid, m.prepare_ts)
 
     def on_prepare(self, lsn: Lsn, m: Prepare) -> None:
@@ -137,7 +140,7 @@ class TwoPhase:
     def _finish_prepare(self, end_lsn: Lsn, prepare_ts: int) -> None:
         txn = self.txn
         assert txn is not None and txn.gid is not None
-        self.state = IDLE
+        self.move(IDLE)
         self.txn = None
         if txn.skip:
             self.session.rollback()
