@@ -104,7 +104,7 @@ class MergeLane:
         counts[self.key] = counts.get(self.key, 0) + 1
         applier.lane_rows += 1
         if held >= MAX_HELD:
-            applier._send_held(oid)
+            applier.send_held(oid)
         return True
 
     def offer_run(self, applier: Any, run: StreamedRun, i: int) -> int:
@@ -165,7 +165,7 @@ class MergeLane:
             applier.tally.sent(self.key, fast)
             applier.lane_rows += fast
         if full:
-            applier._send_held(oid)
+            applier.send_held(oid)
         return took
 
 

@@ -197,7 +197,7 @@ class Changes:
         held = hold_update(self, lsn, m)
         if held:
             if held == SEND:
-                self._send_held(m.relation_oid)
+                self.send_held(m.relation_oid)
             return
         ctx = self._target(lsn, m.relation_oid, m, "update")
         if ctx is None:
@@ -300,7 +300,7 @@ class Changes:
         self._check_truncate(lsn, included)
         if not self.session.in_txn:
             self.session.begin()
-        self._send_held()
+        self.send_held()
         query = self.planner.truncate(included, m.restart_identity)
         ctx = ChangeCtx(lsn, txn, included[0], m)
         session = self.session
@@ -360,22 +360,22 @@ class Changes:
         oid = ctx.rm.relation.oid
         held = add(ctx.rm, ctx.change, ctx)
         if held == AGAIN:  # the table holds what must go first
-            self._send_held(oid)
+            self.send_held(oid)
             held = add(ctx.rm, ctx.change, ctx)
         if held <= 0:
             return False
         if held >= MAX_HELD:
-            self._send_held(oid)
+            self.send_held(oid)
         return True
 
     def _before_change(self, rm: RelMap) -> None:
         """Keep source order where it can be seen: before a change that is not merged."""
         if rm.target is not None and rm.target.observed:
-            self._send_held()
+            self.send_held()
         elif self.merger.holds(rm.relation.oid):
-            self._send_held(rm.relation.oid)
+            self.send_held(rm.relation.oid)
 
-    def _send_held(self, oid: int | None = None) -> None:
+    def send_held(self, oid: int | None = None) -> None:
         """Send the rows held for one table (``oid``) or for all."""
         merger = self.merger
         if not merger.tables:

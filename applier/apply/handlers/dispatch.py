@@ -137,7 +137,7 @@ from applier.apply.handlers.relations import RelationCache
 from applier.apply.handlers.spool import Spool, SpoolSet
 from applier.apply.handlers.states import State, Txn, check_move
 from applier.apply.handlers.streamed import Streamed
-from applier.apply.handlers.twophase import TwoPhase
+from applier.apply.handlers.twophase import TwoPhaseTxns
 from applier.apply.rules.conflicts import ConflictPlanner
 from applier.apply.rules.originfilter import OriginFilter
 from applier.apply.rules.resolve import Resolver
@@ -222,7 +222,7 @@ _PENDING_AT: dict[type, Callable[[Any], tuple[Lsn, int]]] = {
 }
 
 
-class Applier(Changes, Streamed, TwoPhase):
+class Applier(Changes, Streamed):
     """The message state machine: one handler per message kind, states in one place."""
 
     def __init__(
@@ -266,7 +266,6 @@ class Applier(Changes, Streamed, TwoPhase):
         self.tally = Tally()
         self.last_commit_lsn: Lsn | None = None
         self.last_commit_ts: int | None = None
-        self.gid_prefix = f"applier_{cfg.origin}_"
         #: ``[source] origin = "none"``: see applier.apply.rules.originfilter.
         self.origins = OriginFilter(cfg.source.origin)
         #: Group commit: at most this many source transactions per target transaction.
@@ -287,6 +286,10 @@ class Applier(Changes, Streamed, TwoPhase):
             self, cfg, session, self.rels.policies, catalog.conn, our_origin_id
         )
         session.on_missing = self.resolver.missing_row
+        #: Begin Prepare .. Commit/Rollback Prepared (applier.apply.handlers.twophase).
+        self.twophase = TwoPhaseTxns(
+            self, self.resolver, self, self, self.origins, f"applier_{cfg.origin}_"
+        )
         self.cplanner = ConflictPlanner(self.planner, our_origin_id or 0)
         #: Transactions up to this source position are replayed carefully (see
         #: applier.apply.rules.resolve, "Careful replay"): a savepoint per change.
@@ -315,11 +318,11 @@ class Applier(Changes, Streamed, TwoPhase):
             StreamStop: (frozenset({STREAM}), self.on_stream_stop),
             StreamCommit: (frozenset({IDLE}), self.on_stream_commit),
             StreamAbort: (frozenset({IDLE}), self.on_stream_abort),
-            StreamPrepare: (frozenset({IDLE}), self.on_stream_prepare),
-            BeginPrepare: (frozenset({IDLE}), self.on_begin_prepare),
-            Prepare: (frozenset({PREPARE}), self.on_prepare),
-            CommitPrepared: (frozenset({IDLE}), self.on_commit_prepared),
-            RollbackPrepared: (frozenset({IDLE}), self.on_rollback_prepared),
+            StreamPrepare: (frozenset({IDLE}), self.twophase.on_stream_prepare),
+            BeginPrepare: (frozenset({IDLE}), self.twophase.on_begin_prepare),
+            Prepare: (frozenset({PREPARE}), self.twophase.on_prepare),
+            CommitPrepared: (frozenset({IDLE}), self.twophase.on_commit_prepared),
+            RollbackPrepared: (frozenset({IDLE}), self.twophase.on_rollback_prepared),
         }
         #: Commits received and not finished (applier.lag); the worker's outlives sessions.
         self.pending = PendingCommits()
@@ -359,7 +362,7 @@ class Applier(Changes, Streamed, TwoPhase):
 
     # -- transactions ------------------------------------------------------------------
 
-    def _start_txn(
+    def start_txn(
         self, xid: int, commit_lsn: Lsn, skip: bool, gid: str | None = None, ts: int = 0
     ) -> None:
         txn = self.txn = Txn(xid, commit_lsn, skip, gid, ts)
@@ -386,14 +389,14 @@ class Applier(Changes, Streamed, TwoPhase):
                 "skipping a transaction applied before",
                 extra={"ctx": {"xid": m.xid, "commit_lsn": m.final_lsn, "progress": self.progress}},
             )
-        self._start_txn(m.xid, m.final_lsn, skip, None, m.commit_ts)
+        self.start_txn(m.xid, m.final_lsn, skip, None, m.commit_ts)
 
     def on_commit(self, lsn: Lsn, m: Commit) -> None:
         assert self.txn is not None
         self.move(IDLE)
-        self._end_txn(m.end_lsn, m.commit_ts, groupable=True)
+        self.end_txn(m.end_lsn, m.commit_ts, groupable=True)
 
-    def _end_txn(self, end_lsn: Lsn, commit_ts: int, groupable: bool = False) -> None:
+    def end_txn(self, end_lsn: Lsn, commit_ts: int, groupable: bool = False) -> None:
         txn = self.txn
         assert txn is not None
         self.txn = None
@@ -448,7 +451,7 @@ class Applier(Changes, Streamed, TwoPhase):
 
     def _commit(self, end_lsn: Lsn, ts: int, txns: int) -> None:
         """Send the commit; the bookkeeping of success runs when its result comes."""
-        self._send_held()
+        self.send_held()
         self.resolver.flush_conflicts()
         entry = self.flush.store_pending(end_lsn)
         counts = self.tally.take(self.relmaps)
@@ -473,7 +476,7 @@ class Applier(Changes, Streamed, TwoPhase):
         self.group_txns = 0
         self.progress = Lsn(max(self.progress, end_lsn))
 
-    def _committed(self, end_lsn: Lsn, ts: int, local: Lsn, txns: int = 1) -> None:
+    def committed(self, end_lsn: Lsn, ts: int, local: Lsn, txns: int = 1) -> None:
         self.group_txns = 0
         self.progress = Lsn(max(self.progress, end_lsn))
         self.flush.store(end_lsn, local)
@@ -517,7 +520,7 @@ class Applier(Changes, Streamed, TwoPhase):
     def _forget(self, rm: RelMap) -> None:
         """A mapping was superseded or evicted: its prepared statements go too."""
         if self.merger.holds(rm.relation.oid):
-            self._send_held(rm.relation.oid)
+            self.send_held(rm.relation.oid)
         self.merger.forget(rm.version)
         self.paths.pop(rm.version, None)
         names = self.planner.forget(rm.version)

@@ -162,12 +162,12 @@ class Streamed:
     def dispatch(self, lsn: Lsn, msg: Any) -> None:
         raise NotImplementedError
 
-    def _start_txn(
+    def start_txn(
         self, xid: int, commit_lsn: Lsn, skip: bool, gid: str | None = None, ts: int = 0
     ) -> None:
         raise NotImplementedError
 
-    def _end_txn(self, end_lsn: Lsn, commit_ts: int, groupable: bool = False) -> None:
+    def end_txn(self, end_lsn: Lsn, commit_ts: int, groupable: bool = False) -> None:
         raise NotImplementedError
 
     def on_streamed_change(self, lsn: Lsn, m: StreamedChange) -> None:
@@ -242,7 +242,7 @@ class Streamed:
         self.commit_group()
         if self.session.in_txn:
             return
-        self._start_txn(xid, lsn, False)
+        self.start_txn(xid, lsn, False)
         assert self.txn is not None
         self.live = Live(xid, self.txn, sp, lsn)
         self.txn = None
@@ -299,11 +299,11 @@ class Streamed:
         if live is not None and live.spool is sp and sp is not None and sp.filtered:
             self.drop_live("its origin is not to be applied")
 
-    def _replay(self, xid: int, commit_lsn: Lsn, gid: str | None = None, ts: int = 0) -> None:
+    def replay(self, xid: int, commit_lsn: Lsn, gid: str | None = None, ts: int = 0) -> None:
         """Apply a spooled transaction through the change handlers (state TXN)."""
         spool = self.spools.get(xid)
         self.move(TXN)
-        self._start_txn(xid, commit_lsn, False, gid, ts)
+        self.start_txn(xid, commit_lsn, False, gid, ts)
         if spool is None:
             return
         txn = self.txn
@@ -342,9 +342,9 @@ class Streamed:
             self.flush.store(m.end_lsn, FLUSHED)
             return
         try:
-            self._replay(m.xid, m.commit_lsn, None, m.commit_ts)
+            self.replay(m.xid, m.commit_lsn, None, m.commit_ts)
             self.move(IDLE)
-            self._end_txn(m.end_lsn, m.commit_ts)
+            self.end_txn(m.end_lsn, m.commit_ts)
             log.debug("streamed transaction replayed", extra={"ctx": {"lane_rows": self.lane_rows}})
         finally:
             self.move(IDLE)
@@ -378,7 +378,7 @@ class Streamed:
             }
             self.txn = txn
             try:
-                self._end_txn(m.end_lsn, m.commit_ts)
+                self.end_txn(m.end_lsn, m.commit_ts)
             except (ApplyError, SchemaMismatch):
                 self.live_failed = live.xid
                 raise
