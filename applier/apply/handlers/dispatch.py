@@ -134,9 +134,9 @@ from applier.apply.batching.paths import Paths
 from applier.apply.batching.paths import refresh as refresh_paths
 from applier.apply.handlers.changes import Changes
 from applier.apply.handlers.relations import RelationCache
-from applier.apply.handlers.spool import Spool, SpoolSet
+from applier.apply.handlers.spool import SpoolSet
 from applier.apply.handlers.states import State, Txn, check_move
-from applier.apply.handlers.streamed import Streamed
+from applier.apply.handlers.streamed import Live, StreamedTxns
 from applier.apply.handlers.twophase import TwoPhaseTxns
 from applier.apply.rules.conflicts import ConflictPlanner
 from applier.apply.rules.originfilter import OriginFilter
@@ -222,7 +222,7 @@ _PENDING_AT: dict[type, Callable[[Any], tuple[Lsn, int]]] = {
 }
 
 
-class Applier(Changes, Streamed):
+class Applier(Changes):
     """The message state machine: one handler per message kind, states in one place."""
 
     def __init__(
@@ -252,9 +252,11 @@ class Applier(Changes, Streamed):
         self.flush = FlushTracker()
         self.state = IDLE
         self.txn: Txn | None = None
-        self.spool: Spool | None = None
-        self.live_apply = cfg.apply.streaming == "parallel"
-        self.no_live = no_live if no_live is not None else set()
+        #: The streamed transaction applied as it arrives (applier.apply.handlers.streamed);
+        #: the C dispatch loop reads it by name.
+        self.live: Live | None = None
+        #: Rows that went through the lanes (logged with each streamed commit).
+        self.lane_rows = 0
         self.rels = RelationCache(cfg, catalog, self._forget)
         self.relations = self.rels.relations
         self.relmaps = self.rels.relmaps
@@ -286,9 +288,16 @@ class Applier(Changes, Streamed):
             self, cfg, session, self.rels.policies, catalog.conn, our_origin_id
         )
         session.on_missing = self.resolver.missing_row
+        #: Streamed transactions, spooled or applied live (applier.apply.handlers.streamed).
+        self.streamed = StreamedTxns(
+            self,
+            self.resolver,
+            cfg.apply.streaming == "parallel",
+            no_live if no_live is not None else set(),
+        )
         #: Begin Prepare .. Commit/Rollback Prepared (applier.apply.handlers.twophase).
         self.twophase = TwoPhaseTxns(
-            self, self.resolver, self, self, self.origins, f"applier_{cfg.origin}_"
+            self, self.resolver, self.streamed, self, self.origins, f"applier_{cfg.origin}_"
         )
         self.cplanner = ConflictPlanner(self.planner, our_origin_id or 0)
         #: Transactions up to this source position are replayed carefully (see
@@ -306,18 +315,18 @@ class Applier(Changes, Streamed):
             Origin: (frozenset({TXN, PREPARE, STREAM}), self.on_origin),
             Relation: (_NOT_STREAM, self.on_relation),
             Type: (_NOT_STREAM, self.on_type),
-            StreamedChange: (frozenset({STREAM}), self.on_streamed_change),
-            StreamedRun: (frozenset({STREAM}), self.on_streamed_run),
+            StreamedChange: (frozenset({STREAM}), self.streamed.on_streamed_change),
+            StreamedRun: (frozenset({STREAM}), self.streamed.on_streamed_run),
             Insert: (_CHANGE_STATES, self.on_insert),
             InsertRun: (_CHANGE_STATES, self.on_insert_run),
             Update: (_CHANGE_STATES, self.on_update),
             Delete: (_CHANGE_STATES, self.on_delete),
             Truncate: (_CHANGE_STATES, self.on_truncate),
             Message: (_ANY, self.on_message),
-            StreamStart: (frozenset({IDLE}), self.on_stream_start),
-            StreamStop: (frozenset({STREAM}), self.on_stream_stop),
-            StreamCommit: (frozenset({IDLE}), self.on_stream_commit),
-            StreamAbort: (frozenset({IDLE}), self.on_stream_abort),
+            StreamStart: (frozenset({IDLE}), self.streamed.on_stream_start),
+            StreamStop: (frozenset({STREAM}), self.streamed.on_stream_stop),
+            StreamCommit: (frozenset({IDLE}), self.streamed.on_stream_commit),
+            StreamAbort: (frozenset({IDLE}), self.streamed.on_stream_abort),
             StreamPrepare: (frozenset({IDLE}), self.twophase.on_stream_prepare),
             BeginPrepare: (frozenset({IDLE}), self.twophase.on_begin_prepare),
             Prepare: (frozenset({PREPARE}), self.twophase.on_prepare),
@@ -359,6 +368,10 @@ class Applier(Changes, Streamed):
         if self.live is not None and type(msg) in _DROPS_LIVE:
             self.drop_live(f"a {msg.kind} message needs the session")
         entry[1](lsn, msg)
+
+    def drop_live(self, why: str) -> None:
+        """Roll the live transaction back (applier.apply.handlers.streamed)."""
+        self.streamed.drop_live(why)
 
     # -- transactions ------------------------------------------------------------------
 
@@ -489,7 +502,7 @@ class Applier(Changes, Streamed):
         """The transaction was applied on the source by a replication (after Begin, Begin
         Prepare, or a first Stream Start): not applied with ``origin = "none"``."""
         if self.state is STREAM:
-            sp = self.spool
+            sp = self.streamed.spool
             assert sp is not None
             sp.filtered = self.origins.drop(lsn, m, sp.xid)
             return

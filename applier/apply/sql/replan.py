@@ -48,7 +48,7 @@ class Replan:
 
     def after_error(self, e: ApplierError, applier: Any, session: Any, received: Lsn) -> bool:
         """True: start over from the origin as recorded here; False: stop with ``e``."""
-        live = applier.live.xid if applier.live is not None else applier.live_failed
+        live = applier.live.xid if applier.live is not None else applier.streamed.live_failed
         if live is not None:
             self.no_live.add(live)
         if isinstance(e, ApplyError) and not applier.careful and applier.resolver.catchable(e):
