@@ -132,7 +132,7 @@ from typing import Any
 from applier.apply.batching.merge import UpdateMerger
 from applier.apply.batching.paths import Paths
 from applier.apply.batching.paths import refresh as refresh_paths
-from applier.apply.handlers.changes import Changes
+from applier.apply.handlers.changes import RowChanges
 from applier.apply.handlers.relations import RelationCache
 from applier.apply.handlers.spool import SpoolSet
 from applier.apply.handlers.states import State, Txn, check_move
@@ -142,6 +142,7 @@ from applier.apply.rules.conflicts import ConflictPlanner
 from applier.apply.rules.originfilter import OriginFilter
 from applier.apply.rules.resolve import Resolver
 from applier.apply.rules.skiprules import SkipRules
+from applier.apply.rules.tablesync import NO_SYNCS, TableSyncs
 from applier.apply.sql.mapping import Catalog, RelMap
 from applier.apply.sql.planner import Planner
 from applier.apply.tally import Tally
@@ -222,7 +223,7 @@ _PENDING_AT: dict[type, Callable[[Any], tuple[Lsn, int]]] = {
 }
 
 
-class Applier(Changes):
+class Applier:
     """The message state machine: one handler per message kind, states in one place."""
 
     def __init__(
@@ -262,7 +263,6 @@ class Applier(Changes):
         self.relmaps = self.rels.relmaps
         self.applied_txns = 0
         self.skipped_changes = 0
-        self.missing_rows = 0
         self.skipped_txns = 0
         #: Changes by table and operation, of committed transactions (applier.metrics).
         self.tally = Tally()
@@ -296,9 +296,6 @@ class Applier(Changes):
             no_live if no_live is not None else set(),
         )
         #: Begin Prepare .. Commit/Rollback Prepared (applier.apply.handlers.twophase).
-        self.twophase = TwoPhaseTxns(
-            self, self.resolver, self.streamed, self, self.origins, f"applier_{cfg.origin}_"
-        )
         self.cplanner = ConflictPlanner(self.planner, our_origin_id or 0)
         #: Transactions up to this source position are replayed carefully (see
         #: applier.apply.rules.resolve, "Careful replay"): a savepoint per change.
@@ -308,6 +305,26 @@ class Applier(Changes):
         #: and the inputs they were decided on.
         self.paths: dict[int, Paths] = {}
         self.paths_stamp: tuple[Any, ...] = ((), -1, -1)
+        #: Tables held back while sync-tables copies them (the worker sets its own).
+        self.syncs: TableSyncs = NO_SYNCS
+        #: INSERT, UPDATE, DELETE, TRUNCATE (applier.apply.handlers.changes).
+        self.changes = RowChanges(
+            self, self.resolver, session, self.planner, self.cplanner, self.merger, catalog
+        )
+        self.twophase = TwoPhaseTxns(
+            self,
+            self.resolver,
+            self.streamed,
+            self.changes,
+            self.origins,
+            f"applier_{cfg.origin}_",
+        )
+        # The change handlers by their names, as the dispatch table holds them.
+        self.on_insert = self.changes.on_insert
+        self.on_insert_run = self.changes.on_insert_run
+        self.on_update = self.changes.on_update
+        self.on_delete = self.changes.on_delete
+        self.on_truncate = self.changes.on_truncate
         H = Callable[[Lsn, Any], None]
         self.handlers: dict[type, tuple[frozenset[State], H]] = {
             Begin: (frozenset({IDLE}), self.on_begin),
@@ -368,6 +385,10 @@ class Applier(Changes):
         if self.live is not None and type(msg) in _DROPS_LIVE:
             self.drop_live(f"a {msg.kind} message needs the session")
         entry[1](lsn, msg)
+
+    def send_held(self, oid: int | None = None) -> None:
+        """Send the merged rows held for one table or for all (the lanes call it)."""
+        self.changes.send_held(oid)
 
     def drop_live(self, why: str) -> None:
         """Roll the live transaction back (applier.apply.handlers.streamed)."""
@@ -533,7 +554,7 @@ class Applier(Changes):
     def _forget(self, rm: RelMap) -> None:
         """A mapping was superseded or evicted: its prepared statements go too."""
         if self.merger.holds(rm.relation.oid):
-            self.send_held(rm.relation.oid)
+            self.changes.send_held(rm.relation.oid)
         self.merger.forget(rm.version)
         self.paths.pop(rm.version, None)
         names = self.planner.forget(rm.version)

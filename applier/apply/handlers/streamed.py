@@ -72,6 +72,7 @@ import logging
 from typing import Any, Protocol
 
 from applier.apply.batching.copylane import CopyLane, open_lane
+from applier.apply.batching.host import LaneHost
 from applier.apply.batching.merge import UpdateMerger
 from applier.apply.batching.mergelane import MergeLane, open_merge_lane
 from applier.apply.handlers.ports import Records, TxnFlow
@@ -122,7 +123,7 @@ class Live:
         self.start = start
 
 
-class StreamedHost(TxnFlow, Protocol):
+class StreamedHost(TxnFlow, LaneHost, Protocol):
     """What the streamed-transaction handlers read and move of the Applier."""
 
     #: The streamed transaction being applied as it arrives (the C dispatch loop reads it).
@@ -142,8 +143,6 @@ class StreamedHost(TxnFlow, Protocol):
     def no_group_until(self) -> Lsn: ...
     @property
     def careful_until(self) -> Lsn: ...
-    @property
-    def lane_rows(self) -> int: ...
 
 
 class StreamedTxns:
@@ -399,7 +398,7 @@ class StreamedTxns:
         self.host.spools.abort(m.xid, m.subxid)
 
 
-def _lane_after(applier: Any, msg: Any, data: bytes, txn: Txn) -> CopyLane | MergeLane | None:
+def _lane_after(applier: LaneHost, msg: Any, data: bytes, txn: Txn) -> CopyLane | MergeLane | None:
     """The lane the next change may take after the ordinary path applied ``msg`` (``data``)."""
     kind = type(msg)
     if kind is Insert:
