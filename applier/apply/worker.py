@@ -101,7 +101,7 @@ import threading
 import time
 from collections.abc import Callable
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from tenacity import RetryCallState, Retrying, retry_if_exception
@@ -144,6 +144,9 @@ from applier.protocol.speedups import dispatch_batch as _dispatch_batch
 from applier.redact import redact_dsn
 from applier.schema import schema_at_head, upgrade_target
 from applier.service import Service, signal_wakeup
+
+if TYPE_CHECKING:
+    from applier.stream.client import LogicalStream
 
 log = logging.getLogger("applier.apply")
 
@@ -202,7 +205,7 @@ class Worker:
         #: Tables sync-tables copies (applier.apply.rules.tablesync).
         self.syncs = TableSyncs(cfg)
         # Read by applier.metrics at scrape time (from its thread, never waited for).
-        self.stream: Any = None
+        self.stream: LogicalStream | None = None
         self.tally = Tally()
         self.reconnects: dict[str, int] = {}
         self.apply_errors = 0
@@ -556,13 +559,15 @@ class Worker:
         ).fetchone()
         return None if row is None else int(row[0])
 
-    def _loop(self, stream: Any, applier: Applier, catalog_conn: psycopg.Connection[Any]) -> None:
+    def _loop(
+        self, stream: LogicalStream, applier: Applier, catalog_conn: psycopg.Connection[Any]
+    ) -> None:
         with collect_garbage_on_schedule() as collect:
             self._loop_body(stream, applier, catalog_conn, collect)
 
     def _loop_body(
         self,
-        stream: Any,
+        stream: LogicalStream,
         applier: Applier,
         catalog_conn: psycopg.Connection[Any],
         collect: Callable[[float], None],
@@ -614,7 +619,7 @@ class Worker:
         stream, applier = self.stream, self.applier
         if stream is None:
             return None
-        done = max(stream.options.start_lsn, stream.confirmed)
+        done: int = max(stream.options.start_lsn, stream.confirmed)
         if applier is not None:
             done = max(done, applier.last_commit_lsn or 0, applier.flush.flushed_remote)
         return Lsn(done)
@@ -634,7 +639,11 @@ class Worker:
         return measure(at, done, self.pending.oldest(done), pg_timestamp(now_pg_timestamp()))
 
     def _after_batch(
-        self, stream: Any, applier: Applier, catalog_conn: psycopg.Connection[Any], busy: bool
+        self,
+        stream: LogicalStream,
+        applier: Applier,
+        catalog_conn: psycopg.Connection[Any],
+        busy: bool,
     ) -> None:
         """Between batches: commit the open group, take the results, confirm."""
         applier.commit_group()

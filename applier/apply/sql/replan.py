@@ -20,12 +20,49 @@ and the handlers' "Group commit"):
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Protocol
 
 from applier.errors import ApplierError, ApplyError
 from applier.lsn import Lsn
 
 log = logging.getLogger("applier.apply")
+
+
+class _Live(Protocol):
+    @property
+    def xid(self) -> int: ...
+
+
+class _Streamed(Protocol):
+    @property
+    def live_failed(self) -> int | None: ...
+
+
+class _Resolver(Protocol):
+    def catchable(self, e: ApplyError) -> bool: ...
+    def explain_failure(self, e: ApplyError) -> None: ...
+
+
+class FailedEngine(Protocol):
+    """What :meth:`Replan.after_error` reads of the Applier that failed."""
+
+    @property
+    def live(self) -> _Live | None: ...
+    @property
+    def streamed(self) -> _Streamed: ...
+    @property
+    def resolver(self) -> _Resolver: ...
+    @property
+    def careful(self) -> bool: ...
+    @property
+    def group_txns(self) -> int: ...
+
+
+class FailedSession(Protocol):
+    """... and of its target session."""
+
+    @property
+    def failed_inflight(self) -> bool: ...
 
 
 class Replan:
@@ -46,7 +83,9 @@ class Replan:
             "restreaming a streamed transaction to spool it: %s", why, extra={"ctx": {"xid": xid}}
         )
 
-    def after_error(self, e: ApplierError, applier: Any, session: Any, received: Lsn) -> bool:
+    def after_error(
+        self, e: ApplierError, applier: FailedEngine, session: FailedSession, received: Lsn
+    ) -> bool:
         """True: start over from the origin as recorded here; False: stop with ``e``."""
         live = applier.live.xid if applier.live is not None else applier.streamed.live_failed
         if live is not None:
