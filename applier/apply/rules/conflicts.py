@@ -73,6 +73,7 @@ from typing import Any
 from psycopg import sql
 
 from applier.apply.batching.merge import MergedCtx
+from applier.apply.rules.conflicttype import ConflictType
 from applier.apply.rules.policies import (
     DELETE_ORIGIN,
     INSERT_EXISTS,
@@ -140,7 +141,7 @@ class Conflict:
     """One conflict met, waiting for its transaction's end to be written."""
 
     ctx: Any  # the ChangeCtx
-    kind: str
+    kind: ConflictType
     resolution: str
     local_row: str | None
 
@@ -173,7 +174,7 @@ def conflict_params(origin: str, c: Conflict) -> Params:
         str(ctx.no).encode(),
         rm.relation.namespace.encode(),
         rm.relation.name.encode(),
-        c.kind.encode(),
+        c.kind.value.encode(),  # one of the CHECK of conflict_log.conflict
         c.resolution.encode(),
         _b(key_json(rm, ctx.change)),
         _b(c.local_row),

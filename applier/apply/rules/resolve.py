@@ -51,6 +51,7 @@ from applier.apply.rules.conflicts import (
     remote_json,
     row_json,
 )
+from applier.apply.rules.conflicttype import ConflictType
 from applier.apply.rules.policies import (
     DELETE_MISSING,
     DELETE_ORIGIN,
@@ -206,7 +207,7 @@ class Resolver:
         else:
             self._met(ctx, UPDATE_MISSING, "apply_remote", _one(local))
 
-    def _met(self, ctx: Any, kind: str, policy: str, local: str | None) -> None:
+    def _met(self, ctx: Any, kind: ConflictType, policy: str, local: str | None) -> None:
         """A conflict the statement resolved by ``policy`` (or left for ``error``)."""
         if policy == "error":
             raise self._conflict_error(ctx, kind, local)
@@ -228,7 +229,7 @@ class Resolver:
         self.conflicts.append(Conflict(ctx, kind, policy, local))
 
     def _conflict_error(
-        self, ctx: Any, kind: str, local: str | None, why: str | None = None
+        self, ctx: Any, kind: ConflictType, local: str | None, why: str | None = None
     ) -> ApplyError:
         self.record_alone(Conflict(ctx, kind, "error", local))
         err = ApplyError(
@@ -317,7 +318,9 @@ class Resolver:
                 return True
         return False
 
-    def _unique_conflict(self, ctx: Any, conn: psycopg.Connection[Any]) -> tuple[str, str | None]:
+    def _unique_conflict(
+        self, ctx: Any, conn: psycopg.Connection[Any]
+    ) -> tuple[ConflictType, str | None]:
         """A unique violation of an INSERT/UPDATE as the conflict it is, and the local
         row(s) it met (one row as an object, several as an array)."""
         raw = self._local_rows(ctx, conn)
