@@ -491,7 +491,7 @@ class Applier:
         counts = self.tally.take(self.relmaps)
 
         def done(local: Lsn) -> None:
-            # Rows not found that the commit did not wait for (conflicts.py, "Records"):
+            # Rows not found that the commit did not wait for (conflictlog.py, "Records"):
             # their results came before this commit's, so these are exactly the ones
             # of the transactions it committed.
             late = self.resolver.take_conflicts()

@@ -3,7 +3,7 @@
 PostgreSQL 18's names. The config's ``[conflicts]`` keys
 (:data:`applier.config.CONFLICT_POLICIES`), the per-table policies
 (:mod:`applier.apply.rules.policies`), the conflict log
-(:mod:`applier.apply.rules.conflicts`, ``applier.conflict_log.conflict``) and the
+(:mod:`applier.apply.rules.conflictlog`, ``applier.conflict_log.conflict``) and the
 errors that name a conflict all take them from here. Migration 0006 keeps its own
 literal list in the CHECK of ``applier.conflict_log.conflict`` (a released
 migration is history, never edited); a test reads that CHECK from a migrated

@@ -42,10 +42,10 @@ import psycopg
 from psycopg import pq, sql
 
 from applier.apply.handlers.states import Txn, op_of
-from applier.apply.rules.conflicts import (
+from applier.apply.rules.conflictlog import (
     LOG_CONFLICT,
     Conflict,
-    _b,
+    as_param,
     conflict_params,
     key_json,
     remote_json,
@@ -409,7 +409,7 @@ class Resolver:
             self.session.execute(KEEP, self._kept_params(txn, k, end_lsn), None, k.ctx)
         if txn.rule is not None:
             rule = txn.rule
-            params = [str(Lsn(end_lsn)).encode(), _b(txn.gid), str(rule.id).encode()]
+            params = [str(Lsn(end_lsn)).encode(), as_param(txn.gid), str(rule.id).encode()]
             self.session.execute(RULE_DONE, params, None, "marking the skip rule done")
             self.host.rules.done(rule)
             log.warning(
@@ -437,11 +437,11 @@ class Resolver:
             rm.relation.name.encode(),
             op_of(change).encode(),
             b"t" if k.skipped else b"f",
-            _b(None if isinstance(change, Truncate) else key_json(rm, change)),
-            _b(row_json(rm, old)),
-            _b(row_json(rm, new)),
-            _b(k.error),
-            _b(k.sqlstate),
+            as_param(None if isinstance(change, Truncate) else key_json(rm, change)),
+            as_param(row_json(rm, old)),
+            as_param(row_json(rm, new)),
+            as_param(k.error),
+            as_param(k.sqlstate),
         ]
 
     def flush_conflicts(self) -> None:
