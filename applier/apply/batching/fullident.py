@@ -64,11 +64,10 @@ from applier.apply.sql.planner import (
     Params,
     Planner,
     Stmt,
-    _changed,
-    _ph,
     max_rows,
     param_formats,
 )
+from applier.apply.sql.stmt import changed_relation, placeholder
 from applier.protocol import Delete, TupleData, Update
 
 #: Changes held per table before they are sent (also the largest statement).
@@ -206,7 +205,8 @@ def _build(planner: Planner, rm: RelMap, match: bytes, set_shape: bytes, n: int)
     t, v, m = (sql.Identifier(x) for x in ("applier_t", "applier_v", "applier_m"))
     rows = sql.SQL(", ").join(
         sql.SQL("({}, {})").format(
-            sql.Literal(r + 1), sql.SQL(", ").join(_ph(r * width + j + 1) for j in range(width))
+            sql.Literal(r + 1),
+            sql.SQL(", ").join(placeholder(r * width + j + 1) for j in range(width)),
         )
         for r in range(n)
     )
@@ -216,7 +216,7 @@ def _build(planner: Planner, rm: RelMap, match: bytes, set_shape: bytes, n: int)
         col = sql.Identifier(rm.columns[i].name)
         conds.append(sql.SQL("{}.{}{}{}.{}").format(t, col, op, v, olds[j]))
     carried = sql.SQL("").join(sql.SQL(", {}.{}").format(v, c) for c in news)
-    q = _changed(rm)
+    q = changed_relation(rm)
     head = sql.SQL(
         "WITH {v} (applier_o, {cols}) AS (VALUES {rows}), "
         "{m} AS (SELECT {t}.ctid AS applier_c, {v}.applier_o{carried}, "

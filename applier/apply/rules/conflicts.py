@@ -62,18 +62,8 @@ from applier.apply.rules.policies import (
     UPDATE_ORIGIN,
 )
 from applier.apply.sql.mapping import RelMap
-from applier.apply.sql.planner import (
-    INSERT,
-    Formats,
-    Params,
-    Planner,
-    Stmt,
-    _changed,
-    _ph,
-    _qualified,
-    compare,
-    param_formats,
-)
+from applier.apply.sql.planner import INSERT, Formats, Params, Planner, Stmt, compare, param_formats
+from applier.apply.sql.stmt import changed_relation, placeholder, qualified
 from applier.lsn import pg_timestamp
 from applier.protocol import Delete, Insert, Update
 
@@ -120,9 +110,9 @@ class ConflictPlanner:
     def _insert_on_conflict(self, rm: RelMap, idx: tuple[int, ...], policy: str) -> sql.Composable:
         """The INSERT with ``ON CONFLICT``: keep the local row (any unique index), or
         update it where the identity's unique index is the target's only one."""
-        l_where = _holds_a_key(rm, {i: _ph(n) for n, i in enumerate(idx, start=1)})
+        l_where = _holds_a_key(rm, {i: placeholder(n) for n, i in enumerate(idx, start=1)})
         names = [sql.Identifier(rm.columns[i].name) for i in idx]
-        values = sql.SQL(", ").join(_ph(n) for n in range(1, len(idx) + 1))
+        values = sql.SQL(", ").join(placeholder(n) for n in range(1, len(idx) + 1))
         if policy in ("skip", "keep_local"):
             on_conflict: sql.Composable = sql.SQL("ON CONFLICT DO NOTHING")
         else:
@@ -140,8 +130,8 @@ class ConflictPlanner:
             "(SELECT pg_catalog.jsonb_agg(pg_catalog.to_jsonb(applier_x)) FROM {src} AS applier_x "
             "WHERE {l_where}) END"
         ).format(
-            src=_changed(rm), l_where=l_where, q=_qualified(rm), names=sql.SQL(", ").join(names),
-            values=values, on_conflict=on_conflict,
+            src=changed_relation(rm), l_where=l_where, q=qualified(rm),
+            names=sql.SQL(", ").join(names), values=values, on_conflict=on_conflict,
         )  # fmt: skip
 
     @staticmethod
@@ -151,7 +141,9 @@ class ConflictPlanner:
         allow: sql.Composable = sql.SQL("true")
         if policy == "last_update_wins":
             ts = sql.SQL("pg_catalog.pg_xact_commit_timestamp(applier_t.xmin)")
-            allow = sql.SQL("{ts} IS NULL OR {ts} <= {p}").format(ts=ts, p=_ph(len(idx) + 1))
+            allow = sql.SQL("{ts} IS NULL OR {ts} <= {p}").format(
+                ts=ts, p=placeholder(len(idx) + 1)
+            )
         return sql.SQL(
             "WITH {ctes} "
             "SELECT ((SELECT pg_catalog.count(*) FROM applier_i) "
@@ -174,7 +166,7 @@ class ConflictPlanner:
         if policy == "last_update_wins":
             ts = sql.SQL("pg_catalog.pg_xact_commit_timestamp(applier_t.xmin)")
             out = sql.SQL("{o} WHERE {ts} IS NULL OR {ts} <= {p}").format(
-                o=out, ts=ts, p=_ph(ts_param)
+                o=out, ts=ts, p=placeholder(ts_param)
             )
         return out
 
@@ -222,7 +214,7 @@ class ConflictPlanner:
         rows = sql.SQL(", ").join(
             sql.SQL("({}, {})").format(
                 sql.Literal(r + 1),
-                sql.SQL(", ").join(_ph(r * width + j + 1) for j in range(width)),
+                sql.SQL(", ").join(placeholder(r * width + j + 1) for j in range(width)),
             )
             for r in range(n)
         )
@@ -242,10 +234,10 @@ class ConflictPlanner:
             "FROM {src} AS applier_x WHERE {l_where}) "
             "FROM {v} WHERE NOT EXISTS (SELECT FROM applier_i WHERE {key_match})"
         ).format(
-            v=v, cols=sql.SQL(", ").join(cname[i] for i in idx), rows=rows, q=_qualified(rm),
+            v=v, cols=sql.SQL(", ").join(cname[i] for i in idx), rows=rows, q=qualified(rm),
             names=sql.SQL(", ").join(sql.Identifier(rm.columns[i].name) for i in idx),
             keys=sql.SQL(", ").join(sql.Identifier(rm.columns[i].name) for i in rm.key),
-            src=_changed(rm), l_where=l_where, key_match=key_match,
+            src=changed_relation(rm), l_where=l_where, key_match=key_match,
         )  # fmt: skip
         return Stmt(
             self.planner._name(rm, "m"), query.as_bytes(None), plain.types * n, idx, (),
@@ -312,10 +304,10 @@ class ConflictPlanner:
         first_where = len(plain.new_idx) + 1
         full = rm.replident == "f"
         conds = sql.SQL(" AND ").join(
-            compare(rm.columns[i], _x(rm, i), _ph(n), full)
+            compare(rm.columns[i], _x(rm, i), placeholder(n), full)
             for n, i in enumerate(plain.where_idx, start=first_where)
         ) if plain.where_idx else sql.SQL("true")  # fmt: skip
-        ts_param = _ph(len(plain.types) + 1)
+        ts_param = placeholder(len(plain.types) + 1)
         ours = sql.Literal(self.our_origin_id)
         if policy == "apply_remote":
             allow: sql.Composable = sql.SQL("true")
@@ -330,15 +322,15 @@ class ConflictPlanner:
         )
         if is_update:
             sets = sql.SQL(", ").join(
-                sql.SQL("{} = {}").format(sql.Identifier(rm.columns[i].name), _ph(n))
+                sql.SQL("{} = {}").format(sql.Identifier(rm.columns[i].name), placeholder(n))
                 for n, i in enumerate(plain.new_idx, start=1)
             )
             change = sql.SQL(
                 "UPDATE {t} AS applier_t SET {sets} FROM o WHERE {m} RETURNING 1"
-            ).format(t=_changed(rm), sets=sets, m=match)
+            ).format(t=changed_relation(rm), sets=sets, m=match)
         else:
             change = sql.SQL("DELETE FROM {t} AS applier_t USING o WHERE {m} RETURNING 1").format(
-                t=_changed(rm), m=match
+                t=changed_relation(rm), m=match
             )
         query = sql.SQL(
             "WITH o AS (SELECT applier_x.tableoid AS toid, applier_x.ctid AS c, "
@@ -349,7 +341,7 @@ class ConflictPlanner:
             "applier_c AS ({change}) "
             "SELECT o.roident, o.r, (SELECT pg_catalog.count(*) FROM applier_c)::pg_catalog.int4 "
             "FROM o"
-        ).format(src=_changed(rm), conds=conds, change=change)
+        ).format(src=changed_relation(rm), conds=conds, change=change)
         return Stmt(
             self.planner._name(rm, "o"), query.as_bytes(None), (*plain.types, TIMESTAMPTZ_OID),
             plain.new_idx, plain.where_idx, False, False,
@@ -413,7 +405,7 @@ def _by_keys(
     worker names), rather than being overwritten unseen; so does one that holds a key
     only through an expression or partial index, which no condition here can name.
     """
-    vals: dict[int, sql.Composable] = {i: _ph(n) for n, i in enumerate(idx, start=first)}
+    vals: dict[int, sql.Composable] = {i: placeholder(n) for n, i in enumerate(idx, start=first)}
     names = [sql.Identifier(rm.columns[i].name) for i in idx]
     # A GENERATED ALWAYS identity column keeps the local row's value: an UPDATE may
     # set it only to DEFAULT. (A table of that one column has nothing else to set.)
@@ -428,7 +420,7 @@ def _by_keys(
             "UPDATE {src} AS applier_t SET {sets} FROM applier_l "
             "WHERE applier_t.tableoid = applier_l.toid AND applier_t.ctid = applier_l.c "
             "AND (SELECT pg_catalog.count(*) FROM applier_l) = 1 AND ({allow}) RETURNING 1"
-        ).format(src=_changed(rm), sets=sql.SQL(", ").join(sets), allow=allow)
+        ).format(src=changed_relation(rm), sets=sql.SQL(", ").join(sets), allow=allow)
     return sql.SQL(
         "applier_l AS (SELECT applier_x.tableoid AS toid, applier_x.ctid AS c, "
         "pg_catalog.to_jsonb(applier_x) AS r FROM {src} AS applier_x "
@@ -437,8 +429,8 @@ def _by_keys(
         "applier_i AS (INSERT INTO {q} ({names}) OVERRIDING SYSTEM VALUE SELECT {values} "
         "WHERE {guard} AND NOT EXISTS (SELECT FROM applier_l) RETURNING 1)"
     ).format(
-        src=_changed(rm), guard=guard, l_where=_holds_a_key(rm, vals), update=update,
-        q=_qualified(rm), names=sql.SQL(", ").join(names),
+        src=changed_relation(rm), guard=guard, l_where=_holds_a_key(rm, vals), update=update,
+        q=qualified(rm), names=sql.SQL(", ").join(names),
         values=sql.SQL(", ").join(vals[i] for i in idx),
     )  # fmt: skip
 

@@ -64,7 +64,8 @@ from applier.apply.rules.policies import (
 )
 from applier.apply.rules.skiprules import Kept, Rule, SkipRules
 from applier.apply.sql.mapping import RelMap
-from applier.apply.sql.planner import Stmt, _changed
+from applier.apply.sql.planner import Stmt
+from applier.apply.sql.stmt import changed_relation
 from applier.apply.tally import Tally
 from applier.apply.target.pipeline import error_fields
 from applier.apply.target.session import TargetSession
@@ -373,7 +374,7 @@ class Resolver:
         query = sql.SQL(
             "SELECT pg_catalog.jsonb_agg(pg_catalog.to_jsonb(applier_x))::text "
             "FROM {} AS applier_x WHERE {}"
-        ).format(_changed(rm), where)
+        ).format(changed_relation(rm), where)
         try:
             row = conn.execute(query, params).fetchone()
         except psycopg.Error as e:

@@ -61,12 +61,28 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from psycopg import sql
 
-from applier.apply.sql.mapping import RelMap, TargetColumn
+from applier.apply.sql.mapping import RelMap
+from applier.apply.sql.stmt import (
+    MAX_HELD_BYTES,
+    MAX_PARAMS,
+    Formats,
+    Params,
+    Stmt,
+    changed_relation,
+    compare,
+    identity_tuple,
+    insert_rows,
+    key_of,
+    max_rows,
+    param_formats,
+    placeholder,
+    qualified,
+    values_rows,
+)
 from applier.errors import ApplyError
 from applier.protocol import Delete, Insert, TupleData, Update
 
@@ -75,63 +91,7 @@ _PRESENT = bytes(0 if i == ord("u") else 1 for i in range(256))
 #: ``kinds.translate(_FULL)``: how FULL identity compares each old value: 0 not at
 #: all (unchanged TOAST), 1 with ``=``, 2 ``IS NULL`` (both can use an index).
 _FULL = bytes(0 if i == ord("u") else 2 if i == ord("n") else 1 for i in range(256))
-#: ``kinds.translate(_FORMAT)``: the libpq parameter format of each value.
-_FORMAT = bytes(1 if i == ord("b") else 0 for i in range(256))
-
 INSERT, UPDATE, DELETE = "i", "u", "d"
-
-Params = list[bytes | None]
-Formats = bytes | None
-
-
-@dataclass(frozen=True, slots=True)
-class Stmt:
-    """A prepared statement for one (mapping, operation, shape)."""
-
-    name: bytes
-    query: bytes
-    types: tuple[int, ...]
-    #: Source column indexes whose new values are the first parameters.
-    new_idx: tuple[int, ...]
-    #: Source column indexes whose old (or key) values follow.
-    where_idx: tuple[int, ...]
-    #: Whether the statement must affect a row (UPDATE/DELETE).
-    modifies: bool
-    #: Whether every column is used in order (insert fast path).
-    all_new: bool
-    #: INSERT only: ``COPY ... FROM STDIN`` for the same columns (b"" when the
-    #: target cannot take COPY); see :mod:`applier.apply.batching.copyrun`.
-    copy: bytes = b""
-    #: INSERT only: the query up to VALUES, for the multi-row form (:func:`insert_rows`).
-    head: bytes = b""
-
-
-def _ph(n: int) -> sql.SQL:
-    return sql.SQL("$" + str(n))
-
-
-def _qualified(rm: RelMap) -> sql.Composable:
-    return sql.Identifier(rm.relation.namespace, rm.relation.name)
-
-
-def _changed(rm: RelMap) -> sql.Composable:
-    """The relation an UPDATE/DELETE/TRUNCATE names: ``ONLY`` unless partitioned, so an
-    inheritance parent never reaches its children's rows (same key, same ctid)."""
-    if rm.target is not None and rm.target.partitioned:
-        return _qualified(rm)
-    return sql.Composed([sql.SQL("ONLY "), _qualified(rm)])
-
-
-def compare(
-    col: TargetColumn, left: sql.Composable, right: sql.Composable, distinct: bool = False
-) -> sql.Composable:
-    """``left = right`` for a column (``IS NOT DISTINCT FROM`` with ``distinct``),
-    both sides as text for a type without ``=``."""
-    if not col.has_eq:
-        left = sql.Composed([left, sql.SQL("::pg_catalog.text")])
-        right = sql.Composed([right, sql.SQL("::pg_catalog.text")])
-    op = sql.SQL(" IS NOT DISTINCT FROM ") if distinct else sql.SQL(" = ")
-    return sql.Composed([left, op, right])
 
 
 def _present(kinds: bytes) -> bytes:
@@ -263,7 +223,7 @@ class Planner:
     @staticmethod
     def truncate(rms: Sequence[RelMap], restart_identity: bool) -> bytes:
         """TRUNCATE of the message's included relations, never CASCADE (see module doc)."""
-        q = sql.SQL("TRUNCATE {}").format(sql.SQL(", ").join(_changed(rm) for rm in rms))
+        q = sql.SQL("TRUNCATE {}").format(sql.SQL(", ").join(changed_relation(rm) for rm in rms))
         if restart_identity:
             q = sql.Composed([q, sql.SQL(" RESTART IDENTITY")])
         return sql.Composed([q, sql.SQL(" RESTRICT")]).as_bytes(None)
@@ -303,10 +263,10 @@ class Planner:
         # GENERATED ALWAYS identity column; without it the target refuses the
         # row (SQLSTATE 428C9). It is a no-op for tables without identity.
         head = sql.SQL("INSERT INTO {} ({}) OVERRIDING SYSTEM VALUE VALUES ").format(
-            _qualified(rm), sql.SQL(", ").join(cols)
+            qualified(rm), sql.SQL(", ").join(cols)
         )
         q = sql.SQL("{}({})").format(
-            head, sql.SQL(", ").join(_ph(n) for n in range(1, len(idx) + 1))
+            head, sql.SQL(", ").join(placeholder(n) for n in range(1, len(idx) + 1))
         )
         # COPY writes identity columns like OVERRIDING SYSTEM VALUE. It refuses
         # tables where row-level security applies, so those keep INSERT. A table
@@ -318,7 +278,7 @@ class Planner:
         if rm.target is not None and not rm.target.rls and not rm.target.observed:
             copy = (
                 sql.SQL("COPY {} ({}) FROM STDIN")
-                .format(_qualified(rm), sql.SQL(", ").join(cols))
+                .format(qualified(rm), sql.SQL(", ").join(cols))
                 .as_bytes(None)
             )
         stmt = Stmt(
@@ -348,7 +308,7 @@ class Planner:
             if full and old_shape[1 + i] == 2:
                 conds.append(sql.Composed([ident, sql.SQL(" IS NULL")]))
             else:
-                conds.append(compare(rm.columns[i], ident, _ph(n)))
+                conds.append(compare(rm.columns[i], ident, placeholder(n)))
         if not conds:
             return sql.SQL("true")
         return sql.SQL(" AND ").join(conds)
@@ -367,7 +327,7 @@ class Planner:
         cond = self._conditions(rm, where, first, old_shape)
         if not full:
             return sql.Composed([head, sql.SQL(" WHERE "), cond])
-        q = _changed(rm)
+        q = changed_relation(rm)
         if rm.target is not None and rm.target.partitioned:
             return sql.SQL(
                 "{head} {join} (SELECT tableoid AS o, ctid AS c FROM {q} WHERE {cond} LIMIT 1) "
@@ -384,15 +344,15 @@ class Planner:
         full = old_shape.startswith(b"f")
         partitioned = full and rm.target is not None and rm.target.partitioned
         sets = sql.SQL(", ").join(
-            sql.Composed([sql.Identifier(rm.columns[i].name), sql.SQL(" = "), _ph(n)])
+            sql.Composed([sql.Identifier(rm.columns[i].name), sql.SQL(" = "), placeholder(n)])
             for n, i in enumerate(new_idx, start=1)
         )
         if partitioned:
-            head = sql.SQL("UPDATE {} AS applier_t SET {}").format(_changed(rm), sets)
+            head = sql.SQL("UPDATE {} AS applier_t SET {}").format(changed_relation(rm), sets)
             body = self._locate(rm, head, where, len(new_idx) + 1, old_shape, join="FROM")
             query = body.as_bytes(None)
         else:
-            head = sql.SQL("UPDATE {} SET {}").format(_changed(rm), sets)
+            head = sql.SQL("UPDATE {} SET {}").format(changed_relation(rm), sets)
             query = self._locate(rm, head, where, len(new_idx) + 1, old_shape).as_bytes(None)
         types = tuple(rm.columns[i].type_oid for i in new_idx + where)
         stmt = Stmt(self._name(rm, UPDATE), query, types, new_idx, where, True, False)
@@ -421,7 +381,7 @@ class Planner:
             "UPDATE {q} AS {t} SET {sets} FROM (VALUES {rows}) AS {v} (applier_o, {names}) "
             "WHERE {match} RETURNING {v}.applier_o"
         ).format(
-            q=_changed(rm), t=t, sets=sets, rows=rows, v=v,
+            q=changed_relation(rm), t=t, sets=sets, rows=rows, v=v,
             names=sql.SQL(", ").join(names), match=match,
         )  # fmt: skip
         types = tuple(rm.columns[i].type_oid for i in cols) * n
@@ -443,7 +403,7 @@ class Planner:
             "DELETE FROM {q} AS {t} USING (VALUES {rows}) AS {v} (applier_o, {names}) "
             "WHERE {match} RETURNING {v}.applier_o"
         ).format(
-            q=_changed(rm), t=t, rows=values_rows(n, width), v=v,
+            q=changed_relation(rm), t=t, rows=values_rows(n, width), v=v,
             names=sql.SQL(", ").join(names), match=match,
         )  # fmt: skip
         types = tuple(rm.columns[i].type_oid for i in rm.key) * n
@@ -455,9 +415,9 @@ class Planner:
         where = self._where_cols(rm, old_shape)
         full = old_shape.startswith(b"f")
         if full and rm.target is not None and rm.target.partitioned:
-            head = sql.SQL("DELETE FROM {} AS applier_t").format(_changed(rm))
+            head = sql.SQL("DELETE FROM {} AS applier_t").format(changed_relation(rm))
         else:
-            head = sql.SQL("DELETE FROM {}").format(_changed(rm))
+            head = sql.SQL("DELETE FROM {}").format(changed_relation(rm))
         query = self._locate(rm, head, where, 1, old_shape).as_bytes(None)
         types = tuple(rm.columns[i].type_oid for i in where)
         stmt = Stmt(self._name(rm, DELETE), query, types, (), where, True, False)
@@ -465,80 +425,25 @@ class Planner:
         return stmt
 
 
-#: Most parameters one statement may carry (the protocol counts them in 16 bits).
-MAX_PARAMS = 65535
-#: Rows held back for one statement or COPY (a run's, the merger's) are sent once
-#: their values reach about this many bytes, whatever their count: wide rows must
-#: not all be held (256 merged UPDATEs of 1 MB rows were 363 MB of RSS).
-MAX_HELD_BYTES = 8 * 1024 * 1024
-
-
-def max_rows(width: int, limit: int) -> int:
-    """The largest power of two <= ``limit`` rows of ``width`` parameters one statement takes."""
-    rows = limit
-    while rows > 1 and rows * width > MAX_PARAMS:
-        rows //= 2
-    return rows
-
-
-def values_rows(n: int, width: int) -> sql.Composable:
-    """``(1, $1, .. $width), (2, ..)``: ``n`` rows of parameters, each after its ordinal."""
-    return sql.SQL(", ").join(
-        sql.SQL("({}, {})").format(
-            sql.Literal(r + 1), sql.SQL(", ").join(_ph(r * width + j + 1) for j in range(width))
-        )
-        for r in range(n)
-    )
-
-
-def insert_rows(stmt: Stmt, n: int) -> Stmt:
-    """The INSERT ``stmt`` with ``n`` rows of parameters in one VALUES list."""
-    width = len(stmt.types)
-    rows = b", ".join(
-        b"(" + b", ".join(b"$%d" % (r * width + j) for j in range(1, width + 1)) + b")"
-        for r in range(n)
-    )
-    name = stmt.name + b"_x%d" % n
-    return Stmt(name, stmt.head + rows, stmt.types * n, stmt.new_idx, (), False, stmt.all_new)
-
-
 def _fmt(tup: TupleData, idx: tuple[int, ...]) -> bytes:
     return param_formats(tup.kinds, idx)
 
 
-def param_formats(kinds: bytes, idx: tuple[int, ...]) -> bytes:
-    """The libpq parameter formats of the values at ``idx`` (1 for binary)."""
-    fmts = kinds.translate(_FORMAT)
-    return bytes(fmts[i] for i in idx)
-
-
-def identity_tuple(change: Any) -> TupleData | None:
-    """The tuple that holds a change's identity: the new row of an INSERT, the old key
-    (or the new row when the key did not change) of an UPDATE, the old of a DELETE."""
-    if isinstance(change, Insert):
-        return change.new
-    if isinstance(change, Update):
-        return change.old if change.old is not None else change.new
-    if isinstance(change, Delete):
-        return change.old
-    return None
-
-
-def key_of(rm: RelMap, change: Any) -> dict[str, str | None] | None:
-    """The identity values of a change, as text, for error messages."""
-    tup = identity_tuple(change)
-    if tup is None:
-        return None
-    cols = rm.relation.columns
-    idx = rm.key or tuple(i for i, k in enumerate(tup.kinds) if k != ord("u"))
-    out: dict[str, str | None] = {}
-    for i in idx[:8]:
-        v = tup.values[i]
-        if v is None:
-            out[cols[i].name] = None
-        elif tup.kinds[i] == ord("b"):
-            out[cols[i].name] = "\\x" + v[:64].hex()
-        else:
-            text = v.decode("utf-8", "replace")
-            out[cols[i].name] = text if len(text) <= 200 else text[:200] + "..."
-    return out
+__all__ = [
+    "DELETE",
+    "INSERT",
+    "MAX_HELD_BYTES",
+    "MAX_PARAMS",
+    "UPDATE",
+    "Formats",
+    "Params",
+    "Planner",
+    "Stmt",
+    "compare",
+    "identity_tuple",
+    "insert_rows",
+    "key_of",
+    "max_rows",
+    "param_formats",
+    "values_rows",
+]
