@@ -2,7 +2,7 @@
 
 A big streamed transaction is mostly long runs of INSERTs into one table, and
 each row's way through the handlers (decode into an Insert, the checks of
-:meth:`~applier.apply.handlers.changes.Changes._target`, the planner, the session's run)
+:meth:`~applier.apply.handlers.changes.RowChanges._target`, the planner, the session's run)
 costs several microseconds of Python. Once the ordinary path has put a row of
 a table into a COPY in text format (:mod:`applier.apply.batching.copyrun`), every
 following INSERT of that table can go the same way from its pgoutput bytes:

@@ -2,7 +2,7 @@
 
 A transaction that is not streamed reaches the worker message by message, and a
 bulk INSERT's rows each took the handlers' whole way: decoded into an Insert,
-:meth:`~applier.apply.handlers.changes.Changes._target`, ``on_insert``, the planner and
+:meth:`~applier.apply.handlers.changes.RowChanges._target`, ``on_insert``, the planner and
 the session's run (about 6 µs of Python per row). The stream hands consecutive
 Inserts into one relation over as one :class:`~applier.protocol.InsertRun`
 (``group_streamed``). Its first row takes the ordinary path; the following rows

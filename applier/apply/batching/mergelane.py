@@ -2,7 +2,7 @@
 
 A big streamed UPDATE or DELETE is a long run of row messages of one table,
 and each row's way through the handlers (decode into an Update or Delete,
-:meth:`~applier.apply.handlers.changes.Changes._target`, ``on_update``, the merger's
+:meth:`~applier.apply.handlers.changes.RowChanges._target`, ``on_update``, the merger's
 ``add``) costs more Python than the rest of its trip. Once the ordinary path
 has held a row of a table in :class:`~applier.apply.batching.merge.UpdateMerger`, the
 following changes of the same kind and table can be held the same way from

@@ -12,7 +12,18 @@ Session states
 between Begin Prepare and Prepare; ``STREAM`` between Stream Start and Stream
 Stop. Stream Commit/Abort/Prepare, Commit/Rollback Prepared arrive in
 ``IDLE``. A spooled transaction is replayed at its Stream Commit through the
-same handlers in state ``TXN``.
+same handlers in state ``TXN``. The dispatch table says which message may come
+in which state; a handler moves the state only by :meth:`Applier.move`, checked
+against the one table of moves (:data:`~applier.apply.handlers.states.TRANSITIONS`).
+
+Parts
+=====
+
+The Applier holds the session state (the C dispatch loop reads ``state`` and
+``live``) and owns its parts, each given the Protocol of what it uses
+(:mod:`applier.apply.handlers.ports`): row changes (:mod:`applier.apply.handlers.changes`),
+conflicts and skip rules (:mod:`applier.apply.rules.resolve`), streamed transactions
+(:mod:`applier.apply.handlers.streamed`), two-phase (:mod:`applier.apply.handlers.twophase`).
 
 LSN tracking and feedback
 =========================
@@ -43,11 +54,6 @@ TOAST
 An UPDATE whose unchanged TOASTed columns were not sent (kind ``u``) leaves
 them out of SET; the target keeps its value, which is the source's too.
 
-Streamed transactions
-=====================
-
-See :mod:`applier.apply.handlers.streamed`.
-
 Conflicts and skip rules
 ========================
 
@@ -57,11 +63,6 @@ table's ``[conflicts]`` policy and recorded (:mod:`applier.apply.rules.conflicts
 failing changes, keeping what they skipped (:mod:`applier.apply.rules.skiprules`).
 Both are decided in :mod:`applier.apply.rules.resolve`, with the careful replay
 (a savepoint per change) that only a failed range pays for.
-
-Two-phase
-=========
-
-See :mod:`applier.apply.handlers.twophase` (Begin Prepare .. Commit/Rollback Prepared).
 
 Group commit
 ============

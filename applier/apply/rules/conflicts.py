@@ -43,7 +43,8 @@ per change that decides and reports in one go:
 
 update_exists and multiple_unique_conflicts of an UPDATE (a unique key of the
 new row taken by another row) fail the statement; they are caught by the
-careful replay of the failed transaction (:meth:`Applier._careful`).
+careful replay of the failed transaction
+(:meth:`~applier.apply.rules.resolve.Resolver.careful`).
 
 The records of the conflicts met: :mod:`applier.apply.rules.conflictlog`.
 """
