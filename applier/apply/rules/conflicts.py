@@ -88,9 +88,9 @@ class ConflictPlanner:
         assert rm.policy is not None
         policy = rm.policy[INSERT_EXISTS]
         key = (rm.version, "ci", stmt.name, b"")
-        checked = self.planner._cache.get(key)
+        checked = self.planner.cache.get(key)
         if checked is None:
-            checked = self.planner._cache[key] = self._build_insert(rm, stmt, policy)
+            checked = self.planner.cache[key] = self._build_insert(rm, stmt, policy)
         if policy == "last_update_wins":
             params = [*params, _ts(commit_ts)]
             if fmts is not None:
@@ -105,7 +105,13 @@ class ConflictPlanner:
         else:
             query = self._insert_on_conflict(rm, idx, policy)
         return Stmt(
-            self.planner._name(rm, INSERT), query.as_bytes(None), types, idx, (), False, False
+            self.planner.statement_name(rm, INSERT),
+            query.as_bytes(None),
+            types,
+            idx,
+            (),
+            False,
+            False,
         )
 
     def _insert_on_conflict(self, rm: RelMap, idx: tuple[int, ...], policy: str) -> sql.Composable:
@@ -202,9 +208,9 @@ class ConflictPlanner:
         """``n`` checked INSERTs (skip/keep_local) in one statement; it returns
         (ordinal, local rows) of the rows not inserted."""
         key = (rm.version, "cm", plain.name, b"%d" % n)
-        stmt = self.planner._cache.get(key)
+        stmt = self.planner.cache.get(key)
         if stmt is None:
-            stmt = self.planner._cache[key] = self._build_insert_many(rm, plain, n)
+            stmt = self.planner.cache[key] = self._build_insert_many(rm, plain, n)
         return stmt
 
     def _build_insert_many(self, rm: RelMap, plain: Stmt, n: int) -> Stmt:
@@ -241,7 +247,7 @@ class ConflictPlanner:
             src=changed_relation(rm), l_where=l_where, key_match=key_match,
         )  # fmt: skip
         return Stmt(
-            self.planner._name(rm, "m"), query.as_bytes(None), plain.types * n, idx, (),
+            self.planner.statement_name(rm, "m"), query.as_bytes(None), plain.types * n, idx, (),
             False, False,
         )  # fmt: skip
 
@@ -255,9 +261,9 @@ class ConflictPlanner:
             return None
         stmt, params, fmts = self.planner.update(rm, change)
         key = (rm.version, "cu", stmt.name, b"")
-        checked = self.planner._cache.get(key)
+        checked = self.planner.cache.get(key)
         if checked is None:
-            checked = self.planner._cache[key] = self._build_upsert(rm, stmt)
+            checked = self.planner.cache[key] = self._build_upsert(rm, stmt)
         params = params + list(new.values)
         if fmts is not None or b"b" in new.kinds:
             width = len(stmt.new_idx) + len(stmt.where_idx)
@@ -278,7 +284,7 @@ class ConflictPlanner:
         )
         types = plain.types + tuple(c.type_oid for c in rm.columns)
         return Stmt(
-            self.planner._name(rm, "u"), query.as_bytes(None), types, plain.new_idx,
+            self.planner.statement_name(rm, "u"), query.as_bytes(None), types, plain.new_idx,
             plain.where_idx, False, False,
         )  # fmt: skip
 
@@ -293,9 +299,9 @@ class ConflictPlanner:
         assert rm.policy is not None
         policy = rm.policy[UPDATE_ORIGIN if is_update else DELETE_ORIGIN]
         key = (rm.version, "co", stmt.name, policy.encode())
-        checked = self.planner._cache.get(key)
+        checked = self.planner.cache.get(key)
         if checked is None:
-            checked = self.planner._cache[key] = self._build_origin(rm, stmt, is_update, policy)
+            checked = self.planner.cache[key] = self._build_origin(rm, stmt, is_update, policy)
         params = [*params, _ts(commit_ts)]
         if fmts is not None:
             fmts = fmts + b"\x00"
@@ -344,8 +350,8 @@ class ConflictPlanner:
             "FROM o"
         ).format(src=changed_relation(rm), conds=conds, change=change)
         return Stmt(
-            self.planner._name(rm, "o"), query.as_bytes(None), (*plain.types, TIMESTAMPTZ_OID),
-            plain.new_idx, plain.where_idx, False, False,
+            self.planner.statement_name(rm, "o"), query.as_bytes(None),
+            (*plain.types, TIMESTAMPTZ_OID), plain.new_idx, plain.where_idx, False, False,
         )  # fmt: skip
 
 

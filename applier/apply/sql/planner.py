@@ -102,7 +102,9 @@ class Planner:
     """Builds and caches statements; the executor prepares each name once per session."""
 
     def __init__(self) -> None:
-        self._cache: dict[tuple[int, str, bytes, bytes], Stmt] = {}
+        #: Statements by (mapping version, operation, shape): the conflict planner and
+        #: the FULL identity batches keep theirs here too, forgotten with the mapping.
+        self.cache: dict[tuple[int, str, bytes, bytes], Stmt] = {}
         #: Statement names are never reused in a session (entries are forgotten).
         self._serial = itertools.count()
         #: (mapping version, new kinds, old kinds) -> statement and parameter formats:
@@ -119,9 +121,7 @@ class Planner:
         if hit is None:
             # Kinds that differ only by NULLs share one statement (and so one COPY run).
             shape = _present(new.kinds)
-            stmt = self._cache.get((rm.version, INSERT, shape, b"")) or self._build_insert(
-                rm, shape
-            )
+            stmt = self.cache.get((rm.version, INSERT, shape, b"")) or self._build_insert(rm, shape)
             fmts = _fmt(new, stmt.new_idx) if b"b" in new.kinds else None
             hit = self._inserts[(rm.version, new.kinds)] = (stmt, fmts)
         stmt, fmts = hit
@@ -133,7 +133,7 @@ class Planner:
     def all_columns_insert(self, rm: RelMap) -> Stmt | None:
         """The INSERT :meth:`insert` gives a row of ``rm`` without unchanged TOAST
         values, if it was built already (applier.apply.batching.insertlane)."""
-        return self._cache.get((rm.version, INSERT, b"\x01" * len(rm.columns), b""))
+        return self.cache.get((rm.version, INSERT, b"\x01" * len(rm.columns), b""))
 
     def update(self, rm: RelMap, change: Update) -> tuple[Stmt, Params, Formats]:
         new, old = change.new, change.old
@@ -154,7 +154,7 @@ class Planner:
         if hit is None:
             self._check_identity(rm, "DELETE")
             old_shape = self._where_shape(rm, old, True)
-            stmt = self._cache.get((rm.version, DELETE, b"", old_shape))
+            stmt = self.cache.get((rm.version, DELETE, b"", old_shape))
             if stmt is None:
                 stmt = self._build_delete(rm, old_shape)
             fmts = _fmt(old, stmt.where_idx) if b"b" in old.kinds else None
@@ -172,7 +172,7 @@ class Planner:
         else:
             new_shape = _present(new.kinds)
         old_shape = self._where_shape(rm, old, change.old is not None)
-        stmt = self._cache.get((rm.version, UPDATE, new_shape, old_shape))
+        stmt = self.cache.get((rm.version, UPDATE, new_shape, old_shape))
         if stmt is None:
             stmt = self._build_update(rm, new_shape, old_shape)
         binary = b"b" in new.kinds or b"b" in old.kinds
@@ -182,23 +182,23 @@ class Planner:
     def update_many(self, rm: RelMap, shape: bytes, n: int) -> Stmt:
         """UPDATE of ``n`` rows located by their (unchanged) key: ``shape`` as for
         :meth:`update`; parameters per row are the SET values then the key."""
-        stmt = self._cache.get((rm.version, UPDATE, shape, b"n%d" % n))
+        stmt = self.cache.get((rm.version, UPDATE, shape, b"n%d" % n))
         if stmt is None:
             stmt = self._build_update_many(rm, shape, n)
         return stmt
 
     def delete_many(self, rm: RelMap, n: int) -> Stmt:
         """DELETE of ``n`` rows located by their key; parameters per row are the key."""
-        stmt = self._cache.get((rm.version, DELETE, b"", b"n%d" % n))
+        stmt = self.cache.get((rm.version, DELETE, b"", b"n%d" % n))
         if stmt is None:
             stmt = self._build_delete_many(rm, n)
         return stmt
 
     def forget(self, version: int) -> list[bytes]:
         """Drop what was planned for mapping ``version``; the names of its statements."""
-        names = [stmt.name for key, stmt in self._cache.items() if key[0] == version]
+        names = [stmt.name for key, stmt in self.cache.items() if key[0] == version]
         caches: tuple[dict[Any, Any], ...] = (
-            self._cache, self._inserts, self._updates, self._deletes,
+            self.cache, self._inserts, self._updates, self._deletes,
         )  # fmt: skip
         for cache in caches:
             for key in [k for k in cache if k[0] == version]:
@@ -253,7 +253,8 @@ class Planner:
 
     # -- building ----------------------------------------------------------------
 
-    def _name(self, rm: RelMap, op: str) -> bytes:
+    def statement_name(self, rm: RelMap, op: str) -> bytes:
+        """A new prepared statement's name, unique in the session (its mapping's version)."""
         return f"applier_{rm.version}_{op}{next(self._serial)}".encode()
 
     def _build_insert(self, rm: RelMap, shape: bytes) -> Stmt:
@@ -282,7 +283,7 @@ class Planner:
                 .as_bytes(None)
             )
         stmt = Stmt(
-            self._name(rm, INSERT),
+            self.statement_name(rm, INSERT),
             q.as_bytes(None),
             tuple(rm.columns[i].type_oid for i in idx),
             idx,
@@ -292,7 +293,7 @@ class Planner:
             copy,
             head.as_bytes(None),
         )
-        self._cache[(rm.version, INSERT, shape, b"")] = stmt
+        self.cache[(rm.version, INSERT, shape, b"")] = stmt
         return stmt
 
     def _conditions(
@@ -355,8 +356,8 @@ class Planner:
             head = sql.SQL("UPDATE {} SET {}").format(changed_relation(rm), sets)
             query = self._locate(rm, head, where, len(new_idx) + 1, old_shape).as_bytes(None)
         types = tuple(rm.columns[i].type_oid for i in new_idx + where)
-        stmt = Stmt(self._name(rm, UPDATE), query, types, new_idx, where, True, False)
-        self._cache[(rm.version, UPDATE, new_shape, old_shape)] = stmt
+        stmt = Stmt(self.statement_name(rm, UPDATE), query, types, new_idx, where, True, False)
+        self.cache[(rm.version, UPDATE, new_shape, old_shape)] = stmt
         return stmt
 
     def _build_update_many(self, rm: RelMap, shape: bytes, n: int) -> Stmt:
@@ -386,9 +387,15 @@ class Planner:
         )  # fmt: skip
         types = tuple(rm.columns[i].type_oid for i in cols) * n
         stmt = Stmt(
-            self._name(rm, UPDATE), query.as_bytes(None), types, new_idx, rm.key, True, False
+            self.statement_name(rm, UPDATE),
+            query.as_bytes(None),
+            types,
+            new_idx,
+            rm.key,
+            True,
+            False,
         )
-        self._cache[(rm.version, UPDATE, shape, b"n%d" % n)] = stmt
+        self.cache[(rm.version, UPDATE, shape, b"n%d" % n)] = stmt
         return stmt
 
     def _build_delete_many(self, rm: RelMap, n: int) -> Stmt:
@@ -407,8 +414,10 @@ class Planner:
             names=sql.SQL(", ").join(names), match=match,
         )  # fmt: skip
         types = tuple(rm.columns[i].type_oid for i in rm.key) * n
-        stmt = Stmt(self._name(rm, DELETE), query.as_bytes(None), types, (), rm.key, True, False)
-        self._cache[(rm.version, DELETE, b"", b"n%d" % n)] = stmt
+        stmt = Stmt(
+            self.statement_name(rm, DELETE), query.as_bytes(None), types, (), rm.key, True, False
+        )
+        self.cache[(rm.version, DELETE, b"", b"n%d" % n)] = stmt
         return stmt
 
     def _build_delete(self, rm: RelMap, old_shape: bytes) -> Stmt:
@@ -420,8 +429,8 @@ class Planner:
             head = sql.SQL("DELETE FROM {}").format(changed_relation(rm))
         query = self._locate(rm, head, where, 1, old_shape).as_bytes(None)
         types = tuple(rm.columns[i].type_oid for i in where)
-        stmt = Stmt(self._name(rm, DELETE), query, types, (), where, True, False)
-        self._cache[(rm.version, DELETE, b"", old_shape)] = stmt
+        stmt = Stmt(self.statement_name(rm, DELETE), query, types, (), where, True, False)
+        self.cache[(rm.version, DELETE, b"", old_shape)] = stmt
         return stmt
 
 
