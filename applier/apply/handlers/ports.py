@@ -14,13 +14,14 @@ reader sees each part's dependencies in its constructor.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from psycopg import pq
 
     from applier.apply.handlers.spool import SpoolSet
-    from applier.apply.handlers.states import State, Txn
+    from applier.apply.handlers.states import ChangeCtx, State, Txn
     from applier.apply.rules.skiprules import Rule
     from applier.apply.target.origin import FlushTracker
     from applier.apply.target.session import TargetSession
@@ -44,22 +45,24 @@ class Records(Protocol):
 class Resolution(Protocol):
     """What the row-change handlers ask of the resolver (applier.apply.rules.resolve)."""
 
-    def keep(self, ctx: Any, rule: Rule | None, skipped: bool = True, **error: str | None) -> None:
+    def keep(
+        self, ctx: ChangeCtx, rule: Rule | None, skipped: bool = True, **error: str | None
+    ) -> None:
         """Keep a change a rule skipped, as the rule says (applier.skipped_changes)."""
 
-    def careful(self, ctx: Any, send: Any) -> None:
+    def careful(self, ctx: ChangeCtx, send: Callable[[], None]) -> None:
         """Send a change under its own savepoint (careful replay)."""
 
-    def insert_checked(self, ctx: Any, res: pq.abc.PGresult) -> None:
+    def insert_checked(self, ctx: ChangeCtx, res: pq.abc.PGresult) -> None:
         """Read a checked INSERT's result."""
 
     def rows_checked(self, group: Any, res: pq.abc.PGresult) -> None:
         """Read a multi-row checked INSERT's result."""
 
-    def upsert_checked(self, ctx: Any, res: pq.abc.PGresult) -> None:
+    def upsert_checked(self, ctx: ChangeCtx, res: pq.abc.PGresult) -> None:
         """Read an update_missing = apply_remote UPDATE's result."""
 
-    def origin_checked(self, ctx: Any, res: pq.abc.PGresult) -> None:
+    def origin_checked(self, ctx: ChangeCtx, res: pq.abc.PGresult) -> None:
         """Read an origin-checked UPDATE's or DELETE's result."""
 
 

@@ -36,12 +36,13 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import psycopg
 from psycopg import pq, sql
 
-from applier.apply.handlers.states import Txn, op_of
+from applier.apply.handlers.states import ChangeCtx, Txn, op_of
 from applier.apply.rules.conflictlog import (
     LOG_CONFLICT,
     Conflict,
@@ -155,7 +156,7 @@ class Resolver:
 
     # -- conflicts found in results (pipeline callbacks) ---------------------------------
 
-    def missing_row(self, ctx: Any) -> None:
+    def missing_row(self, ctx: ChangeCtx) -> None:
         self.missing_rows += 1
         is_update = isinstance(ctx.change, Update)
         kind = UPDATE_MISSING if is_update else DELETE_MISSING
@@ -177,7 +178,7 @@ class Resolver:
         )
         self.conflicts.append(Conflict(ctx, kind, "skip", None))
 
-    def insert_checked(self, ctx: Any, res: pq.abc.PGresult) -> None:
+    def insert_checked(self, ctx: ChangeCtx, res: pq.abc.PGresult) -> None:
         """A checked INSERT: (rows written, local rows met, or NULL)."""
         raw = res.get_value(0, 1)
         if raw is not None or not int(res.get_value(0, 0) or 0):
@@ -188,13 +189,13 @@ class Resolver:
         for r in range(res.ntuples):
             self._insert_met(group.ctxs[int(res.get_value(r, 0) or 0) - 1], res.get_value(r, 1))
 
-    def _insert_met(self, ctx: Any, raw: bytes | None) -> None:
+    def _insert_met(self, ctx: ChangeCtx, raw: bytes | None) -> None:
         """An INSERT that met local rows (``raw``: their jsonb array, if read)."""
         local = json.loads(raw) if raw else None
         kind = MULTIPLE if local is not None and len(local) > 1 else INSERT_EXISTS
         self._met(ctx, kind, ctx.rm.policy[kind], _one(local))
 
-    def upsert_checked(self, ctx: Any, res: pq.abc.PGresult) -> None:
+    def upsert_checked(self, ctx: ChangeCtx, res: pq.abc.PGresult) -> None:
         """update_missing = apply_remote: (rows the UPDATE found, local rows holding a
         unique key of the new row when it found none). One such row was set to the new
         row; several are multiple_unique_conflicts, and nothing was written."""
@@ -208,13 +209,13 @@ class Resolver:
         else:
             self._met(ctx, UPDATE_MISSING, "apply_remote", _one(local))
 
-    def _met(self, ctx: Any, kind: ConflictType, policy: str, local: str | None) -> None:
+    def _met(self, ctx: ChangeCtx, kind: ConflictType, policy: str, local: str | None) -> None:
         """A conflict the statement resolved by ``policy`` (or left for ``error``)."""
         if policy == "error":
             raise self._conflict_error(ctx, kind, local)
         self.conflicts.append(Conflict(ctx, kind, policy, local))
 
-    def origin_checked(self, ctx: Any, res: pq.abc.PGresult) -> None:
+    def origin_checked(self, ctx: ChangeCtx, res: pq.abc.PGresult) -> None:
         if res.ntuples == 0:
             self.missing_row(ctx)
             return
@@ -230,7 +231,7 @@ class Resolver:
         self.conflicts.append(Conflict(ctx, kind, policy, local))
 
     def _conflict_error(
-        self, ctx: Any, kind: ConflictType, local: str | None, why: str | None = None
+        self, ctx: ChangeCtx, kind: ConflictType, local: str | None, why: str | None = None
     ) -> ApplyError:
         self.record_alone(Conflict(ctx, kind, "error", local))
         err = ApplyError(
@@ -291,10 +292,10 @@ class Resolver:
             return self.policies.for_table(schema, name).catches_unique
         return False
 
-    def careful(self, ctx: Any, send: Any) -> None:
+    def careful(self, ctx: ChangeCtx, send: Callable[[], None]) -> None:
         self.session.attempt(send, lambda res: self._caught(ctx, res))
 
-    def _caught(self, ctx: Any, res: pq.abc.PGresult) -> bool:
+    def _caught(self, ctx: ChangeCtx, res: pq.abc.PGresult) -> bool:
         state, msg = error_fields(res)
         op = op_of(ctx.change)
         rule = self.host.rules.error_rule(ctx.rm.qualname, op, state)
@@ -320,7 +321,7 @@ class Resolver:
         return False
 
     def _unique_conflict(
-        self, ctx: Any, conn: psycopg.Connection[Any]
+        self, ctx: ChangeCtx, conn: psycopg.Connection[Any]
     ) -> tuple[ConflictType, str | None]:
         """A unique violation of an INSERT/UPDATE as the conflict it is, and the local
         row(s) it met (one row as an object, several as an array)."""
@@ -332,7 +333,7 @@ class Resolver:
             kind = INSERT_EXISTS if isinstance(ctx.change, Insert) else UPDATE_EXISTS
         return kind, _one(local)
 
-    def _local_rows(self, ctx: Any, conn: psycopg.Connection[Any]) -> str | None:
+    def _local_rows(self, ctx: ChangeCtx, conn: psycopg.Connection[Any]) -> str | None:
         """The target rows that hold a unique key of the change's new row (jsonb array)."""
         rm: RelMap = ctx.rm
         new = getattr(ctx.change, "new", None)
@@ -387,7 +388,9 @@ class Resolver:
 
     # -- skipped changes -----------------------------------------------------------------
 
-    def keep(self, ctx: Any, rule: Rule | None, skipped: bool = True, **error: str | None) -> None:
+    def keep(
+        self, ctx: ChangeCtx, rule: Rule | None, skipped: bool = True, **error: str | None
+    ) -> None:
         if rule is not None and rule.dump == "none":
             return
         txn = self.host.txn
