@@ -32,6 +32,7 @@ from msgspec import Meta
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from . import configenv
+from .apply.rules.conflicttype import ConflictType
 from .configenv import read_credential
 from .errors import ConfigError
 from .redact import redact_conninfo_error, redact_dsn
@@ -162,26 +163,30 @@ class TablesConfig(_Section, frozen=True):
         )
 
 
-#: The conflict types (PostgreSQL 18's names) and the policies each may take.
+#: The conflict types (applier.apply.rules.conflicttype) and the policies each may take.
 CONFLICT_POLICIES: dict[str, tuple[str, ...]] = {
-    "insert_exists": ("error", "skip", "keep_local", "apply_remote", "last_update_wins"),
-    "update_exists": ("error", "skip", "keep_local"),
-    "multiple_unique_conflicts": ("error", "skip", "keep_local"),
-    "update_missing": ("error", "skip", "apply_remote"),
-    "delete_missing": ("error", "skip"),
-    "update_origin_differs": ("apply_remote", "error", "skip", "keep_local", "last_update_wins"),
-    "delete_origin_differs": ("apply_remote", "error", "skip", "keep_local", "last_update_wins"),
-}
+    ConflictType.INSERT_EXISTS: ("error", "skip", "keep_local", "apply_remote", "last_update_wins"),
+    ConflictType.UPDATE_EXISTS: ("error", "skip", "keep_local"),
+    ConflictType.MULTIPLE_UNIQUE_CONFLICTS: ("error", "skip", "keep_local"),
+    ConflictType.UPDATE_MISSING: ("error", "skip", "apply_remote"),
+    ConflictType.DELETE_MISSING: ("error", "skip"),
+    ConflictType.UPDATE_ORIGIN_DIFFERS: (
+        "apply_remote", "error", "skip", "keep_local", "last_update_wins",
+    ),
+    ConflictType.DELETE_ORIGIN_DIFFERS: (
+        "apply_remote", "error", "skip", "keep_local", "last_update_wins",
+    ),
+}  # fmt: skip
 #: What applies where the config names nothing (PostgreSQL 18's subscriber behaves so;
 #: the origin_differs types are only checked where the config names them).
 DEFAULT_POLICIES: dict[str, str] = {
-    "insert_exists": "error",
-    "update_exists": "error",
-    "multiple_unique_conflicts": "error",
-    "update_missing": "skip",
-    "delete_missing": "skip",
-    "update_origin_differs": "apply_remote",
-    "delete_origin_differs": "apply_remote",
+    ConflictType.INSERT_EXISTS: "error",
+    ConflictType.UPDATE_EXISTS: "error",
+    ConflictType.MULTIPLE_UNIQUE_CONFLICTS: "error",
+    ConflictType.UPDATE_MISSING: "skip",
+    ConflictType.DELETE_MISSING: "skip",
+    ConflictType.UPDATE_ORIGIN_DIFFERS: "apply_remote",
+    ConflictType.DELETE_ORIGIN_DIFFERS: "apply_remote",
 }
 
 

@@ -6,6 +6,7 @@ the SQL layer turns a change into a statement, the target session sends it, and
 the origin records progress in the same target transaction.
 
 * :mod:`.worker` - the run loop: connect, take the origin, stream, retry; the design essay.
+* :mod:`.connect`, :mod:`.backoff` - one session's connections; the retries around them.
 * :mod:`.handlers` - what each message does (dispatch, row changes, streamed, two-phase,
   relations, until) and the session's states.
 * :mod:`.batching` - the fast lanes (COPY runs, multi-row INSERT, merged UPDATE/DELETE,

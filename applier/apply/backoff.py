@@ -4,7 +4,7 @@ Spacing
 =======
 
 A *fault* lasts from the first failed attempt after a healthy session (or
-the start) to the next healthy session (:meth:`Worker._healthy`). Attempt n
+the start) to the next healthy session (:meth:`Retry.healthy`). Attempt n
 of a fault waits a random time in [cap/2, cap], with
 ``cap = min(0.5 * 2**(n-1), limit)``; the limit depends on the fault's age:
 
@@ -36,8 +36,22 @@ systemd's ``STATUS=`` show each attempt's error.
 
 from __future__ import annotations
 
+import logging
 import random
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
+
+from tenacity import RetryCallState, Retrying, retry_if_exception
+
+from applier.apply.target.session import is_transient_sqlstate
+from applier.errors import ApplierError, TransientError
+
+log = logging.getLogger("applier.apply")
+
+#: A session that streamed this long without a fault counts as healthy (resets
+#: the backoff) even if the source was idle and no position moved.
+HEALTHY_AFTER = 60.0
 
 #: The first attempt's longest wait.
 FIRST_WAIT = 0.5
@@ -81,3 +95,107 @@ class Fault:
             return False
         self.logged_at = now
         return True
+
+
+def retryable(exc: BaseException) -> bool:
+    """A transient fault (a lost connection, a server restarting, 55006 ...): retried."""
+    if isinstance(exc, TransientError):
+        return True
+    return isinstance(exc, ApplierError) and is_transient_sqlstate(exc.context.get("sqlstate"))
+
+
+class Retry:
+    """The worker's retries of transient faults: tenacity's loop over sessions, each
+    attempt spaced (:func:`backoff`) and logged (:meth:`Fault.worth_logging`) as above.
+
+    ``sleep`` waits between attempts (the worker's: alive and stoppable);
+    ``on_retry(exc, attempt, wait)`` shows the fault before each wait.
+    """
+
+    def __init__(
+        self,
+        sleep: Callable[[float], None],
+        on_retry: Callable[[BaseException | None, int, float], None],
+    ) -> None:
+        self.sleep = sleep
+        self.on_retry = on_retry
+        #: The fault being retried, None while healthy.
+        self.fault: Fault | None = None
+        self._state: RetryCallState | None = None
+
+    def attempts(self) -> Retrying:
+        """The retry loop: one spans the process (a healthy session resets it)."""
+        return Retrying(
+            retry=retry_if_exception(retryable),
+            wait=self._wait,
+            sleep=self.sleep,
+            before_sleep=self._before_sleep,
+            reraise=True,
+        )
+
+    def started(self, state: RetryCallState) -> None:
+        """An attempt of the loop began (its state is what :meth:`healthy` resets)."""
+        self._state = state
+
+    def _wait(self, rs: RetryCallState) -> float:
+        """tenacity's wait: spaced by the fault's age."""
+        now = time.monotonic()
+        if self.fault is None:
+            self.fault = Fault(now)
+        return backoff(rs.attempt_number, self.fault.age(now))
+
+    def _before_sleep(self, rs: RetryCallState) -> None:
+        exc = rs.outcome.exception() if rs.outcome else None
+        wait = rs.next_action.sleep if rs.next_action else 0
+        fault = self.fault
+        assert fault is not None  # _wait ran first
+        fault.attempts += 1
+        now = time.monotonic()
+        first = fault.attempts == 1
+        (log.warning if fault.worth_logging(now) else log.debug)(
+            "retrying after a transient error: %s" if first else "still retrying: %s",
+            exc,
+            extra={
+                "ctx": {
+                    "attempt": rs.attempt_number,
+                    "fault_s": round(fault.age(now), 1),
+                    "wait_s": round(wait, 1),
+                }
+            },
+        )
+        self.on_retry(exc, rs.attempt_number, wait)
+
+    def healthy(self) -> None:
+        """A session confirmed progress (or streamed for HEALTHY_AFTER s):
+        the fault is over, and the backoff starts again from the first attempt's.
+
+        tenacity counts attempts in the RetryCallState of the running loop;
+        setting it back to 1 makes the next fault wait what a first fault
+        waits (up to 0.5 s) instead of growing with every fault of the
+        process's life. Applied *and* confirmed, not just connected: a fault
+        that recurs before anything is applied keeps backing off.
+        """
+        self.fault = None
+        rs = self._state
+        if rs is not None and rs.attempt_number > 1:
+            log.debug(
+                "session healthy; retry backoff reset",
+                extra={"ctx": {"faults": rs.attempt_number - 1}},
+            )
+            rs.attempt_number = 1
+
+    def reconnected(self) -> None:
+        """Streaming again during a fault: said once per fault."""
+        fault = self.fault
+        if fault is None or fault.reconnected:
+            return
+        fault.reconnected = True
+        log.info(
+            "reconnected after a transient error",
+            extra={
+                "ctx": {
+                    "fault_s": round(fault.age(time.monotonic()), 1),
+                    "attempts": fault.attempts,
+                }
+            },
+        )

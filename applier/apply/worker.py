@@ -9,7 +9,8 @@ Overview
 ========
 
 :func:`run_worker` runs :class:`Worker`, which loops over *sessions* with
-retry: a session opens the target (an apply session owning the replication
+retry (:mod:`.backoff`): a session (its connections opened by :mod:`.connect`)
+opens the target (an apply session owning the replication
 origin, plus an autocommit connection for the catalog, flush checks and the
 status row), reads the origin's progress, opens the replication connection,
 runs the checks of :mod:`applier.apply.target.preflight` (no unfinished bootstrap,
@@ -101,13 +102,13 @@ import threading
 import time
 from collections.abc import Callable
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
-from tenacity import RetryCallState, Retrying, retry_if_exception
 
-from applier.apply.backoff import Fault, backoff
+from applier.apply.backoff import HEALTHY_AFTER, Retry
 from applier.apply.batching.paths import refresh as refresh_paths
+from applier.apply.connect import new_stream, open_status, our_origin, take_origin
 from applier.apply.gcsched import collect_garbage_on_schedule
 from applier.apply.handlers.dispatch import Applier
 from applier.apply.handlers.spool import SpoolSet, check_spool_dir, default_spool_dir
@@ -120,55 +121,30 @@ from applier.apply.sql.replan import Replan
 from applier.apply.tally import Tally, count_fault
 from applier.apply.target.beat import Beat, Reporter
 from applier.apply.target.confirm import Confirmer
-from applier.apply.target.connection import client_keepalives
-from applier.apply.target.holder import OBJECT_IN_USE, origin_taken
 from applier.apply.target.origin import ensure_origin, origin_progress
-from applier.apply.target.preflight import check_before_streaming
-from applier.apply.target.session import TargetSession, connect, is_transient_sqlstate
+from applier.apply.target.session import TargetSession, connect
 from applier.config import Config
 from applier.errors import (
     ApplierError,
     ApplyError,
-    ConfigError,
-    ConnectionLost,
     SchemaMismatch,
     TransientError,
 )
 from applier.lag import Lag, PendingCommits, measure
 from applier.lsn import Lsn, now_pg_timestamp, pg_timestamp
 from applier.pgconn import close_quietly
-from applier.privileges import Scope
-from applier.privileges import check as check_privileges
 from applier.protocol.speedups import dispatch_batch as _dispatch_batch
-from applier.redact import redact_dsn
-from applier.schema import schema_at_head, upgrade_target
 from applier.service import Service, signal_wakeup
-from applier.status.health import STALE_INTERVALS
 from applier.status.row import WorkerState
+
+if TYPE_CHECKING:
+    from applier.stream.client import LogicalStream
 
 log = logging.getLogger("applier.apply")
 
 
-def source_conninfo(cfg: Config) -> str:
-    """The source DSN with keepalives and tcp_user_timeout (unless the DSN sets them:
-    see targetconn); the session settings that make text values portable come with
-    every connection (applier.pgconn)."""
-    return client_keepalives(cfg.source.conninfo(), cfg.apply.timeout)
-
-
-#: A session that streamed this long without a fault counts as healthy (resets
-#: the backoff) even if the source was idle and no position moved.
-HEALTHY_AFTER = 60.0
-
-
 class _Regroup(Exception):
     """A group failed: start over from the origin, applying its transactions one by one."""
-
-
-def _retryable(exc: BaseException) -> bool:
-    if isinstance(exc, TransientError):
-        return True
-    return isinstance(exc, ApplierError) and is_transient_sqlstate(exc.context.get("sqlstate"))
 
 
 class Worker:
@@ -192,9 +168,8 @@ class Worker:
         self._lane_rows = 0
         #: Bytes of the stream read ahead while the target was waited on, over every session.
         self._read_ahead = 0
-        self._retry_state: RetryCallState | None = None
-        #: The fault being retried (applier.apply.backoff), None while healthy.
-        self.fault: Fault | None = None
+        #: The retries of transient faults, spaced and logged (applier.apply.backoff).
+        self.retry = Retry(self._sleep, self._retrying)
         self.group_limit = cfg.apply.group_commit
         #: How the next sessions apply what failed (applier.apply.sql.replan).
         self.replan = Replan()
@@ -203,7 +178,7 @@ class Worker:
         #: Tables sync-tables copies (applier.apply.rules.tablesync).
         self.syncs = TableSyncs(cfg)
         # Read by applier.metrics at scrape time (from its thread, never waited for).
-        self.stream: Any = None
+        self.stream: LogicalStream | None = None
         self.tally = Tally()
         self.reconnects: dict[str, int] = {}
         self.apply_errors = 0
@@ -262,37 +237,14 @@ class Worker:
                 }
             },
         )
-        target_ci = cfg.target.conninfo()
-        timeout = cfg.apply.target_timeout
-        status_conn = connect(target_ci, "applier status", timeout)
-        # Before the migrations or the slot: every grant the target role lacks, in one line.
-        check_privileges("run", Scope(), target=status_conn)
-        if not schema_at_head(status_conn):
-            upgrade_target(target_ci)
-        # Reopened on the next write after it broke (a target restart, a terminated
-        # backend): the row must keep showing a fresh heartbeat and the last error.
-        # The row is written once the first session owns the origin (status/row.py,
-        # "Whose row"): a second worker must not take over the running one's row.
-        self.status = WorkerState(
-            status_conn,
-            cfg.origin,
-            cfg.source.slot,
-            reopen=lambda: connect(target_ci, "applier status", timeout),
-        )
+        self.status = open_status(cfg)
         reporter = Reporter(self, self.status)
         reporter.start()
-        retrying = Retrying(
-            retry=retry_if_exception(_retryable),
-            wait=self._backoff,
-            sleep=self._sleep,
-            before_sleep=self._before_sleep,
-            reraise=True,
-        )
         try:
-            for attempt in retrying:
+            for attempt in self.retry.attempts():
                 # One Retrying spans the process; a healthy session resets its
-                # attempt count (_healthy), so a fault after one backs off from the start.
-                self._retry_state = attempt.retry_state
+                # attempt count (Retry.healthy), so a fault after one backs off from the start.
+                self.retry.started(attempt.retry_state)
                 with attempt:
                     while not self.stopping:
                         try:
@@ -325,65 +277,18 @@ class Worker:
         )
         return 0
 
-    def _backoff(self, rs: RetryCallState) -> float:
-        """tenacity's wait: spaced by the fault's age (applier.apply.backoff)."""
-        now = time.monotonic()
-        if self.fault is None:
-            self.fault = Fault(now)
-        return backoff(rs.attempt_number, self.fault.age(now))
-
-    def _before_sleep(self, rs: RetryCallState) -> None:
-        exc = rs.outcome.exception() if rs.outcome else None
-        wait = rs.next_action.sleep if rs.next_action else 0
-        fault = self.fault
-        assert fault is not None  # _backoff ran first
-        fault.attempts += 1
-        now = time.monotonic()
-        first = fault.attempts == 1
-        (log.warning if fault.worth_logging(now) else log.debug)(
-            "retrying after a transient error: %s" if first else "still retrying: %s",
-            exc,
-            extra={
-                "ctx": {
-                    "attempt": rs.attempt_number,
-                    "fault_s": round(fault.age(now), 1),
-                    "wait_s": round(wait, 1),
-                }
-            },
-        )
+    def _retrying(self, exc: BaseException | None, attempt: int, wait: float) -> None:
+        """Before the wait for a next attempt: the fault counted and shown."""
         if exc is not None:
             count_fault(self.reconnects, exc)
         if exc is not None and self.status is not None:
             self.status.retrying(exc)
         self.phase = f"reconnecting after: {exc}"
-        self.notify.status(
-            f"reconnecting (attempt {rs.attempt_number}, next in {wait:.1f}s) after: {exc}"
-        )
-
-    def _healthy(self) -> None:
-        """This session confirmed progress (or streamed for HEALTHY_AFTER s): reset the backoff.
-
-        tenacity counts attempts in the RetryCallState of the running loop;
-        setting it back to 1 makes the next fault wait what a first fault
-        waits (up to 0.5 s) instead of growing with every fault of the
-        process's life. Applied *and* confirmed, not just connected: a fault
-        that recurs before anything is applied keeps backing off.
-        """
-        self.fault = None
-        rs = self._retry_state
-        if rs is not None and rs.attempt_number > 1:
-            log.debug(
-                "session healthy; retry backoff reset",
-                extra={"ctx": {"faults": rs.attempt_number - 1}},
-            )
-            rs.attempt_number = 1
+        self.notify.status(f"reconnecting (attempt {attempt}, next in {wait:.1f}s) after: {exc}")
 
     # -- one session -------------------------------------------------------------------
 
     def _session(self) -> None:
-        from applier.stream.client import LogicalStream, StreamOptions
-        from applier.stream.replconn import ReplicationConnection
-
         cfg = self.cfg
         self.sessions += 1
         check_spool_dir(self.spool_dir)  # private and writable, before anything is opened
@@ -395,47 +300,23 @@ class Worker:
         spools = SpoolSet(self.spool_dir, cfg.origin, cfg.apply.memory_limit, cfg.apply.spool_limit)
         try:
             ensure_origin(catalog_conn, cfg.origin)
-            session = self._take_origin(catalog_conn)
+            session = take_origin(cfg, catalog_conn)
+            assert self.status is not None
+            self.status.claim()
             # Only once the origin is ours: a refused second worker on this host must
             # not remove the running one's spool files.
             spools.clear_stale()
             progress = origin_progress(session.conn, cfg.origin)
-            our_origin_id = self._prepare_conflicts(catalog_conn)
+            self.rules.load(catalog_conn)
+            self._rules_read = time.monotonic()
+            our_origin_id = our_origin(cfg, catalog_conn)
             self.syncs.start(catalog_conn)
-            repl = ReplicationConnection.open(source_conninfo(cfg), application_name="applier")
-            try:
-                check_before_streaming(catalog_conn, repl, cfg, progress)
-            except BaseException:
-                repl.close()
-                raise
-            stream = LogicalStream(
-                repl,
-                StreamOptions(
-                    slot=cfg.source.slot,
-                    publications=tuple(cfg.source.publications),
-                    start_lsn=progress,
-                    binary=cfg.apply.binary,
-                    messages=True,
-                    streaming=cfg.apply.streaming,
-                    two_phase=cfg.apply.two_phase,
-                    origin=cfg.source.origin,  # 16+: the walsender filters (originfilter)
-                    status_interval=cfg.apply.status_interval,
-                    timeout=cfg.apply.timeout,
-                    defer_streamed=True,
-                    group_streamed=True,  # Applier.on_streamed_run, on_insert_run
-                ),
-            )
-            log.info(
-                "connected",
-                extra={
-                    "ctx": {"source": redact_dsn(cfg.source.dsn), "target": cfg.target.redacted}
-                },
-            )
+            stream = new_stream(cfg, catalog_conn, progress)
             if self.wakeup is not None:
                 stream.wake_on(self.wakeup)
             stream.start()
             self.stream = stream
-            self._reconnected()
+            self.retry.reconnected()
             session.read_ahead = (stream.ahead, stream.socket, stream.read_ahead)
             log.info(
                 "resumed from the origin's progress"
@@ -499,71 +380,15 @@ class Worker:
             spools.close()
             close_quietly(catalog_conn, "catalog")
 
-    def _take_origin(self, catalog_conn: psycopg.Connection[Any]) -> TargetSession:
-        """The apply session, owning the origin; refused at once when another worker
-        holds it, a wait when an abandoned backend does (applier.apply.target.holder)."""
-        cfg = self.cfg
-        try:
-            session = TargetSession(
-                cfg.target.conninfo(),
-                cfg.origin,
-                cfg.apply.synchronous_commit,
-                cfg.apply.copy_threshold,
-                cfg.apply.target_timeout,
-            )
-        except ConnectionLost as e:
-            if e.context.get("sqlstate") != OBJECT_IN_USE:
-                raise
-            stale_after = STALE_INTERVALS * cfg.apply.status_interval
-            raise origin_taken(catalog_conn, cfg.origin, e, stale_after) from None
-        assert self.status is not None
-        self.status.claim()
-        return session
-
-    def _reconnected(self) -> None:
-        """Streaming again during a fault: said once per fault (applier.apply.backoff)."""
-        fault = self.fault
-        if fault is None or fault.reconnected:
-            return
-        fault.reconnected = True
-        log.info(
-            "reconnected after a transient error",
-            extra={
-                "ctx": {
-                    "fault_s": round(fault.age(time.monotonic()), 1),
-                    "attempts": fault.attempts,
-                }
-            },
-        )
-
-    def _prepare_conflicts(self, catalog_conn: psycopg.Connection[Any]) -> int | None:
-        """Read the skip rules; check what the conflict policies need of the target;
-        our origin's id (its rows' origin in commit timestamps)."""
-        self.rules.load(catalog_conn)
-        self._rules_read = time.monotonic()
-        if self.cfg.conflicts.needs_commit_ts:
-            row = catalog_conn.execute("SHOW track_commit_timestamp").fetchone()
-            if not row or row[0] != "on":
-                raise ConfigError(
-                    "[conflicts] uses last_update_wins or an *_origin_differs policy, which "
-                    "need the commit timestamps of the target's rows, and the target has "
-                    "track_commit_timestamp = off",
-                    hint="set track_commit_timestamp = on on the target (a restart of the "
-                    "target is needed), or remove those policies, and start applier run again",
-                )
-        row = catalog_conn.execute(
-            "SELECT roident FROM pg_catalog.pg_replication_origin WHERE roname = %s",
-            (self.cfg.origin,),
-        ).fetchone()
-        return None if row is None else int(row[0])
-
-    def _loop(self, stream: Any, applier: Applier, catalog_conn: psycopg.Connection[Any]) -> None:
+    def _loop(
+        self, stream: LogicalStream, applier: Applier, catalog_conn: psycopg.Connection[Any]
+    ) -> None:
         with collect_garbage_on_schedule() as collect:
             self._loop_body(stream, applier, catalog_conn, collect)
 
     def _loop_body(
         self,
-        stream: Any,
+        stream: LogicalStream,
         applier: Applier,
         catalog_conn: psycopg.Connection[Any],
         collect: Callable[[float], None],
@@ -603,7 +428,7 @@ class Worker:
                 or now - started >= HEALTHY_AFTER
             ):
                 healthy = True
-                self._healthy()
+                self.retry.healthy()
             beat.tick(now)
 
     # -- lag (applier.lag), read from the reporter and metrics threads ------------------
@@ -615,7 +440,7 @@ class Worker:
         stream, applier = self.stream, self.applier
         if stream is None:
             return None
-        done = max(stream.options.start_lsn, stream.confirmed)
+        done: int = max(stream.options.start_lsn, stream.confirmed)
         if applier is not None:
             done = max(done, applier.last_commit_lsn or 0, applier.flush.flushed_remote)
         return Lsn(done)
@@ -635,7 +460,11 @@ class Worker:
         return measure(at, done, self.pending.oldest(done), pg_timestamp(now_pg_timestamp()))
 
     def _after_batch(
-        self, stream: Any, applier: Applier, catalog_conn: psycopg.Connection[Any], busy: bool
+        self,
+        stream: LogicalStream,
+        applier: Applier,
+        catalog_conn: psycopg.Connection[Any],
+        busy: bool,
     ) -> None:
         """Between batches: commit the open group, take the results, confirm."""
         applier.commit_group()

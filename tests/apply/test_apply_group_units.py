@@ -6,6 +6,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from applier.apply.handlers import dispatch as handlers
+from applier.apply.handlers import groupcommit
 from applier.apply.handlers.dispatch import Applier
 from applier.apply.sql.mapping import RelMap, TargetColumn, TargetTable
 from applier.config import config_from_dict
@@ -119,7 +120,7 @@ def _clocked(monkeypatch: Any, step: float) -> None:
 def test_a_live_group_closes_at_its_age(monkeypatch: Any) -> None:
     a, s = _applier(100)
     _clocked(monkeypatch, 0.003)  # each transaction ends 3 ms after the one before
-    a.sent_at = handlers.BEHIND_AFTER - 1  # sent right after its commit (commit_ts 0)
+    a.sent_at = groupcommit.BEHIND_AFTER - 1  # sent right after its commit (commit_ts 0)
     _run(a, _txn(1) + _txn(2) + _txn(3))
     assert [end for end, _ in s.commits] == [210, 310]
 
@@ -127,7 +128,7 @@ def test_a_live_group_closes_at_its_age(monkeypatch: Any) -> None:
 def test_a_group_from_a_backlog_stays_open_longer(monkeypatch: Any) -> None:
     a, s = _applier(100)
     _clocked(monkeypatch, 0.003)
-    a.sent_at = handlers.BEHIND_AFTER  # sent 100 ms after its commit: from a backlog
+    a.sent_at = groupcommit.BEHIND_AFTER  # sent 100 ms after its commit: from a backlog
     _run(a, [m for n in range(1, 21) for m in _txn(n)])
     ends = [end for end, _ in s.commits]
     # At 3 ms a transaction the 18th finds the group 51 ms old and commits it.

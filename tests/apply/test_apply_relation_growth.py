@@ -103,7 +103,7 @@ def test_relation_changes_keep_statements_and_memory_bounded(applier: Applier) -
     # 3600 Relation changes: the statements of the live mappings only.
     assert _statements(applier) <= statements + 10 <= 300, (statements, _statements(applier))
     assert len(applier.relmaps) <= 200
-    assert len(applier.planner._cache) <= 300
+    assert len(applier.planner.cache) <= 300
     assert proc.memory_info().rss - rss < 20 * 1024 * 1024
     assert applier.session.query_one("SELECT count(*) FROM public.t") == 1800
 

@@ -25,8 +25,7 @@ from hypothesis import strategies as st
 from applier.apply.batching import merge, mergelane
 from applier.apply.batching.merge import MergedCtx
 from applier.apply.batching.paths import refresh as refresh_paths
-from applier.apply.handlers import changes
-from applier.apply.handlers import dispatch as handlers
+from applier.apply.handlers import changes, groupcommit
 from applier.apply.handlers.dispatch import Applier
 from applier.apply.rules.skiprules import Rule
 from applier.apply.sql.mapping import RelMap, TargetColumn, TargetTable
@@ -159,8 +158,8 @@ def _messages(txns: list[tuple[bool, list[Any]]]) -> list[Any]:
 #: so both runs group alike (2 ms of wall clock on a busy machine is not).
 LIMITS = [
     *((m, name) for m in (merge, mergelane, changes) for name in ("MAX_HELD", "MAX_HELD_BYTES")),
-    (handlers, "GROUP_MAX_AGE"),
-    (handlers, "GROUP_MAX_AGE_BEHIND"),
+    (groupcommit, "GROUP_MAX_AGE"),
+    (groupcommit, "GROUP_MAX_AGE_BEHIND"),
 ]
 
 

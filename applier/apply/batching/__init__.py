@@ -6,6 +6,7 @@
 * :mod:`.insertlane`, :mod:`.insertruns` - INSERT runs sent as multi-row INSERT.
 * :mod:`.mergelane`, :mod:`.merge` - UPDATE/DELETE runs merged into one statement.
 * :mod:`.fullident` - changes of REPLICA IDENTITY FULL tables, batched.
+* :mod:`.host` - what the path decision and the lanes read of the engine (Protocols).
 
 May import: ``sql``, ``target``, ``handlers.states`` and the layers below ``apply``.
 """

@@ -2,7 +2,7 @@
 
 A big streamed transaction is mostly long runs of INSERTs into one table, and
 each row's way through the handlers (decode into an Insert, the checks of
-:meth:`~applier.apply.handlers.changes.Changes._target`, the planner, the session's run)
+:meth:`~applier.apply.handlers.changes.RowChanges._target`, the planner, the session's run)
 costs several microseconds of Python. Once the ordinary path has put a row of
 a table into a COPY in text format (:mod:`applier.apply.batching.copyrun`), every
 following INSERT of that table can go the same way from its pgoutput bytes:
@@ -28,16 +28,17 @@ one C call (``tuple_text_lines``), so a row costs no Python at all.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from applier.apply.batching.copyrun import CHUNK, TEXT, Run, tuple_text_line, tuple_text_lines
 from applier.apply.batching.paths import paths_of
 from applier.lsn import Lsn
 
 if TYPE_CHECKING:
+    from applier.apply.batching.host import LaneHost
     from applier.apply.handlers.states import Txn
     from applier.apply.sql.mapping import RelMap
-    from applier.protocol import StreamedRun
+    from applier.protocol import InsertRun, StreamedRun
 
 
 class CopyLane:
@@ -56,7 +57,7 @@ class CopyLane:
         self.width = len(rm.columns)
         self.key = (oid, "insert")
 
-    def _fits(self, applier: Any, data: bytes) -> bool:
+    def _fits(self, applier: LaneHost, data: bytes) -> bool:
         """``data`` is a row of the lane, and its INSERTs may pass the handlers."""
         rm = self.rm
         return (
@@ -66,7 +67,7 @@ class CopyLane:
             and (applier.paths.get(rm.version) or paths_of(applier, rm, self.txn)).copy_lane
         )
 
-    def offer(self, applier: Any, lsn: Lsn, data: bytes) -> bool:
+    def offer(self, applier: LaneHost, lsn: Lsn, data: bytes) -> bool:
         """Apply the streamed change ``data`` through the lane; False: take the ordinary path.
 
         ``data`` is a StreamedChange's bytes: ``'I' xid relid 'N' TupleData``.
@@ -85,7 +86,7 @@ class CopyLane:
         applier.lane_rows += 1
         return True
 
-    def offer_run(self, applier: Any, run: StreamedRun, i: int) -> int:
+    def offer_run(self, applier: LaneHost, run: StreamedRun, i: int) -> int:
         """Apply ``run``'s changes from ``i`` on through the lane, as :meth:`offer` each;
         return how many (0: ``run.datas[i]`` takes the ordinary path).
 
@@ -99,7 +100,14 @@ class CopyLane:
 
 
 def copy_rows(
-    applier: Any, run: Run, txn: Txn, key: tuple[int, str], rows: Any, i: int, pos: int, width: int
+    applier: LaneHost,
+    run: Run,
+    txn: Txn,
+    key: tuple[int, str],
+    rows: StreamedRun | InsertRun,
+    i: int,
+    pos: int,
+    width: int,
 ) -> int:
     """The COPY lines of ``rows.datas[i]``, ... (TupleData at ``pos``, ``width`` values)
     into ``run``, up to the first that makes no line; return how many (counted as
@@ -113,7 +121,7 @@ def copy_rows(
     return n
 
 
-def open_lane(applier: Any, oid: int, data: bytes, txn: Txn) -> CopyLane | None:
+def open_lane(applier: LaneHost, oid: int, data: bytes, txn: Txn) -> CopyLane | None:
     """After the ordinary path applied ``data``, an INSERT of ``oid``: the lane, if it fits."""
     session = applier.session
     run = session.copy_in_hand()

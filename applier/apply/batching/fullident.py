@@ -64,11 +64,10 @@ from applier.apply.sql.planner import (
     Params,
     Planner,
     Stmt,
-    changed_relation,
     max_rows,
     param_formats,
-    placeholder,
 )
+from applier.apply.sql.stmt import changed_relation, placeholder
 from applier.protocol import Delete, TupleData, Update
 
 #: Changes held per table before they are sent (also the largest statement).
@@ -191,9 +190,9 @@ def statement(planner: Planner, rm: RelMap, match: bytes, set_shape: bytes, n: i
     new values of the columns ``set_shape`` marks (none: a DELETE)."""
     op = "fu" if set_shape else "fd"
     key = (rm.version, op, set_shape, match + b"n%d" % n)
-    stmt = planner._cache.get(key)
+    stmt = planner.cache.get(key)
     if stmt is None:
-        stmt = planner._cache[key] = _build(planner, rm, match, set_shape, n)
+        stmt = planner.cache[key] = _build(planner, rm, match, set_shape, n)
     return stmt
 
 
@@ -239,10 +238,10 @@ def _build(planner: Planner, rm: RelMap, match: bytes, set_shape: bytes, n: int)
         body = sql.SQL("UPDATE {q} AS {t} SET {assign} FROM {m} ").format(
             q=q, t=t, assign=assign, m=m
         )
-        name = planner._name(rm, "fu")
+        name = planner.statement_name(rm, "fu")
     else:
         body = sql.SQL("DELETE FROM {q} AS {t} USING {m} ").format(q=q, t=t, m=m)
-        name = planner._name(rm, "fd")
+        name = planner.statement_name(rm, "fd")
     query = sql.Composed([head, body, pick]).as_bytes(None)
     types = tuple(rm.columns[i].type_oid for i in where + sets) * n
     return Stmt(name, query, types, sets, where, True, False)

@@ -79,7 +79,7 @@ class InsertRuns(Pipeline):
             if n >= self.copy_threshold or (
                 not n & (WEIGH_EVERY - 1) and run.weigh() >= MAX_HELD_BYTES
             ):
-                self._copy_begin(run)
+                self.copy_begin(run)
 
     def run_in_hand(self) -> Run | None:
         """The run of plain INSERTs in hand, held back or copying (see batching.insertlane)."""
@@ -191,7 +191,7 @@ class InsertRuns(Pipeline):
             stmt, group_ctx = run.run_of(run.stmt, len(rows), [row[2] for row in rows])
             self.execute(stmt, params, formats, group_ctx, checked=True)
 
-    def _copy_begin(self, run: Run) -> None:
+    def copy_begin(self, run: Run) -> None:
         # libpq has no COPY in pipeline mode: wait for what is queued, leave the
         # pipeline, COPY, and enter it again at the end of the run.
         self._sync()

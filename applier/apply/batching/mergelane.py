@@ -2,7 +2,7 @@
 
 A big streamed UPDATE or DELETE is a long run of row messages of one table,
 and each row's way through the handlers (decode into an Update or Delete,
-:meth:`~applier.apply.handlers.changes.Changes._target`, ``on_update``, the merger's
+:meth:`~applier.apply.handlers.changes.RowChanges._target`, ``on_update``, the merger's
 ``add``) costs more Python than the rest of its trip. Once the ordinary path
 has held a row of a table in :class:`~applier.apply.batching.merge.UpdateMerger`, the
 following changes of the same kind and table can be held the same way from
@@ -45,6 +45,8 @@ from applier.protocol import Delete, Update, read_tuple, speedups
 MAX_KEY = 32
 
 if TYPE_CHECKING:
+    from applier.apply.batching.fullident import FullHold
+    from applier.apply.batching.host import LaneHost
     from applier.apply.handlers.states import Txn
     from applier.apply.sql.mapping import RelMap
     from applier.protocol import StreamedRun
@@ -66,7 +68,7 @@ class MergeLane:
         self.kind: type[HeldUpdates | HeldDeletes] = HeldDeletes if delete else HeldUpdates
         self.key = (self.oid, "delete" if delete else "update")
 
-    def _fits(self, applier: Any, data: bytes) -> bool:
+    def _fits(self, applier: LaneHost, data: bytes) -> bool:
         """``data`` is a row of the lane, and its changes may pass the handlers."""
         rm = self.rm
         return (
@@ -76,7 +78,7 @@ class MergeLane:
             and applier.session.in_txn
         )
 
-    def offer(self, applier: Any, lsn: Lsn, data: bytes) -> bool:
+    def offer(self, applier: LaneHost, lsn: Lsn, data: bytes) -> bool:
         """Hold the streamed change ``data``; False: it takes the ordinary path.
 
         ``data`` is a StreamedChange's bytes: :attr:`head`, then a TupleData.
@@ -104,10 +106,10 @@ class MergeLane:
         counts[self.key] = counts.get(self.key, 0) + 1
         applier.lane_rows += 1
         if held >= MAX_HELD:
-            applier._send_held(oid)
+            applier.send_held(oid)
         return True
 
-    def offer_run(self, applier: Any, run: StreamedRun, i: int) -> int:
+    def offer_run(self, applier: LaneHost, run: StreamedRun, i: int) -> int:
         """Hold ``run``'s changes from ``i`` on, as :meth:`offer` each; return how many
         (0: ``run.datas[i]`` takes the ordinary path).
 
@@ -165,7 +167,7 @@ class MergeLane:
             applier.tally.sent(self.key, fast)
             applier.lane_rows += fast
         if full:
-            applier._send_held(oid)
+            applier.send_held(oid)
         return took
 
 
@@ -235,7 +237,7 @@ hold_rows = speedups.hold_rows or _hold_rows_py
 NOT_HELD, HELD, SEND = 0, 1, 2
 
 
-def hold_update(applier: Any, lsn: Lsn, m: Update) -> int:
+def hold_update(applier: LaneHost, lsn: Lsn, m: Update) -> int:
     """Hold the UPDATE ``m`` in the merger as ``on_update`` would, when its table
     already holds merged UPDATEs of the same mapping: :data:`HELD` (or :data:`SEND`
     when the table reached MAX_HELD keys or MAX_HELD_BYTES), else :data:`NOT_HELD`
@@ -260,6 +262,8 @@ def hold_update(applier: Any, lsn: Lsn, m: Update) -> int:
     entry = applier.merger.tables.get(oid)
     if not _joins_held(applier, txn, rm, entry, HeldUpdates) or not applier.session.in_txn:
         return NOT_HELD
+    if TYPE_CHECKING:  # what _joins_held checked (no isinstance on this path at run time)
+        assert isinstance(entry, HeldUpdates) and rm is not None
     kinds, values = m.new.kinds, m.new.values
     if len(kinds) != len(rm.columns) or _U in kinds:
         return NOT_HELD
@@ -274,7 +278,9 @@ def hold_update(applier: Any, lsn: Lsn, m: Update) -> int:
     return SEND if len(rows) >= MAX_HELD or entry.size >= MAX_HELD_BYTES else HELD
 
 
-def open_merge_lane(applier: Any, msg: Update | Delete, data: bytes, txn: Txn) -> MergeLane | None:
+def open_merge_lane(
+    applier: LaneHost, msg: Update | Delete, data: bytes, txn: Txn
+) -> MergeLane | None:
     """After the ordinary path took ``msg`` (``data``): the lane, if it held it in the merger."""
     if type(msg) is Update and msg.old is not None:
         return None
@@ -288,7 +294,13 @@ def open_merge_lane(applier: Any, msg: Update | Delete, data: bytes, txn: Txn) -
     return MergeLane(rm, data[:10], txn, delete)
 
 
-def _joins_held(applier: Any, txn: Txn, rm: RelMap | None, entry: Any, kind: type) -> bool:
+def _joins_held(
+    applier: LaneHost,
+    txn: Txn,
+    rm: RelMap | None,
+    entry: HeldUpdates | HeldDeletes | FullHold | None,
+    kind: type,
+) -> bool:
     """A change of ``rm`` in ``txn`` may join the changes of ``kind`` that its table
     holds (``entry``) as the handlers would hold it: the terms :func:`hold_update` and
     a merge lane take changes on (the same mapping and kind held, and the lanes'

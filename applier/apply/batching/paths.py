@@ -64,9 +64,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from applier.apply.batching.host import PathsHost
     from applier.apply.handlers.states import Txn
     from applier.apply.sql.mapping import RelMap
 
@@ -98,10 +99,10 @@ ROW_BY_ROW_ONLY = Paths(False, False, False, False, False, False)
 #: transaction, past none of the fast paths: ``rule(applier, rm, txn)``. A rule reads
 #: only the mapping and the inputs :func:`refresh` watches (its answer is kept until
 #: one of them changes).
-ROW_BY_ROW: list[Callable[[Any, RelMap, Txn], bool]] = []
+ROW_BY_ROW: list[Callable[[PathsHost, RelMap, Txn], bool]] = []
 
 
-def decide(applier: Any, rm: RelMap, txn: Txn) -> Paths:
+def decide(applier: PathsHost, rm: RelMap, txn: Txn) -> Paths:
     """The paths of ``rm``'s changes in ``txn``, from every input (the module's doc)."""
     if applier.careful or any(rule(applier, rm, txn) for rule in ROW_BY_ROW):
         return ROW_BY_ROW_ONLY
@@ -127,7 +128,7 @@ def decide(applier: Any, rm: RelMap, txn: Txn) -> Paths:
     )
 
 
-def paths_of(applier: Any, rm: RelMap, txn: Txn) -> Paths:
+def paths_of(applier: PathsHost, rm: RelMap, txn: Txn) -> Paths:
     """``rm``'s paths in ``txn`` (the transaction in hand): cached per mapping version."""
     p: Paths | None = applier.paths.get(rm.version)
     if p is None:
@@ -135,7 +136,7 @@ def paths_of(applier: Any, rm: RelMap, txn: Txn) -> Paths:
     return p
 
 
-def refresh(applier: Any, txn: Txn | None = None) -> None:
+def refresh(applier: PathsHost, txn: Txn | None = None) -> None:
     """Forget every mapping's paths if an input changed since they were decided:
     ``txn``, the transaction that starts (or was just marked skipped), or None
     (between batches: only the skip rules and sync cuts may have been reloaded)."""

@@ -1,7 +1,7 @@
 """Row changes: Insert, Update, Delete and Truncate messages -> statements on the target.
 
-The half of :class:`~applier.apply.handlers.dispatch.Applier` that turns one change into
-work for the session: it finds the change's table mapping (an excluded table
+:class:`RowChanges`, a part the :class:`~applier.apply.handlers.dispatch.Applier` owns,
+turns one change into work for the session: it finds the change's table mapping (an excluded table
 or a skip rule ends it here, counted and kept as the rule says), checks the
 tuple's width against the Relation message (a :class:`ProtocolError` before
 anything of the transaction commits), and sends the plain statement, a
@@ -9,107 +9,116 @@ policy-checked one (:mod:`applier.apply.rules.conflicts`), a held UPDATE or DELE
 (:mod:`applier.apply.batching.merge`, :mod:`applier.apply.batching.fullident`) or, in a careful
 replay, a statement under its own savepoint (:mod:`applier.apply.rules.resolve`).
 TRUNCATE never cascades on the target. Transaction boundaries, dispatch and group commit stay in
-:mod:`applier.apply.handlers.dispatch`.
+:mod:`applier.apply.handlers.dispatch`. It reads the Applier through
+:class:`ChangesHost` (which the lanes it hands changes to read too) and calls
+the resolver through :class:`~applier.apply.handlers.ports.Resolution`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import psycopg
 
+from applier.apply.batching.host import LaneHost
 from applier.apply.batching.insertlane import offer_insert_run
 from applier.apply.batching.merge import AGAIN, MAX_HELD, UpdateMerger
 from applier.apply.batching.mergelane import SEND, hold_update
-from applier.apply.batching.paths import Paths, paths_of
+from applier.apply.batching.paths import paths_of
+from applier.apply.handlers.ports import Resolution
 from applier.apply.handlers.states import ChangeCtx, Txn
 from applier.apply.rules.conflicts import CheckedRows, ConflictPlanner
-from applier.apply.rules.skiprules import SkipRules
-from applier.apply.rules.tablesync import NO_SYNCS, TableSyncs
 from applier.apply.sql.mapping import Catalog, RelMap
 from applier.apply.sql.planner import Planner
-from applier.apply.tally import Tally
 from applier.apply.target.session import TargetSession
 from applier.errors import ApplyError, ProtocolError, TransientError
 from applier.lsn import Lsn
 from applier.protocol import Delete, Insert, InsertRun, Truncate, Update, decode_insert
 
 
-class Changes:
-    """Mixin of :class:`~applier.apply.handlers.dispatch.Applier`: one handler per row change."""
+class ChangesHost(LaneHost, Protocol):
+    """What the row-change handlers read and count of the Applier (and hand the lanes)."""
 
-    txn: Txn | None
-    relmaps: dict[int, RelMap]
     skipped_changes: int
-    tally: Tally
-    rules: SkipRules
-    session: TargetSession
-    merger: UpdateMerger
-    merging: bool
-    planner: Planner
-    cplanner: ConflictPlanner
-    careful: bool
-    catalog: Catalog
-    relations: dict[int, Any]
-    #: Tables held back while sync-tables copies them (the worker sets its own).
-    syncs: TableSyncs = NO_SYNCS
-    paths: dict[int, Paths]
 
-    if TYPE_CHECKING:  # provided by Applier and Resolution; no stubs at run time (MRO)
+    @property
+    def relations(self) -> dict[int, Any]: ...
 
-        def relmap(self, oid: int, lsn: Lsn) -> RelMap: ...
-        def _xid(self) -> int | None: ...
-        def _keep(self, ctx: Any, rule: Any, skipped: bool = True, **error: str | None) -> None: ...
-        def _careful(self, ctx: Any, send: Any) -> None: ...
-        def _insert_checked(self, ctx: Any, res: Any) -> None: ...
-        def _rows_checked(self, group: Any, res: Any) -> None: ...
-        def _upsert_checked(self, ctx: Any, res: Any) -> None: ...
-        def _origin_checked(self, ctx: Any, res: Any) -> None: ...
+    def relmap(self, oid: int, lsn: Lsn) -> RelMap:
+        """The mapping of ``oid`` (built at its first change)."""
+
+
+class RowChanges:
+    """One handler per row change: INSERT, UPDATE, DELETE, TRUNCATE, and runs of INSERTs."""
+
+    def __init__(
+        self,
+        host: ChangesHost,
+        resolution: Resolution,
+        session: TargetSession,
+        planner: Planner,
+        cplanner: ConflictPlanner,
+        merger: UpdateMerger,
+        catalog: Catalog,
+    ) -> None:
+        self.host = host
+        self.resolution = resolution
+        self.session = session
+        self.planner = planner
+        self.cplanner = cplanner
+        self.merger = merger
+        self.catalog = catalog
+        # The Applier's own dicts (filled by it, read here per change).
+        self.relmaps = host.relmaps
+        self.relations = host.relations
+        self.paths = host.paths
 
     def _target(self, lsn: Lsn, oid: int, m: Any, op: str) -> ChangeCtx | None:
         """The change's context, or None when it is not to be applied (already applied,
         excluded table, skipped by a rule: then kept as the rule says)."""
-        txn = self.txn
+        txn = self.host.txn
         assert txn is not None
         if txn.skip:
             return None
         # Tables sync-tables copies (applier.apply.rules.tablesync): one lookup per change;
         # the decision by name only at a relation's first change (a mapping miss).
         rm = self.relmaps.get(oid)
-        syncs = self.syncs
+        syncs = self.host.syncs
         cut = (
             syncs.cut.get(oid)
             if rm is not None
             else syncs.classify(oid, self.relations.get(oid), lsn, txn.xid)
         )
         if cut is not None and txn.commit_lsn < cut:
-            self.skipped_changes += 1
-            self.tally.skip(rm.qualname if rm is not None else syncs.qualname(oid), "table_sync")
+            self.host.skipped_changes += 1
+            self.host.tally.skip(
+                rm.qualname if rm is not None else syncs.qualname(oid), "table_sync"
+            )
             return None
         if rm is None:
-            rm = self.relmap(oid, lsn)
+            rm = self.host.relmap(oid, lsn)
         if not rm.included:
-            self.skipped_changes += 1
-            self.tally.skip(rm.qualname, "excluded")
+            self.host.skipped_changes += 1
+            self.host.tally.skip(rm.qualname, "excluded")
             return None
         if op != "truncate":  # before any rule: a corrupt stream is an error, kept or not
             self._check_width(lsn, rm, m)
         txn.n += 1
         ctx = ChangeCtx(lsn, txn, rm, m)
         if txn.rule is not None:
-            self.skipped_changes += 1
-            self.tally.skip(rm.qualname, "transaction_rule")
-            self._keep(ctx, txn.rule)
+            self.host.skipped_changes += 1
+            self.host.tally.skip(rm.qualname, "transaction_rule")
+            self.resolution.keep(ctx, txn.rule)
             return None
-        if self.rules.has_object:
-            skips = self.rules.for_table(rm.qualname)
+        if self.host.rules.has_object:
+            skips = self.host.rules.for_table(rm.qualname)
             if skips is not None and op in skips.by_op:
-                self.skipped_changes += 1
-                self.tally.skip(rm.qualname, "table_rule")
-                self._keep(ctx, skips.by_op[op])
+                self.host.skipped_changes += 1
+                self.host.tally.skip(rm.qualname, "table_rule")
+                self.resolution.keep(ctx, skips.by_op[op])
                 return None
-        counts, k = self.tally.changes, (oid, op)  # per table and op: applier.apply.tally
+        counts, k = self.host.tally.changes, (oid, op)  # per table and op: applier.apply.tally
         counts[k] = counts.get(k, 0) + 1
         if txn.seen is not None:
             txn.seen.append(ctx)
@@ -148,10 +157,10 @@ class Changes:
         if self.merger.tables:
             self._before_change(rm)
         session = self.session
-        runs = (self.paths.get(rm.version) or paths_of(self, rm, txn)).runs
+        runs = (self.paths.get(rm.version) or paths_of(self.host, rm, txn)).runs
         if rm.policy is not None and rm.policy.checked_insert:
             stmt, params, fmts = self._planned(ctx, self.cplanner.insert, txn.commit_ts)
-            ctx.check = self._insert_checked
+            ctx.check = self.resolution.insert_checked
             if session.multi_row and runs and self.cplanner.batchable(rm, stmt):
                 new = m.new.values
                 ctx.key = tuple([new[i] for i in rm.key])
@@ -160,8 +169,8 @@ class Changes:
             self._send(ctx, lambda: session.execute(stmt, params, fmts, ctx, checked=True))
             return
         stmt, params, fmts = self.planner.insert(rm, m)
-        if self.careful:
-            self._careful(ctx, lambda: session.execute(stmt, params, fmts, ctx))
+        if self.host.careful:
+            self.resolution.careful(ctx, lambda: session.execute(stmt, params, fmts, ctx))
         elif runs:
             session.insert(stmt, params, fmts, ctx)
         else:
@@ -172,7 +181,7 @@ class Changes:
         others through the insert lane (applier.apply.batching.insertlane) where it takes them;
         in a transaction applied before, the others are only decoded (checked)."""
         self.on_insert(lsn, m.first)
-        txn = self.txn
+        txn = self.host.txn
         if txn is None or txn.skip:  # applied already: so is every row of it
             # Each row decoded all the same, as the stream decodes every Insert
             # outside a run (of a run's rows it read only the head): a corrupt
@@ -182,11 +191,11 @@ class Changes:
             return
         # Whether the lane may take any of them is the same for every row: asked once.
         rm = self.relmaps.get(m.first.relation_oid)
-        lane = rm is not None and paths_of(self, rm, txn).insert_lane
+        lane = rm is not None and paths_of(self.host, rm, txn).insert_lane
         datas, lsns = m.datas, m.lsns
         i, n = 0, len(datas)
         while i < n:
-            took = offer_insert_run(self, m, i) if lane else 0
+            took = offer_insert_run(self.host, m, i) if lane else 0
             if took:
                 i += took
                 continue
@@ -197,10 +206,10 @@ class Changes:
 
     def on_update(self, lsn: Lsn, m: Update) -> None:
         # The common case in one step: the table holds merged UPDATEs already.
-        held = hold_update(self, lsn, m)
+        held = hold_update(self.host, lsn, m)
         if held:
             if held == SEND:
-                self._send_held(m.relation_oid)
+                self.send_held(m.relation_oid)
             return
         ctx = self._target(lsn, m.relation_oid, m, "update")
         if ctx is None:
@@ -208,7 +217,7 @@ class Changes:
         rm = ctx.rm
         if rm.policy is not None and self._policy_change(ctx):
             return
-        p = self.paths.get(rm.version) or paths_of(self, rm, ctx.txn)
+        p = self.paths.get(rm.version) or paths_of(self.host, rm, ctx.txn)
         if p.merged or p.full:
             merger = self.merger
             if self._hold(ctx, merger.add if p.merged else merger.add_full):
@@ -222,7 +231,7 @@ class Changes:
         rm = ctx.rm
         if rm.policy is not None and self._policy_change(ctx):
             return
-        p = self.paths.get(rm.version) or paths_of(self, rm, ctx.txn)
+        p = self.paths.get(rm.version) or paths_of(self.host, rm, ctx.txn)
         if p.merged or p.full:
             merger = self.merger
             if self._hold(ctx, merger.add_delete if p.merged else merger.add_full):
@@ -231,7 +240,9 @@ class Changes:
 
     def _checked_rows(self, stmt: Any, n: int, ctxs: list[Any]) -> Any:
         """For a run of checked INSERTs: the statement for n rows, and its context."""
-        return self.cplanner.insert_many(ctxs[0].rm, stmt, n), CheckedRows(ctxs, self._rows_checked)
+        return self.cplanner.insert_many(ctxs[0].rm, stmt, n), CheckedRows(
+            ctxs, self.resolution.rows_checked
+        )
 
     def _planned(self, ctx: ChangeCtx, plan: Callable[..., Any], *args: Any) -> Any:
         """Plan a change; a refusal (REPLICA IDENTITY NOTHING) gets its context."""
@@ -246,9 +257,9 @@ class Changes:
         if self.merger.tables:
             self._before_change(ctx.rm)
         stmt, params, fmts = self._planned(ctx, plan)
-        if self.careful:
+        if self.host.careful:
             session = self.session
-            self._careful(ctx, lambda: session.execute(stmt, params, fmts, ctx))
+            self.resolution.careful(ctx, lambda: session.execute(stmt, params, fmts, ctx))
         else:
             self.session.execute(stmt, params, fmts, ctx)
 
@@ -256,15 +267,15 @@ class Changes:
         """An UPDATE/DELETE under a policy that needs its own statement (see
         applier.apply.rules.conflicts); False when the plain statement will do."""
         rm, m = ctx.rm, ctx.change
-        txn = self.txn
+        txn = self.host.txn
         assert txn is not None
         planned: Any = None
         if rm.policy.check_origin:
             planned = self._planned(ctx, self.cplanner.origin_checked, txn.commit_ts)
-            ctx.check = self._origin_checked
+            ctx.check = self.resolution.origin_checked
         elif isinstance(m, Update) and rm.policy.checked_update:
             planned = self._planned(ctx, self.cplanner.update)
-            ctx.check = self._upsert_checked
+            ctx.check = self.resolution.upsert_checked
         if planned is None:
             return False
         if self.merger.tables:
@@ -275,23 +286,23 @@ class Changes:
         return True
 
     def _send(self, ctx: ChangeCtx, send: Callable[[], None]) -> None:
-        if self.careful:
-            self._careful(ctx, send)
+        if self.host.careful:
+            self.resolution.careful(ctx, send)
         else:
             send()
 
     def on_truncate(self, lsn: Lsn, m: Truncate) -> None:
-        txn = self.txn
+        txn = self.host.txn
         assert txn is not None
         if txn.skip:
             return
         oids = [o for o in m.relation_oids if not self._held(o, lsn, txn)]
-        rms = [self.relmap(oid, lsn) for oid in oids]
+        rms = [self.host.relmap(oid, lsn) for oid in oids]
         included = [rm for rm in rms if rm.included]
-        self.skipped_changes += len(rms) - len(included)
+        self.host.skipped_changes += len(rms) - len(included)
         for rm in rms:
             if not rm.included:
-                self.tally.skip(rm.qualname, "excluded")
+                self.host.tally.skip(rm.qualname, "excluded")
         if not included:
             return
         ctxs = [self._truncated(lsn, rm, m) for rm in included]
@@ -301,7 +312,7 @@ class Changes:
         self._check_truncate(lsn, included)
         if not self.session.in_txn:
             self.session.begin()
-        self._send_held()
+        self.send_held()
         query = self.planner.truncate(included, m.restart_identity)
         ctx = ChangeCtx(lsn, txn, included[0], m)
         session = self.session
@@ -309,7 +320,7 @@ class Changes:
 
     def _held(self, oid: int, lsn: Lsn, txn: Txn) -> bool:
         """A TRUNCATE's relation that sync-tables holds back (counted as skipped)."""
-        syncs = self.syncs
+        syncs = self.host.syncs
         cut = (
             syncs.cut.get(oid)
             if oid in self.relmaps
@@ -317,8 +328,8 @@ class Changes:
         )
         if cut is None or txn.commit_lsn >= cut:
             return False
-        self.skipped_changes += 1
-        self.tally.skip(syncs.qualname(oid), "table_sync")
+        self.host.skipped_changes += 1
+        self.host.tally.skip(syncs.qualname(oid), "table_sync")
         return True
 
     def _truncated(self, lsn: Lsn, rm: RelMap, m: Truncate) -> ChangeCtx | None:
@@ -361,22 +372,26 @@ class Changes:
         oid = ctx.rm.relation.oid
         held = add(ctx.rm, ctx.change, ctx)
         if held == AGAIN:  # the table holds what must go first
-            self._send_held(oid)
+            self.send_held(oid)
             held = add(ctx.rm, ctx.change, ctx)
         if held <= 0:
             return False
         if held >= MAX_HELD:
-            self._send_held(oid)
+            self.send_held(oid)
         return True
 
     def _before_change(self, rm: RelMap) -> None:
         """Keep source order where it can be seen: before a change that is not merged."""
         if rm.target is not None and rm.target.observed:
-            self._send_held()
+            self.send_held()
         elif self.merger.holds(rm.relation.oid):
-            self._send_held(rm.relation.oid)
+            self.send_held(rm.relation.oid)
 
-    def _send_held(self, oid: int | None = None) -> None:
+    def _xid(self) -> int | None:
+        txn = self.host.txn
+        return txn.xid if txn is not None else None
+
+    def send_held(self, oid: int | None = None) -> None:
         """Send the rows held for one table (``oid``) or for all."""
         merger = self.merger
         if not merger.tables:

@@ -12,7 +12,18 @@ Session states
 between Begin Prepare and Prepare; ``STREAM`` between Stream Start and Stream
 Stop. Stream Commit/Abort/Prepare, Commit/Rollback Prepared arrive in
 ``IDLE``. A spooled transaction is replayed at its Stream Commit through the
-same handlers in state ``TXN``.
+same handlers in state ``TXN``. The dispatch table says which message may come
+in which state; a handler moves the state only by :meth:`Applier.move`, checked
+against the one table of moves (:data:`~applier.apply.handlers.states.TRANSITIONS`).
+
+Parts
+=====
+
+The Applier holds the session state (the C dispatch loop reads ``state`` and
+``live``) and owns its parts, each given the Protocol of what it uses
+(:mod:`applier.apply.handlers.ports`): row changes (:mod:`applier.apply.handlers.changes`),
+conflicts and skip rules (:mod:`applier.apply.rules.resolve`), streamed transactions
+(:mod:`applier.apply.handlers.streamed`), two-phase (:mod:`applier.apply.handlers.twophase`).
 
 LSN tracking and feedback
 =========================
@@ -43,11 +54,6 @@ TOAST
 An UPDATE whose unchanged TOASTed columns were not sent (kind ``u``) leaves
 them out of SET; the target keeps its value, which is the source's too.
 
-Streamed transactions
-=====================
-
-See :mod:`applier.apply.handlers.streamed`.
-
 Conflicts and skip rules
 ========================
 
@@ -58,68 +64,12 @@ failing changes, keeping what they skipped (:mod:`applier.apply.rules.skiprules`
 Both are decided in :mod:`applier.apply.rules.resolve`, with the careful replay
 (a savepoint per change) that only a failed range pays for.
 
-Two-phase
-=========
-
-See :mod:`applier.apply.handlers.twophase` (Begin Prepare .. Commit/Rollback Prepared).
-
 Group commit
 ============
 
 Several consecutive source transactions may share one target transaction
-(``[apply] group_commit``: at most that many, 1000 by default; 1 turns it off).
-At a Commit the target transaction stays open
-while (a) the group is below its count and younger than :data:`GROUP_MAX_AGE`
-(2 ms; :data:`GROUP_MAX_AGE_BEHIND`, 50 ms, for a transaction the source sent
-at least :data:`BEHIND_AFTER`, 100 ms, after it committed: one from a backlog),
-(b) more messages are already in hand:
-the worker commits the open group once the stream has no more received
-messages to give (a read that does not wait), so a group never waits for the
-network and latency stays that of what was in hand (a batch
-that ends inside a transaction leaves the group open until that transaction's
-Commit: its rows are in the target transaction already, and committing them
-stamped with the previous transaction's position would apply them twice after a
-restart), and (c)
-the transaction ends beyond ``no_group_until`` (below). The group commits with
-the origin stamped with its LAST transaction's (end_lsn, commit_ts): all of its
-source transactions become visible, and the origin moves past all of them, in
-one atomic commit, so exactly-once holds as for a single transaction (after a
-crash the origin is either before the group or past all of it). The flush
-tracker gets one pair per group; an empty transaction inside an open group
-joins it (its position is not confirmed before the group commits).
-
-Not grouped (the group is committed first, and they commit alone): streamed
-transactions (Stream Commit/Prepare: large by definition), two-phase
-(Begin Prepare .. Prepare, Commit/Rollback Prepared: PREPARE TRANSACTION names
-one source transaction, and their prepared-GID checks are queries outside a
-transaction). TRUNCATE is grouped: it is transactional on PostgreSQL; it only
-holds its ACCESS EXCLUSIVE lock until the group commits, bounded as above.
-Skipped (already applied) transactions come before any group by LSN order.
-
-When anything fails while a group holds earlier transactions (a row, the
-COMMIT, a schema mismatch), the error's context may name the wrong
-transaction: the target transaction is rolled back and the origin's session
-values reset (as for any failure), the session starts over from the origin
-(which is before the group), and every transaction up to the last position
-received is applied one by one; the failing one then fails alone, with its own
-LSN/xid/table/key, after committing those before it; a failed merged or
-multi-row statement is replayed the same way (without merging), even when it
-held a single transaction. Rows that UPDATE/DELETE did not find may be counted
-twice in that case. ``group_commit = 1`` behaves
-exactly as before.
-
-Within the target transaction, an UPDATE that keeps its key is held and
-merged with later UPDATEs of the same row; only the final values go out, a
-table's rows in a few multi-row statements (:mod:`applier.apply.batching.merge`, which
-says for which tables this cannot be told apart from one by one).
-
-Commits are pipelined (:mod:`applier.apply.target.session`, "Pipelined commits"): a
-group's commit is sent and the worker goes on; its bookkeeping (applied count,
-last commit, the flush tracker's local LSN) runs when the result arrives, and
-the flush tracker holds back every position behind a commit still unanswered.
-A failure found in such a commit may carry a later transaction's context: it is
-treated like a failed group (start over from the origin, one by one, waiting
-for each commit).
+(``[apply] group_commit``); when a group stays open, what commits it and what a
+failure inside it does: :mod:`applier.apply.handlers.groupcommit`.
 """
 
 from __future__ import annotations
@@ -132,16 +82,18 @@ from typing import Any
 from applier.apply.batching.merge import UpdateMerger
 from applier.apply.batching.paths import Paths
 from applier.apply.batching.paths import refresh as refresh_paths
-from applier.apply.handlers.changes import Changes
+from applier.apply.handlers.changes import RowChanges
+from applier.apply.handlers.groupcommit import max_age
 from applier.apply.handlers.relations import RelationCache
-from applier.apply.handlers.spool import Spool, SpoolSet
-from applier.apply.handlers.states import State, Txn
-from applier.apply.handlers.streamed import Streamed
-from applier.apply.handlers.twophase import TwoPhase
-from applier.apply.rules.conflicts import Conflict, ConflictPlanner
+from applier.apply.handlers.spool import SpoolSet
+from applier.apply.handlers.states import State, Txn, check_move
+from applier.apply.handlers.streamed import Live, StreamedTxns
+from applier.apply.handlers.twophase import TwoPhaseTxns
+from applier.apply.rules.conflicts import ConflictPlanner
 from applier.apply.rules.originfilter import OriginFilter
-from applier.apply.rules.resolve import Resolution
+from applier.apply.rules.resolve import Resolver
 from applier.apply.rules.skiprules import SkipRules
+from applier.apply.rules.tablesync import NO_SYNCS, TableSyncs
 from applier.apply.sql.mapping import Catalog, RelMap
 from applier.apply.sql.planner import Planner
 from applier.apply.tally import Tally
@@ -187,24 +139,6 @@ _CHANGE_STATES = frozenset({TXN, PREPARE})
 #: In a stream block, changes and the schema they see arrive as StreamedChange.
 _NOT_STREAM = frozenset({IDLE, TXN, PREPARE})
 _ANY = frozenset(State)
-#: Seconds a group stays open at most (see "Group commit"): under a steady load
-#: the stream always has more in hand, and a group of 100 would hold the first
-#: transaction's rows back for 100 source transactions (pgbench at 1500 tps: a
-#: median lag of 25 ms against the built-in's 7 ms).
-GROUP_MAX_AGE = 0.002
-#: ... and while the source sends from a backlog (BEHIND_AFTER): the lag is then the
-#: backlog's, not the group's, and a longer group lets a run of INSERTs go on across
-#: its transactions as one COPY (200 transactions of 1000 rows, PK + 3 indexes:
-#: applier CPU 0.80 -> 0.43 s, its target backend 1.34 -> 1.25 s; 20, 50 and 200 ms
-#: measured alike). It also lets a backlog's groups reach the default group_commit
-#: of 1000: a 20,000-transaction pgbench backlog then merges more of its branch and
-#: teller UPDATEs, target backend CPU 0.36-0.51 -> 0.26-0.28 s against 100 (10000:
-#: no better).
-GROUP_MAX_AGE_BEHIND = 0.05
-#: Microseconds between a transaction's commit and the walsender sending its end
-#: from which the worker counts as behind. Both are the source's clock (the commit
-#: timestamp, the XLogData's send_time), so no clock skew between hosts enters.
-BEHIND_AFTER = 100_000
 #: Messages that need the session before a live streamed transaction commits
 #: (applier.apply.handlers.streamed, "Live apply"): it is dropped first.
 _DROPS_LIVE = frozenset({Begin, BeginPrepare, CommitPrepared, RollbackPrepared, StreamPrepare})
@@ -222,7 +156,7 @@ _PENDING_AT: dict[type, Callable[[Any], tuple[Lsn, int]]] = {
 }
 
 
-class Applier(Changes, Resolution, Streamed, TwoPhase):
+class Applier:
     """The message state machine: one handler per message kind, states in one place."""
 
     def __init__(
@@ -252,21 +186,21 @@ class Applier(Changes, Resolution, Streamed, TwoPhase):
         self.flush = FlushTracker()
         self.state = IDLE
         self.txn: Txn | None = None
-        self.spool: Spool | None = None
-        self.live_apply = cfg.apply.streaming == "parallel"
-        self.no_live = no_live if no_live is not None else set()
+        #: The streamed transaction applied as it arrives (applier.apply.handlers.streamed);
+        #: the C dispatch loop reads it by name.
+        self.live: Live | None = None
+        #: Rows that went through the lanes (logged with each streamed commit).
+        self.lane_rows = 0
         self.rels = RelationCache(cfg, catalog, self._forget)
         self.relations = self.rels.relations
         self.relmaps = self.rels.relmaps
         self.applied_txns = 0
         self.skipped_changes = 0
-        self.missing_rows = 0
         self.skipped_txns = 0
         #: Changes by table and operation, of committed transactions (applier.metrics).
         self.tally = Tally()
         self.last_commit_lsn: Lsn | None = None
         self.last_commit_ts: int | None = None
-        self.gid_prefix = f"applier_{cfg.origin}_"
         #: ``[source] origin = "none"``: see applier.apply.rules.originfilter.
         self.origins = OriginFilter(cfg.source.origin)
         #: Group commit: at most this many source transactions per target transaction.
@@ -281,12 +215,20 @@ class Applier(Changes, Resolution, Streamed, TwoPhase):
         self.group_opened = 0.0
         #: The send_time of the stream's last read (the worker sets it per batch).
         self.sent_at = 0
-        session.on_missing = self._missing_row
-        self.catalog_conn = catalog.conn
         self.rules = rules if rules is not None else SkipRules(cfg.origin)
-        self.policies = self.rels.policies
-        self.our_origin_id = our_origin_id
-        self.conflicts: list[Conflict] = []
+        #: Conflicts, careful replay and skip rules (applier.apply.rules.resolve).
+        self.resolver = Resolver(
+            self, cfg, session, self.rels.policies, catalog.conn, our_origin_id
+        )
+        session.on_missing = self.resolver.missing_row
+        #: Streamed transactions, spooled or applied live (applier.apply.handlers.streamed).
+        self.streamed = StreamedTxns(
+            self,
+            self.resolver,
+            cfg.apply.streaming == "parallel",
+            no_live if no_live is not None else set(),
+        )
+        #: Begin Prepare .. Commit/Rollback Prepared (applier.apply.handlers.twophase).
         self.cplanner = ConflictPlanner(self.planner, our_origin_id or 0)
         #: Transactions up to this source position are replayed carefully (see
         #: applier.apply.rules.resolve, "Careful replay"): a savepoint per change.
@@ -296,6 +238,26 @@ class Applier(Changes, Resolution, Streamed, TwoPhase):
         #: and the inputs they were decided on.
         self.paths: dict[int, Paths] = {}
         self.paths_stamp: tuple[Any, ...] = ((), -1, -1)
+        #: Tables held back while sync-tables copies them (the worker sets its own).
+        self.syncs: TableSyncs = NO_SYNCS
+        #: INSERT, UPDATE, DELETE, TRUNCATE (applier.apply.handlers.changes).
+        self.changes = RowChanges(
+            self, self.resolver, session, self.planner, self.cplanner, self.merger, catalog
+        )
+        self.twophase = TwoPhaseTxns(
+            self,
+            self.resolver,
+            self.streamed,
+            self.changes,
+            self.origins,
+            f"applier_{cfg.origin}_",
+        )
+        # The change handlers by their names, as the dispatch table holds them.
+        self.on_insert = self.changes.on_insert
+        self.on_insert_run = self.changes.on_insert_run
+        self.on_update = self.changes.on_update
+        self.on_delete = self.changes.on_delete
+        self.on_truncate = self.changes.on_truncate
         H = Callable[[Lsn, Any], None]
         self.handlers: dict[type, tuple[frozenset[State], H]] = {
             Begin: (frozenset({IDLE}), self.on_begin),
@@ -303,23 +265,23 @@ class Applier(Changes, Resolution, Streamed, TwoPhase):
             Origin: (frozenset({TXN, PREPARE, STREAM}), self.on_origin),
             Relation: (_NOT_STREAM, self.on_relation),
             Type: (_NOT_STREAM, self.on_type),
-            StreamedChange: (frozenset({STREAM}), self.on_streamed_change),
-            StreamedRun: (frozenset({STREAM}), self.on_streamed_run),
+            StreamedChange: (frozenset({STREAM}), self.streamed.on_streamed_change),
+            StreamedRun: (frozenset({STREAM}), self.streamed.on_streamed_run),
             Insert: (_CHANGE_STATES, self.on_insert),
             InsertRun: (_CHANGE_STATES, self.on_insert_run),
             Update: (_CHANGE_STATES, self.on_update),
             Delete: (_CHANGE_STATES, self.on_delete),
             Truncate: (_CHANGE_STATES, self.on_truncate),
             Message: (_ANY, self.on_message),
-            StreamStart: (frozenset({IDLE}), self.on_stream_start),
-            StreamStop: (frozenset({STREAM}), self.on_stream_stop),
-            StreamCommit: (frozenset({IDLE}), self.on_stream_commit),
-            StreamAbort: (frozenset({IDLE}), self.on_stream_abort),
-            StreamPrepare: (frozenset({IDLE}), self.on_stream_prepare),
-            BeginPrepare: (frozenset({IDLE}), self.on_begin_prepare),
-            Prepare: (frozenset({PREPARE}), self.on_prepare),
-            CommitPrepared: (frozenset({IDLE}), self.on_commit_prepared),
-            RollbackPrepared: (frozenset({IDLE}), self.on_rollback_prepared),
+            StreamStart: (frozenset({IDLE}), self.streamed.on_stream_start),
+            StreamStop: (frozenset({STREAM}), self.streamed.on_stream_stop),
+            StreamCommit: (frozenset({IDLE}), self.streamed.on_stream_commit),
+            StreamAbort: (frozenset({IDLE}), self.streamed.on_stream_abort),
+            StreamPrepare: (frozenset({IDLE}), self.twophase.on_stream_prepare),
+            BeginPrepare: (frozenset({IDLE}), self.twophase.on_begin_prepare),
+            Prepare: (frozenset({PREPARE}), self.twophase.on_prepare),
+            CommitPrepared: (frozenset({IDLE}), self.twophase.on_commit_prepared),
+            RollbackPrepared: (frozenset({IDLE}), self.twophase.on_rollback_prepared),
         }
         #: Commits received and not finished (applier.lag); the worker's outlives sessions.
         self.pending = PendingCommits()
@@ -340,6 +302,10 @@ class Applier(Changes, Resolution, Streamed, TwoPhase):
 
         return handle
 
+    def move(self, to: State) -> None:
+        """Move the session state to ``to``: only as TRANSITIONS allows (states.py)."""
+        self.state = check_move(self.state, to)
+
     def dispatch(self, lsn: Lsn, msg: PgOutputMessage) -> None:
         entry = self.handlers.get(type(msg))
         if entry is None or self.state not in entry[0]:
@@ -353,9 +319,17 @@ class Applier(Changes, Resolution, Streamed, TwoPhase):
             self.drop_live(f"a {msg.kind} message needs the session")
         entry[1](lsn, msg)
 
+    def send_held(self, oid: int | None = None) -> None:
+        """Send the merged rows held for one table or for all (the lanes call it)."""
+        self.changes.send_held(oid)
+
+    def drop_live(self, why: str) -> None:
+        """Roll the live transaction back (applier.apply.handlers.streamed)."""
+        self.streamed.drop_live(why)
+
     # -- transactions ------------------------------------------------------------------
 
-    def _start_txn(
+    def start_txn(
         self, xid: int, commit_lsn: Lsn, skip: bool, gid: str | None = None, ts: int = 0
     ) -> None:
         txn = self.txn = Txn(xid, commit_lsn, skip, gid, ts)
@@ -375,21 +349,21 @@ class Applier(Changes, Resolution, Streamed, TwoPhase):
         self.session.txn_context = {"lsn": commit_lsn, "xid": xid, "finish_lsn": commit_lsn}
 
     def on_begin(self, lsn: Lsn, m: Begin) -> None:
-        self.state = TXN
+        self.move(TXN)
         skip = m.final_lsn < self.progress
         if skip:
             log.info(
                 "skipping a transaction applied before",
                 extra={"ctx": {"xid": m.xid, "commit_lsn": m.final_lsn, "progress": self.progress}},
             )
-        self._start_txn(m.xid, m.final_lsn, skip, None, m.commit_ts)
+        self.start_txn(m.xid, m.final_lsn, skip, None, m.commit_ts)
 
     def on_commit(self, lsn: Lsn, m: Commit) -> None:
         assert self.txn is not None
-        self.state = IDLE
-        self._end_txn(m.end_lsn, m.commit_ts, groupable=True)
+        self.move(IDLE)
+        self.end_txn(m.end_lsn, m.commit_ts, groupable=True)
 
-    def _end_txn(self, end_lsn: Lsn, commit_ts: int, groupable: bool = False) -> None:
+    def end_txn(self, end_lsn: Lsn, commit_ts: int, groupable: bool = False) -> None:
         txn = self.txn
         assert txn is not None
         self.txn = None
@@ -410,7 +384,7 @@ class Applier(Changes, Resolution, Streamed, TwoPhase):
             return
         if txn.rule is not None:
             self.skipped_txns += 1
-        self._finish_records(txn, end_lsn)
+        self.resolver.finish_records(txn, end_lsn)
         if self.session.in_txn:
             # An empty transaction inside an open group joins it (its position must
             # not be confirmed before the group's commit).
@@ -422,8 +396,7 @@ class Applier(Changes, Resolution, Streamed, TwoPhase):
                 now = monotonic()
                 if not self.group_txns:
                     self.group_opened = now
-                behind = self.sent_at - commit_ts >= BEHIND_AFTER
-                if now - self.group_opened < (GROUP_MAX_AGE_BEHIND if behind else GROUP_MAX_AGE):
+                if now - self.group_opened < max_age(self.sent_at, commit_ts):
                     self.group_txns += 1
                     self.group_end = (end_lsn, commit_ts)
                     return
@@ -444,16 +417,16 @@ class Applier(Changes, Resolution, Streamed, TwoPhase):
 
     def _commit(self, end_lsn: Lsn, ts: int, txns: int) -> None:
         """Send the commit; the bookkeeping of success runs when its result comes."""
-        self._send_held()
-        self._flush_conflicts()
+        self.send_held()
+        self.resolver.flush_conflicts()
         entry = self.flush.store_pending(end_lsn)
         counts = self.tally.take(self.relmaps)
 
         def done(local: Lsn) -> None:
-            # Rows not found that the commit did not wait for (conflicts.py, "Records"):
+            # Rows not found that the commit did not wait for (conflictlog.py, "Records"):
             # their results came before this commit's, so these are exactly the ones
             # of the transactions it committed.
-            late, self.conflicts = self.conflicts, []
+            late = self.resolver.take_conflicts()
             self.tally.conflicts_met(late, into=counts[2])
             self.flush.resolve(entry, local)
             self.tally.commit(counts, txns)
@@ -461,7 +434,7 @@ class Applier(Changes, Resolution, Streamed, TwoPhase):
             self.last_commit_lsn = end_lsn
             self.last_commit_ts = ts
             for c in late:
-                self.record_alone(c)
+                self.resolver.record_alone(c)
 
         # One by one after a failed group: wait, so an error names its transaction.
         self.session.commit(end_lsn, ts, done, wait=end_lsn <= self.no_group_until)
@@ -469,7 +442,7 @@ class Applier(Changes, Resolution, Streamed, TwoPhase):
         self.group_txns = 0
         self.progress = Lsn(max(self.progress, end_lsn))
 
-    def _committed(self, end_lsn: Lsn, ts: int, local: Lsn, txns: int = 1) -> None:
+    def committed(self, end_lsn: Lsn, ts: int, local: Lsn, txns: int = 1) -> None:
         self.group_txns = 0
         self.progress = Lsn(max(self.progress, end_lsn))
         self.flush.store(end_lsn, local)
@@ -482,7 +455,7 @@ class Applier(Changes, Resolution, Streamed, TwoPhase):
         """The transaction was applied on the source by a replication (after Begin, Begin
         Prepare, or a first Stream Start): not applied with ``origin = "none"``."""
         if self.state is STREAM:
-            sp = self.spool
+            sp = self.streamed.spool
             assert sp is not None
             sp.filtered = self.origins.drop(lsn, m, sp.xid)
             return
@@ -513,7 +486,7 @@ class Applier(Changes, Resolution, Streamed, TwoPhase):
     def _forget(self, rm: RelMap) -> None:
         """A mapping was superseded or evicted: its prepared statements go too."""
         if self.merger.holds(rm.relation.oid):
-            self._send_held(rm.relation.oid)
+            self.changes.send_held(rm.relation.oid)
         self.merger.forget(rm.version)
         self.paths.pop(rm.version, None)
         names = self.planner.forget(rm.version)
@@ -532,9 +505,9 @@ class Applier(Changes, Resolution, Streamed, TwoPhase):
             self.live.spool.live = False
             self.live = None
         self.txn = None
-        self.state = IDLE
+        self.move(IDLE)
         self.group_txns = 0
-        self.conflicts = []
+        self.resolver.discard()
         self.tally.discard()
         self.merger.discard()
         self.session.rollback()

@@ -1,4 +1,29 @@
-"""The apply session's states (see :mod:`applier.apply.handlers.dispatch`, "Session states")."""
+"""The apply session's states (see :mod:`applier.apply.handlers.dispatch`, "Session states").
+
+Transitions
+===========
+
+The session state moves only through :meth:`Applier.move
+<applier.apply.handlers.dispatch.Applier.move>`, which checks the move against
+:data:`TRANSITIONS`, the one table of allowed moves (h11 keeps its in one place
+too). Which messages may arrive in which state is the dispatch table's
+(:mod:`applier.apply.handlers.dispatch`); this table says where their handlers
+may take the session:
+
+* ``IDLE -> TXN``: Begin; a spooled transaction replayed at its Stream Commit or
+  Stream Prepare. ``IDLE -> PREPARE``: Begin Prepare. ``IDLE -> STREAM``: Stream Start.
+* ``TXN -> IDLE``: Commit; the end of a replay. ``PREPARE -> IDLE``: Prepare.
+  ``STREAM -> IDLE``: Stream Stop.
+* ``STREAM -> TXN -> STREAM``: a change of the live streamed transaction, applied
+  through the change handlers inside its stream block
+  (:mod:`applier.apply.handlers.streamed`, "Live apply").
+* ``any -> IDLE``: a stop or an error rolls back what is in hand
+  (``Applier.abandon``); ``IDLE -> IDLE`` a replay's end that found it ended.
+
+Any other move is a bug of ours, not of the stream: :class:`IllegalTransition`,
+naming both states. The C dispatch loop (``_dispatch.c``) reads the state the
+move set; it never sets it.
+"""
 
 from __future__ import annotations
 
@@ -24,6 +49,30 @@ class State(enum.Enum):
 
 
 IDLE, TXN, PREPARE, STREAM = State.IDLE, State.TXN, State.PREPARE, State.STREAM
+
+#: Where the session may move from each state (the module's "Transitions").
+TRANSITIONS: dict[State, frozenset[State]] = {
+    IDLE: frozenset({IDLE, TXN, PREPARE, STREAM}),
+    TXN: frozenset({IDLE, STREAM}),
+    PREPARE: frozenset({IDLE}),
+    STREAM: frozenset({IDLE, TXN}),
+}
+
+
+class IllegalTransition(RuntimeError):
+    """A handler moved the session where :data:`TRANSITIONS` does not allow: our bug."""
+
+    def __init__(self, frm: State, to: State) -> None:
+        super().__init__(f"internal error: the apply session moved from {frm.value} to {to.value}")
+        self.frm = frm
+        self.to = to
+
+
+def check_move(frm: State, to: State) -> State:
+    """``to``, if the session may move there from ``frm``; else :class:`IllegalTransition`."""
+    if to not in TRANSITIONS[frm]:
+        raise IllegalTransition(frm, to)
+    return to
 
 
 @dataclass(slots=True)

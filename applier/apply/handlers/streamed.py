@@ -59,25 +59,30 @@ one step and, live, offered to the lane in hand as a whole
 (:mod:`applier.apply.batching.copylane`, :mod:`applier.apply.batching.mergelane`); what the lane
 does not take goes through the handlers change by change, as ever.
 
-The message handlers of :class:`~applier.apply.handlers.dispatch.Applier` for them.
+:class:`StreamedTxns` is a part the :class:`~applier.apply.handlers.dispatch.Applier`
+owns: it moves the Applier's transaction and its live one through
+:class:`StreamedHost`, and drops a rolled-back transaction's conflicts through
+:class:`~applier.apply.handlers.ports.Records`; it is the Replay service two-phase
+uses.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Protocol
 
 from applier.apply.batching.copylane import CopyLane, open_lane
+from applier.apply.batching.host import LaneHost
 from applier.apply.batching.merge import UpdateMerger
 from applier.apply.batching.mergelane import MergeLane, open_merge_lane
+from applier.apply.handlers.ports import Records, TxnFlow
 from applier.apply.handlers.relations import same_relation
-from applier.apply.handlers.spool import Spool, SpoolSet
-from applier.apply.handlers.states import IDLE, STREAM, TXN, State, Txn
+from applier.apply.handlers.spool import Spool
+from applier.apply.handlers.states import IDLE, STREAM, TXN, Txn
 from applier.apply.rules.skiprules import SkipRules
 from applier.apply.rules.tablesync import TableSyncs
 from applier.apply.tally import Tally
-from applier.apply.target.origin import FLUSHED, FlushTracker
-from applier.apply.target.session import TargetSession
+from applier.apply.target.origin import FLUSHED
 from applier.errors import ApplyError, ProtocolError, SchemaMismatch
 from applier.lsn import Lsn
 from applier.protocol import (
@@ -118,60 +123,56 @@ class Live:
         self.start = start
 
 
-class Streamed:
-    """Mixin of :class:`Applier`: the streamed-transaction handlers."""
+class StreamedHost(TxnFlow, LaneHost, Protocol):
+    """What the streamed-transaction handlers read and move of the Applier."""
 
-    spools: SpoolSet
-    spool: Spool | None
-    state: State
-    progress: Lsn
-    skipped_txns: int
-    flush: FlushTracker
-    txn: Txn | None
-    session: TargetSession
-    tally: Tally
-    merger: UpdateMerger
-    rules: SkipRules
-    syncs: TableSyncs
-    relations: dict[int, Any]
-    conflicts: list[Any]
-    no_group_until: Lsn
-    careful_until: Lsn
-    #: ``streaming = "parallel"``: apply a streamed transaction as it arrives.
-    live_apply: bool = False
-    #: Xids never applied live (an error or a forgotten spool while live).
-    no_live: set[int]
-    live: Live | None = None
-    #: Where the next streamed change may skip the handlers (applier.apply.batching.copylane,
-    #: applier.apply.batching.mergelane).
-    lane: CopyLane | MergeLane | None = None
-    #: Rows that went through the lane (logged with each streamed commit).
-    lane_rows = 0
-    #: An error came while a transaction was live (the worker restreams it spooled).
-    live_failed: int | None = None
-    live_txns = 0
-    live_dropped = 0
+    #: The streamed transaction being applied as it arrives (the C dispatch loop reads it).
+    live: Live | None
 
-    def commit_group(self) -> None:
-        raise NotImplementedError
+    @property
+    def tally(self) -> Tally: ...
+    @property
+    def merger(self) -> UpdateMerger: ...
+    @property
+    def rules(self) -> SkipRules: ...
+    @property
+    def syncs(self) -> TableSyncs: ...
+    @property
+    def relations(self) -> dict[int, Any]: ...
+    @property
+    def no_group_until(self) -> Lsn: ...
+    @property
+    def careful_until(self) -> Lsn: ...
 
-    def dispatch(self, lsn: Lsn, msg: Any) -> None:
-        raise NotImplementedError
 
-    def _start_txn(
-        self, xid: int, commit_lsn: Lsn, skip: bool, gid: str | None = None, ts: int = 0
+class StreamedTxns:
+    """Stream Start .. Stream Stop, Stream Commit and Abort: spooled or applied live."""
+
+    def __init__(
+        self, host: StreamedHost, records: Records, live_apply: bool, no_live: set[int]
     ) -> None:
-        raise NotImplementedError
-
-    def _end_txn(self, end_lsn: Lsn, commit_ts: int, groupable: bool = False) -> None:
-        raise NotImplementedError
+        self.host = host
+        self.records = records
+        #: The streamed transaction whose stream block is open (Stream Start .. Stop).
+        self.spool: Spool | None = None
+        #: ``streaming = "parallel"``: apply a streamed transaction as it arrives.
+        self.live_apply = live_apply
+        #: Xids never applied live (an error or a forgotten spool while live).
+        self.no_live = no_live
+        #: Where the next streamed change may skip the handlers
+        #: (applier.apply.batching.copylane, applier.apply.batching.mergelane).
+        self.lane: CopyLane | MergeLane | None = None
+        #: An error came while a transaction was live (the worker restreams it spooled).
+        self.live_failed: int | None = None
+        self.live_txns = 0
+        self.live_dropped = 0
 
     def on_streamed_change(self, lsn: Lsn, m: StreamedChange) -> None:
         sp = self.spool
         assert sp is not None
         if not sp.filtered:  # its Origin message said not to apply it (originfilter)
-            self.spools.add(sp, m.data, m.xid)
-            live = self.live
+            self.host.spools.add(sp, m.data, m.xid)
+            live = self.host.live
             if live is not None and live.spool is sp:
                 self._apply_live(lsn, live, m.data)
 
@@ -181,16 +182,16 @@ class Streamed:
         assert sp is not None
         if sp.filtered:
             return
-        self.spools.add_many(sp, m.datas, m.xid)
-        live = self.live
+        self.host.spools.add_many(sp, m.datas, m.xid)
+        live = self.host.live
         if live is None or live.spool is not sp:
             return
         datas, lsns = m.datas, m.lsns
         i, n = 0, len(datas)
-        while i < n and self.live is live:  # a change may drop the transaction
+        while i < n and self.host.live is live:  # a change may drop the transaction
             lane = self.lane
             if lane is not None and lane.txn is live.txn:
-                took = lane.offer_run(self, m, i)
+                took = lane.offer_run(self.host, m, i)
                 if took:
                     i += took
                     continue
@@ -199,63 +200,65 @@ class Streamed:
 
     def _apply_live(self, lsn: Lsn, live: Live, data: bytes) -> None:
         lane = self.lane
-        if lane is not None and lane.txn is live.txn and lane.offer(self, lsn, data):
+        if lane is not None and lane.txn is live.txn and lane.offer(self.host, lsn, data):
             return
         self.lane = None
-        if self.rules.has_txn:  # a transaction rule came in (SIGHUP): judged at commit
+        if self.host.rules.has_txn:  # a transaction rule came in (SIGHUP): judged at commit
             self.drop_live("a transaction skip rule was added")
             return
         msg = decode_streamed(data)
         if type(msg) is Relation:
-            known = self.relations.get(msg.oid)
+            known = self.host.relations.get(msg.oid)
             if known is not None and not same_relation(known, msg):
                 self.drop_live("its Relation message differs from the one in hand")
                 return
-        self.txn, self.state = live.txn, TXN
+        self.host.txn = live.txn
+        self.host.move(TXN)
         try:
-            self.dispatch(lsn, msg)
-            self.lane = _lane_after(self, msg, data, live.txn)
+            self.host.dispatch(lsn, msg)
+            self.lane = _lane_after(self.host, msg, data, live.txn)
         except (ApplyError, SchemaMismatch):
             self.live_failed = live.xid
             raise
         finally:
-            self.txn, self.state = None, STREAM
+            self.host.txn = None
+            self.host.move(STREAM)
 
     def _may_go_live(self, lsn: Lsn, xid: int) -> bool:
         return (
             self.live_apply
-            and self.live is None
+            and self.host.live is None
             and xid not in self.no_live
-            and lsn > self.no_group_until
-            and lsn > self.careful_until
-            and not self.rules.has_txn
-            and not self.syncs.commit_dependent()
+            and lsn > self.host.no_group_until
+            and lsn > self.host.careful_until
+            and not self.host.rules.has_txn
+            and not self.host.syncs.commit_dependent()
         )
 
     def _go_live(self, lsn: Lsn, xid: int, sp: Spool) -> None:
-        self.commit_group()
-        if self.session.in_txn:
+        self.host.commit_group()
+        if self.host.session.in_txn:
             return
-        self._start_txn(xid, lsn, False)
-        assert self.txn is not None
-        self.live = Live(xid, self.txn, sp, lsn)
-        self.txn = None
+        self.host.start_txn(xid, lsn, False)
+        assert self.host.txn is not None
+        self.host.live = Live(xid, self.host.txn, sp, lsn)
+        self.host.txn = None
         sp.live = True
         self.live_txns += 1
         log.debug("applying a streamed transaction as it arrives", extra={"ctx": {"xid": xid}})
 
     def _roll_back_live(self, live: Live) -> None:
         """End the live transaction and roll back everything of it in hand."""
-        self.live = None
+        self.host.live = None
         live.spool.live = False
-        self.conflicts = []
-        self.tally.discard()
-        self.merger.discard()
-        self.session.rollback()
+        self.records.discard()
+        self.host.tally.discard()
+        self.host.merger.discard()
+        self.host.session.rollback()
 
     def drop_live(self, why: str) -> None:
         """Roll the live transaction back; it is replayed from its spool at its commit."""
-        live = self.live
+        live = self.host.live
         if live is None:
             return
         self._roll_back_live(live)
@@ -271,7 +274,7 @@ class Streamed:
             raise LiveRestream(live.xid, why)
 
     def on_stream_start(self, lsn: Lsn, m: StreamStart) -> None:
-        if not m.first_segment and self.spools.get(m.xid) is None:
+        if not m.first_segment and self.host.spools.get(m.xid) is None:
             # Its first segments never reached us: a spool from here would replay
             # a partial transaction at its Stream Commit.
             raise ProtocolError(
@@ -281,44 +284,44 @@ class Streamed:
                 xid=m.xid,
                 hint="the stream is out of order; applier run restarts from the origin",
             )
-        self.state = STREAM
-        sp = self.spool = self.spools.open(m.xid, m.first_segment)
+        self.host.move(STREAM)
+        sp = self.spool = self.host.spools.open(m.xid, m.first_segment)
         if m.first_segment and self._may_go_live(lsn, m.xid):
             self._go_live(lsn, m.xid, sp)
 
     def on_stream_stop(self, lsn: Lsn, m: StreamStop) -> None:
-        sp, live = self.spool, self.live
-        self.state = IDLE
+        sp, live = self.spool, self.host.live
+        self.host.move(IDLE)
         self.spool = None
         if live is not None and live.spool is sp and sp is not None and sp.filtered:
             self.drop_live("its origin is not to be applied")
 
-    def _replay(self, xid: int, commit_lsn: Lsn, gid: str | None = None, ts: int = 0) -> None:
+    def replay(self, xid: int, commit_lsn: Lsn, gid: str | None = None, ts: int = 0) -> None:
         """Apply a spooled transaction through the change handlers (state TXN)."""
-        spool = self.spools.get(xid)
-        self.state = TXN
-        self._start_txn(xid, commit_lsn, False, gid, ts)
+        spool = self.host.spools.get(xid)
+        self.host.move(TXN)
+        self.host.start_txn(xid, commit_lsn, False, gid, ts)
         if spool is None:
             return
-        txn = self.txn
+        txn = self.host.txn
         assert txn is not None
         lane = None
         for data in spool:
-            if lane is not None and lane.offer(self, commit_lsn, data):
+            if lane is not None and lane.offer(self.host, commit_lsn, data):
                 continue
             msg = decode_streamed(data)
-            self.dispatch(commit_lsn, msg)
-            lane = _lane_after(self, msg, data, txn)
+            self.host.dispatch(commit_lsn, msg)
+            lane = _lane_after(self.host, msg, data, txn)
 
     def on_stream_commit(self, lsn: Lsn, m: StreamCommit) -> None:
-        live = self.live
+        live = self.host.live
         if live is not None:
             if live.xid == m.xid:
                 self._commit_live(live, m)
                 return
             self.drop_live("another streamed transaction commits first")
-        self.commit_group()
-        sp = self.spools.get(m.xid)
+        self.host.commit_group()
+        sp = self.host.spools.get(m.xid)
         log.debug(
             "streamed transaction commits",
             extra={
@@ -330,22 +333,24 @@ class Streamed:
                 }
             },
         )
-        if m.end_lsn <= self.progress or (sp is not None and sp.filtered):
-            self.spools.discard(m.xid)
-            self.skipped_txns += 1
-            self.flush.store(m.end_lsn, FLUSHED)
+        if m.end_lsn <= self.host.progress or (sp is not None and sp.filtered):
+            self.host.spools.discard(m.xid)
+            self.host.skipped_txns += 1
+            self.host.flush.store(m.end_lsn, FLUSHED)
             return
         try:
-            self._replay(m.xid, m.commit_lsn, None, m.commit_ts)
-            self.state = IDLE
-            self._end_txn(m.end_lsn, m.commit_ts)
-            log.debug("streamed transaction replayed", extra={"ctx": {"lane_rows": self.lane_rows}})
+            self.replay(m.xid, m.commit_lsn, None, m.commit_ts)
+            self.host.move(IDLE)
+            self.host.end_txn(m.end_lsn, m.commit_ts)
+            log.debug(
+                "streamed transaction replayed", extra={"ctx": {"lane_rows": self.host.lane_rows}}
+            )
         finally:
-            self.state = IDLE
-            self.spools.discard(m.xid)
+            self.host.move(IDLE)
+            self.host.spools.discard(m.xid)
 
     def _commit_live(self, live: Live, m: StreamCommit) -> None:
-        self.live = None
+        self.host.live = None
         live.spool.live = False
         log.debug(
             "streamed transaction commits",
@@ -358,40 +363,42 @@ class Streamed:
             },
         )
         try:
-            if m.end_lsn <= self.progress or live.spool.filtered:
+            if m.end_lsn <= self.host.progress or live.spool.filtered:
                 self._roll_back_live(live)
-                self.skipped_txns += 1
-                self.flush.store(m.end_lsn, FLUSHED)
+                self.host.skipped_txns += 1
+                self.host.flush.store(m.end_lsn, FLUSHED)
                 return
             txn = live.txn
             txn.commit_lsn, txn.commit_ts = m.commit_lsn, m.commit_ts
-            self.session.txn_context = {
+            self.host.session.txn_context = {
                 "lsn": m.commit_lsn,
                 "xid": m.xid,
                 "finish_lsn": m.commit_lsn,
             }
-            self.txn = txn
+            self.host.txn = txn
             try:
-                self._end_txn(m.end_lsn, m.commit_ts)
+                self.host.end_txn(m.end_lsn, m.commit_ts)
             except (ApplyError, SchemaMismatch):
                 self.live_failed = live.xid
                 raise
-            log.debug("streamed transaction applied", extra={"ctx": {"lane_rows": self.lane_rows}})
+            log.debug(
+                "streamed transaction applied", extra={"ctx": {"lane_rows": self.host.lane_rows}}
+            )
         finally:
-            self.state = IDLE
-            self.spools.discard(m.xid)
+            self.host.move(IDLE)
+            self.host.spools.discard(m.xid)
 
     def on_stream_abort(self, lsn: Lsn, m: StreamAbort) -> None:
-        live = self.live
+        live = self.host.live
         if live is not None and live.xid == m.xid:
             if m.subxid == m.xid:
                 self._roll_back_live(live)
             else:
                 self.drop_live("a subtransaction of it aborted")
-        self.spools.abort(m.xid, m.subxid)
+        self.host.spools.abort(m.xid, m.subxid)
 
 
-def _lane_after(applier: Any, msg: Any, data: bytes, txn: Txn) -> CopyLane | MergeLane | None:
+def _lane_after(applier: LaneHost, msg: Any, data: bytes, txn: Txn) -> CopyLane | MergeLane | None:
     """The lane the next change may take after the ordinary path applied ``msg`` (``data``)."""
     kind = type(msg)
     if kind is Insert:

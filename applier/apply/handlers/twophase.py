@@ -26,18 +26,22 @@ A prepared transaction filtered by its origin (``[source] origin = "none"``,
 see :mod:`applier.apply.rules.originfilter`) is not prepared here; its COMMIT
 PREPARED is skipped (counted in ``skipped_txns``).
 
-:class:`TwoPhase` is a part of :class:`~applier.apply.handlers.dispatch.Applier` (which
-provides the session, the progress and the transaction helpers it calls).
+:class:`TwoPhaseTxns` is a part the :class:`~applier.apply.handlers.dispatch.Applier`
+owns: it moves the Applier's transaction through :class:`TwoPhaseHost`, writes the
+records through :class:`~applier.apply.handlers.ports.Records`, sends held rows through
+:class:`~applier.apply.handlers.ports.Held` and replays a spooled transaction through
+:class:`~applier.apply.handlers.ports.Replay`.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from applier.apply.handlers.states import IDLE, PREPARE, State, Txn
+from applier.apply.handlers.ports import Held, Records, Replay, TxnFlow
+from applier.apply.handlers.states import IDLE, PREPARE
 from applier.apply.rules.originfilter import OriginFilter
-from applier.apply.target.origin import FLUSHED, FlushTracker
+from applier.apply.target.origin import FLUSHED
 from applier.errors import ApplyError
 from applier.lsn import Lsn
 from applier.protocol import (
@@ -48,74 +52,57 @@ from applier.protocol import (
     StreamPrepare,
 )
 
-if TYPE_CHECKING:
-    from applier.apply.handlers.spool import SpoolSet
-    from applier.apply.target.session import TargetSession
-
 log = logging.getLogger("applier.apply")
 
 
-class TwoPhase:
+class TwoPhaseHost(TxnFlow, Protocol):
+    """What the two-phase handlers read and move of the Applier."""
+
+    applied_txns: int
+
+
+class TwoPhaseTxns:
     """Begin Prepare .. Prepare, Stream Prepare, Commit/Rollback Prepared."""
 
-    # Provided by Applier.
-    session: TargetSession
-    spools: SpoolSet
-    flush: FlushTracker
-    progress: Lsn
-    state: State
-    txn: Txn | None
-    gid_prefix: str
-    skipped_txns: int
-    applied_txns: int
-    origins: OriginFilter
-
-    def commit_group(self) -> None:
-        raise NotImplementedError
-
-    def _start_txn(
-        self, xid: int, commit_lsn: Lsn, skip: bool, gid: str | None = None, ts: int = 0
+    def __init__(
+        self,
+        host: TwoPhaseHost,
+        records: Records,
+        replay: Replay,
+        held: Held,
+        origins: OriginFilter,
+        gid_prefix: str,
     ) -> None:
-        raise NotImplementedError
-
-    def _replay(self, xid: int, commit_lsn: Lsn, gid: str | None = None, ts: int = 0) -> None:
-        raise NotImplementedError
-
-    def _finish_records(self, txn: Txn, end_lsn: Lsn) -> None:
-        raise NotImplementedError
-
-    def _flush_conflicts(self) -> None:
-        raise NotImplementedError
-
-    def _send_held(self, oid: int | None = None) -> None:
-        raise NotImplementedError
-
-    def _committed(self, end_lsn: Lsn, ts: int, local: Lsn, txns: int = 1) -> None:
-        raise NotImplementedError
+        self.host = host
+        self.records = records
+        self.replayer = replay
+        self.held = held
+        self.origins = origins
+        self.gid_prefix = gid_prefix
 
     def on_stream_prepare(self, lsn: Lsn, m: StreamPrepare) -> None:
-        self.commit_group()
+        self.host.commit_group()
         gid = self.gid(m.xid)
-        sp = self.spools.get(m.xid)
+        sp = self.host.spools.get(m.xid)
         if sp is not None and sp.filtered:
             self.origins.prepared.add(m.xid)  # for its COMMIT/ROLLBACK PREPARED
         if (sp is not None and sp.filtered) or self.is_prepared(gid):  # not by LSN: "Two-phase"
-            self.spools.discard(m.xid)
-            self.flush.store(m.end_lsn, FLUSHED)
+            self.host.spools.discard(m.xid)
+            self.host.flush.store(m.end_lsn, FLUSHED)
             return
         try:
-            self._replay(m.xid, m.prepare_lsn, gid, m.prepare_ts)
+            self.replayer.replay(m.xid, m.prepare_lsn, gid, m.prepare_ts)
             self._finish_prepare(m.end_lsn, m.prepare_ts)
         finally:
-            self.state = IDLE
-            self.spools.discard(m.xid)
+            self.host.move(IDLE)
+            self.host.spools.discard(m.xid)
 
     def gid(self, xid: int) -> str:
         return f"{self.gid_prefix}{xid}"
 
     def is_prepared(self, gid: str) -> bool:
         return bool(
-            self.session.query_one(
+            self.host.session.query_one(
                 "SELECT count(*) FROM pg_catalog.pg_prepared_xacts "
                 "WHERE gid = %s AND database = pg_catalog.current_database()",
                 (gid,),
@@ -123,7 +110,7 @@ class TwoPhase:
         )
 
     def on_begin_prepare(self, lsn: Lsn, m: BeginPrepare) -> None:
-        self.commit_group()
+        self.host.commit_group()
         gid = self.gid(m.xid)
         # Not by LSN (worker.c neither): a transaction prepared before the slot's
         # two_phase_at comes at its COMMIT PREPARED with its prepare-time LSNs, below
@@ -132,44 +119,47 @@ class TwoPhase:
         skip = self.is_prepared(gid)
         if skip:
             log.info("skipping a transaction prepared before", extra={"ctx": {"gid": gid}})
-        self.state = PREPARE
-        self._start_txn(m.xid, m.prepare_lsn, skip, gid, m.prepare_ts)
+        self.host.move(PREPARE)
+        self.host.start_txn(m.xid, m.prepare_lsn, skip, gid, m.prepare_ts)
 
     def on_prepare(self, lsn: Lsn, m: Prepare) -> None:
         self._finish_prepare(m.end_lsn, m.prepare_ts)
 
     def _finish_prepare(self, end_lsn: Lsn, prepare_ts: int) -> None:
-        txn = self.txn
+        host = self.host
+        txn = host.txn
         assert txn is not None and txn.gid is not None
-        self.state = IDLE
-        self.txn = None
+        host.move(IDLE)
+        host.txn = None
         if txn.skip:
-            self.session.rollback()
-            self.flush.store(end_lsn, FLUSHED)
+            self.host.session.rollback()
+            self.host.flush.store(end_lsn, FLUSHED)
             return
         # Its kept changes and a txn rule's mark: prepared with it (a skipped
         # transaction is prepared empty but for them, and COMMIT PREPARED finds it).
-        self._finish_records(txn, end_lsn)
-        if not self.session.in_txn:
-            self.session.begin()  # an empty prepared transaction, so COMMIT PREPARED finds it
-        self._send_held()
-        self._flush_conflicts()
-        committed = self.session.committed
-        local = self.session.prepare(txn.gid, end_lsn, prepare_ts)
+        self.records.finish_records(txn, end_lsn)
+        if not self.host.session.in_txn:
+            self.host.session.begin()  # an empty prepared transaction, so COMMIT PREPARED finds it
+        self.held.send_held()
+        self.records.flush_conflicts()
+        committed = self.host.session.committed
+        local = self.host.session.prepare(txn.gid, end_lsn, prepare_ts)
         # A prepare replayed at its COMMIT PREPARED ends below the progress: the origin
         # does not move back, nor may the position the session rewinds it to.
-        self.session.committed = Lsn(max(committed, end_lsn))
-        self._committed(end_lsn, prepare_ts, local)
+        self.host.session.committed = Lsn(max(committed, end_lsn))
+        self.host.committed(end_lsn, prepare_ts, local)
 
     def on_commit_prepared(self, lsn: Lsn, m: CommitPrepared) -> None:
-        self.commit_group()
+        self.host.commit_group()
         gid = self.gid(m.xid)
         if not self.is_prepared(gid):
             # Committed here before (the origin is past its COMMIT PREPARED), or its
             # PREPARE was filtered by its origin.
-            if m.end_lsn <= self.progress or self.origins.finish_prepared(m.xid, gid, m.end_lsn):
-                self.skipped_txns += 1
-                self.flush.store(m.end_lsn, FLUSHED)
+            if m.end_lsn <= self.host.progress or self.origins.finish_prepared(
+                m.xid, gid, m.end_lsn
+            ):
+                self.host.skipped_txns += 1
+                self.host.flush.store(m.end_lsn, FLUSHED)
                 return
             raise ApplyError(
                 f"COMMIT PREPARED of transaction {gid}, which is neither prepared on the "
@@ -177,22 +167,22 @@ class TwoPhase:
                 gid=gid,
                 xid=m.xid,
                 lsn=str(Lsn(m.end_lsn)),
-                progress=str(Lsn(self.progress)),
+                progress=str(Lsn(self.host.progress)),
                 hint="its changes never reached the target (someone ran ROLLBACK PREPARED "
                 "there, or the target was restored); re-bootstrap the target",
             )
-        local = self.session.finish_prepared(gid, True, m.end_lsn, m.commit_ts)
-        self._committed(m.end_lsn, m.commit_ts, local)
+        local = self.host.session.finish_prepared(gid, True, m.end_lsn, m.commit_ts)
+        self.host.committed(m.end_lsn, m.commit_ts, local)
 
     def on_rollback_prepared(self, lsn: Lsn, m: RollbackPrepared) -> None:
-        self.commit_group()
+        self.host.commit_group()
         gid = self.gid(m.xid)
         self.origins.prepared.discard(m.xid)
         if not self.is_prepared(gid):
             # Never prepared here (prepared before two_phase_at: PostgreSQL sends no
             # changes of it), or rolled back before: nothing to undo (worker.c too).
-            self.flush.store(m.rollback_end_lsn, FLUSHED)
+            self.host.flush.store(m.rollback_end_lsn, FLUSHED)
             return
-        local = self.session.finish_prepared(gid, False, m.rollback_end_lsn, m.rollback_ts)
-        self._committed(m.rollback_end_lsn, m.rollback_ts, local)
-        self.applied_txns -= 1
+        local = self.host.session.finish_prepared(gid, False, m.rollback_end_lsn, m.rollback_ts)
+        self.host.committed(m.rollback_end_lsn, m.rollback_ts, local)
+        self.host.applied_txns -= 1

@@ -61,12 +61,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from typing import Any
+from typing import Protocol
 
 import psycopg
 
 from applier import pgconn
-from applier.apply.handlers.states import IDLE
+from applier.apply.handlers.states import IDLE, State
 from applier.config import Config
 from applier.errors import SourceError
 from applier.lsn import Lsn
@@ -86,7 +86,46 @@ log = logging.getLogger("applier.apply")
 Item = tuple[Lsn, PgOutputMessage]
 
 
-def _finish(msg: Any) -> tuple[Lsn | None, Lsn] | None:
+class _Session(Protocol):
+    @property
+    def in_txn(self) -> bool: ...
+
+
+class _Flush(Protocol):
+    @property
+    def pending(self) -> object: ...
+
+
+class UntilHost(Protocol):
+    """What the stop rule reads and asks of the Applier."""
+
+    @property
+    def txn(self) -> object | None: ...
+    @property
+    def state(self) -> State: ...
+    @property
+    def group_txns(self) -> int: ...
+    @property
+    def session(self) -> _Session: ...
+    @property
+    def flush(self) -> _Flush: ...
+    @property
+    def last_commit_lsn(self) -> Lsn | None: ...
+
+    def commit_group(self) -> None: ...
+    def abandon(self) -> None: ...
+
+
+class UntilStream(Protocol):
+    """What the stop rule reads of the stream."""
+
+    @property
+    def last_received(self) -> Lsn: ...
+    @property
+    def confirmed(self) -> Lsn: ...
+
+
+def _finish(msg: object) -> tuple[Lsn | None, Lsn] | None:
     """(start, end) of the record that finishes what ``msg`` announces, if it says so."""
     if isinstance(msg, (Commit, StreamCommit, CommitPrepared)):
         return msg.commit_lsn, msg.end_lsn
@@ -111,9 +150,10 @@ class Until:
         #: Everything at or before the position is applied and confirmed.
         self.done = False
 
-    def admit(self, batch: list[Item], applier: Any) -> Iterator[Item]:
+    def admit(self, batch: list[Item], applier: UntilHost | None) -> Iterator[Item]:
         """The messages of ``batch`` to dispatch, in order; lazily, so that the open
         group can be committed between two of them."""
+        assert applier is not None  # the worker admits only while an Applier runs
         for i, (lsn, msg) in enumerate(batch):
             if self.reached:
                 return
@@ -139,7 +179,7 @@ class Until:
                 return msg.end_lsn <= self.lsn
         return False
 
-    def _stop(self, applier: Any, cap: Lsn, why: str) -> None:
+    def _stop(self, applier: UntilHost, cap: Lsn, why: str) -> None:
         self.reached = True
         self.cap = Lsn(min(self.cap, cap))
         self.why = why
@@ -154,7 +194,7 @@ class Until:
         """The received position, capped: the idle position the worker may confirm."""
         return Lsn(min(received, self.cap))
 
-    def finished(self, stream: Any, applier: Any) -> bool:
+    def finished(self, stream: UntilStream, applier: UntilHost) -> bool:
         """Nothing at or before LSN can come any more, and what was applied is confirmed."""
         idle = applier.txn is None and applier.state is IDLE and not applier.session.in_txn
         if self.reached:

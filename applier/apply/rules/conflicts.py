@@ -43,31 +43,14 @@ per change that decides and reports in one go:
 
 update_exists and multiple_unique_conflicts of an UPDATE (a unique key of the
 new row taken by another row) fail the statement; they are caught by the
-careful replay of the failed transaction (:meth:`Applier._careful`).
+careful replay of the failed transaction
+(:meth:`~applier.apply.rules.resolve.Resolver.careful`).
 
-Records
-=======
-
-Every conflict becomes a row of ``applier.conflict_log``, sent in the target
-transaction that keeps the change's outcome, after its results were read and
-before its commit (:meth:`TargetSession.read_checks`): a rolled-back group
-leaves none and its replay writes them once. The unique key (origin, commit
-LSN, change number, type) and ``ON CONFLICT DO NOTHING`` keep a conflict that
-stops the worker (written on its own, see the worker) from being written twice.
-
-One exception keeps pipelined commits pipelined: on a table without a
-``[conflicts]`` policy, a row an UPDATE or DELETE did not find is only
-recorded (and logged), so the commit does not wait for those results (the wait
-was a third of the pgbench loop). Such a record is written once the commit
-succeeded, on the catalog connection (or inside the next target transaction
-when its result was read before that one's commit); a crash in between loses
-the record, never a row, and the warning is logged either way.
+The records of the conflicts met: :mod:`applier.apply.rules.conflictlog`.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
 from typing import Any
 
 from psycopg import sql
@@ -80,109 +63,13 @@ from applier.apply.rules.policies import (
     UPDATE_ORIGIN,
 )
 from applier.apply.sql.mapping import RelMap
-from applier.apply.sql.planner import (
-    INSERT,
-    Formats,
-    Params,
-    Planner,
-    Stmt,
-    changed_relation,
-    compare,
-    identity_tuple,
-    param_formats,
-    placeholder,
-    qualified,
-)
-from applier.lsn import Lsn, pg_timestamp
-from applier.protocol import Delete, Insert, TupleData, Update
+from applier.apply.sql.planner import INSERT, Formats, Params, Planner, Stmt, compare, param_formats
+from applier.apply.sql.stmt import changed_relation, placeholder, qualified
+from applier.lsn import pg_timestamp
+from applier.protocol import Delete, Insert, Update
 
 TIMESTAMPTZ_OID = 1184
 _U = ord("u")
-
-
-def row_json(rm: RelMap, tup: TupleData | None, idx: tuple[int, ...] | None = None) -> str | None:
-    """A tuple as a jsonb text: column -> the text the source sent (``\\x..`` for binary
-    values); an unchanged TOAST value (not sent) is left out."""
-    if tup is None:
-        return None
-    cols = rm.relation.columns
-    out: dict[str, str | None] = {}
-    for i in range(len(tup.kinds)) if idx is None else idx:
-        kind = tup.kinds[i]
-        if kind == _U:
-            continue
-        v = tup.values[i]
-        if v is None:
-            out[cols[i].name] = None
-        elif kind == ord("b"):
-            out[cols[i].name] = "\\x" + v.hex()
-        else:
-            out[cols[i].name] = v.decode("utf-8", "replace")
-    return json.dumps(out, ensure_ascii=False)
-
-
-def key_json(rm: RelMap, change: Any) -> str | None:
-    """The identity values of a change (every column for FULL)."""
-    tup = identity_tuple(change)
-    return None if tup is None else row_json(rm, tup, rm.key or None)
-
-
-def remote_json(change: Any, rm: RelMap) -> str | None:
-    if isinstance(change, (Insert, Update)):
-        return row_json(rm, change.new)
-    if isinstance(change, Delete):
-        return row_json(rm, change.old)
-    return None
-
-
-@dataclass(slots=True)
-class Conflict:
-    """One conflict met, waiting for its transaction's end to be written."""
-
-    ctx: Any  # the ChangeCtx
-    kind: str
-    resolution: str
-    local_row: str | None
-
-
-#: The record of a conflict (see "Records"); parameters in this order.
-LOG_CONFLICT = Stmt(
-    b"applier_conflict_log",
-    b"INSERT INTO applier.conflict_log (origin, xid, commit_lsn, end_lsn, change_lsn, "
-    b"change_no, schema_name, table_name, conflict, resolution, key, local_row, remote_row) "
-    b"VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) "
-    b"ON CONFLICT (origin, commit_lsn, change_no, conflict) DO NOTHING",
-    (25, 20, 3220, 3220, 3220, 23, 25, 25, 25, 25, 3802, 3802, 3802),
-    (),
-    (),
-    False,
-    False,
-)
-
-
-def conflict_params(origin: str, c: Conflict) -> Params:
-    ctx = c.ctx
-    txn = ctx.txn
-    rm = ctx.rm
-    return [
-        origin.encode(),
-        None if ctx.xid is None else str(ctx.xid).encode(),
-        str(Lsn(txn.commit_lsn)).encode(),
-        None if txn.end_lsn is None else str(Lsn(txn.end_lsn)).encode(),
-        str(Lsn(ctx.lsn)).encode(),
-        str(ctx.no).encode(),
-        rm.relation.namespace.encode(),
-        rm.relation.name.encode(),
-        c.kind.encode(),
-        c.resolution.encode(),
-        _b(key_json(rm, ctx.change)),
-        _b(c.local_row),
-        _b(remote_json(ctx.change, rm)),
-    ]
-
-
-def _b(s: str | None) -> bytes | None:
-    return None if s is None else s.encode()
 
 
 class ConflictPlanner:
@@ -201,9 +88,9 @@ class ConflictPlanner:
         assert rm.policy is not None
         policy = rm.policy[INSERT_EXISTS]
         key = (rm.version, "ci", stmt.name, b"")
-        checked = self.planner._cache.get(key)
+        checked = self.planner.cache.get(key)
         if checked is None:
-            checked = self.planner._cache[key] = self._build_insert(rm, stmt, policy)
+            checked = self.planner.cache[key] = self._build_insert(rm, stmt, policy)
         if policy == "last_update_wins":
             params = [*params, _ts(commit_ts)]
             if fmts is not None:
@@ -218,7 +105,13 @@ class ConflictPlanner:
         else:
             query = self._insert_on_conflict(rm, idx, policy)
         return Stmt(
-            self.planner._name(rm, INSERT), query.as_bytes(None), types, idx, (), False, False
+            self.planner.statement_name(rm, INSERT),
+            query.as_bytes(None),
+            types,
+            idx,
+            (),
+            False,
+            False,
         )
 
     def _insert_on_conflict(self, rm: RelMap, idx: tuple[int, ...], policy: str) -> sql.Composable:
@@ -315,9 +208,9 @@ class ConflictPlanner:
         """``n`` checked INSERTs (skip/keep_local) in one statement; it returns
         (ordinal, local rows) of the rows not inserted."""
         key = (rm.version, "cm", plain.name, b"%d" % n)
-        stmt = self.planner._cache.get(key)
+        stmt = self.planner.cache.get(key)
         if stmt is None:
-            stmt = self.planner._cache[key] = self._build_insert_many(rm, plain, n)
+            stmt = self.planner.cache[key] = self._build_insert_many(rm, plain, n)
         return stmt
 
     def _build_insert_many(self, rm: RelMap, plain: Stmt, n: int) -> Stmt:
@@ -354,7 +247,7 @@ class ConflictPlanner:
             src=changed_relation(rm), l_where=l_where, key_match=key_match,
         )  # fmt: skip
         return Stmt(
-            self.planner._name(rm, "m"), query.as_bytes(None), plain.types * n, idx, (),
+            self.planner.statement_name(rm, "m"), query.as_bytes(None), plain.types * n, idx, (),
             False, False,
         )  # fmt: skip
 
@@ -368,9 +261,9 @@ class ConflictPlanner:
             return None
         stmt, params, fmts = self.planner.update(rm, change)
         key = (rm.version, "cu", stmt.name, b"")
-        checked = self.planner._cache.get(key)
+        checked = self.planner.cache.get(key)
         if checked is None:
-            checked = self.planner._cache[key] = self._build_upsert(rm, stmt)
+            checked = self.planner.cache[key] = self._build_upsert(rm, stmt)
         params = params + list(new.values)
         if fmts is not None or b"b" in new.kinds:
             width = len(stmt.new_idx) + len(stmt.where_idx)
@@ -391,7 +284,7 @@ class ConflictPlanner:
         )
         types = plain.types + tuple(c.type_oid for c in rm.columns)
         return Stmt(
-            self.planner._name(rm, "u"), query.as_bytes(None), types, plain.new_idx,
+            self.planner.statement_name(rm, "u"), query.as_bytes(None), types, plain.new_idx,
             plain.where_idx, False, False,
         )  # fmt: skip
 
@@ -406,9 +299,9 @@ class ConflictPlanner:
         assert rm.policy is not None
         policy = rm.policy[UPDATE_ORIGIN if is_update else DELETE_ORIGIN]
         key = (rm.version, "co", stmt.name, policy.encode())
-        checked = self.planner._cache.get(key)
+        checked = self.planner.cache.get(key)
         if checked is None:
-            checked = self.planner._cache[key] = self._build_origin(rm, stmt, is_update, policy)
+            checked = self.planner.cache[key] = self._build_origin(rm, stmt, is_update, policy)
         params = [*params, _ts(commit_ts)]
         if fmts is not None:
             fmts = fmts + b"\x00"
@@ -457,8 +350,8 @@ class ConflictPlanner:
             "FROM o"
         ).format(src=changed_relation(rm), conds=conds, change=change)
         return Stmt(
-            self.planner._name(rm, "o"), query.as_bytes(None), (*plain.types, TIMESTAMPTZ_OID),
-            plain.new_idx, plain.where_idx, False, False,
+            self.planner.statement_name(rm, "o"), query.as_bytes(None),
+            (*plain.types, TIMESTAMPTZ_OID), plain.new_idx, plain.where_idx, False, False,
         )  # fmt: skip
 
 
@@ -563,14 +456,4 @@ def _ts(commit_ts: int) -> bytes:
     return pg_timestamp(commit_ts).isoformat().encode()
 
 
-__all__ = [
-    "INSERT_EXISTS",
-    "LOG_CONFLICT",
-    "UPDATE_MISSING",
-    "Conflict",
-    "ConflictPlanner",
-    "conflict_params",
-    "key_json",
-    "remote_json",
-    "row_json",
-]
+__all__ = ["INSERT_EXISTS", "UPDATE_MISSING", "CheckedRows", "ConflictPlanner"]

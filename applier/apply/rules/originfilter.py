@@ -25,7 +25,7 @@ filter is at the Origin message, before any change of the transaction:
 
 * a transaction (Begin .. Commit): marked skipped; its changes are never sent,
   and its Commit takes the skipped path of
-  :meth:`~applier.apply.handlers.dispatch.Applier._end_txn` (counted in
+  :meth:`~applier.apply.handlers.dispatch.Applier.end_txn` (counted in
   ``skipped_txns``, its position confirmed; an open group of earlier
   transactions is committed, never rolled back);
 * a streamed transaction: its spool is marked, its changes are not kept, and

@@ -24,15 +24,17 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from applier.apply.rules.conflicttype import ConflictType
 from applier.config import DEFAULT_POLICIES, ConflictsConfig, table_matches
 
-INSERT_EXISTS = "insert_exists"
-UPDATE_EXISTS = "update_exists"
-MULTIPLE = "multiple_unique_conflicts"
-UPDATE_MISSING = "update_missing"
-DELETE_MISSING = "delete_missing"
-UPDATE_ORIGIN = "update_origin_differs"
-DELETE_ORIGIN = "delete_origin_differs"
+# The short names the resolver and the conflict planner use.
+INSERT_EXISTS = ConflictType.INSERT_EXISTS
+UPDATE_EXISTS = ConflictType.UPDATE_EXISTS
+MULTIPLE = ConflictType.MULTIPLE_UNIQUE_CONFLICTS
+UPDATE_MISSING = ConflictType.UPDATE_MISSING
+DELETE_MISSING = ConflictType.DELETE_MISSING
+UPDATE_ORIGIN = ConflictType.UPDATE_ORIGIN_DIFFERS
+DELETE_ORIGIN = ConflictType.DELETE_ORIGIN_DIFFERS
 
 _WILD = re.compile(r"[*?\[]")
 

@@ -1,7 +1,7 @@
 """Conflicts met and changes skipped: what the handlers do with them.
 
-The half of :class:`~applier.apply.handlers.dispatch.Applier` that decides about
-changes the target disagrees with (:mod:`applier.apply.rules.conflicts`, policies
+:class:`Resolver`, a part the :class:`~applier.apply.handlers.dispatch.Applier` owns,
+decides about changes the target disagrees with (:mod:`applier.apply.rules.conflicts`, policies
 in :mod:`applier.apply.rules.policies`) and changes a rule says not to apply
 (:mod:`applier.apply.rules.skiprules`).
 
@@ -36,21 +36,23 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import psycopg
 from psycopg import pq, sql
 
-from applier.apply.handlers.states import Txn, op_of
-from applier.apply.rules.conflicts import (
+from applier.apply.handlers.states import ChangeCtx, Txn, op_of
+from applier.apply.rules.conflictlog import (
     LOG_CONFLICT,
     Conflict,
-    _b,
+    as_param,
     conflict_params,
     key_json,
     remote_json,
     row_json,
 )
+from applier.apply.rules.conflicttype import ConflictType
 from applier.apply.rules.policies import (
     DELETE_MISSING,
     DELETE_ORIGIN,
@@ -63,9 +65,12 @@ from applier.apply.rules.policies import (
 )
 from applier.apply.rules.skiprules import Kept, Rule, SkipRules
 from applier.apply.sql.mapping import RelMap
-from applier.apply.sql.planner import Stmt, changed_relation
+from applier.apply.sql.planner import Stmt
+from applier.apply.sql.stmt import changed_relation
 from applier.apply.tally import Tally
 from applier.apply.target.pipeline import error_fields
+from applier.apply.target.session import TargetSession
+from applier.config import Config
 from applier.errors import ApplyError
 from applier.lsn import Lsn, pg_timestamp
 from applier.protocol import Insert, Truncate, Update
@@ -103,26 +108,55 @@ _LOG_ALONE = LOG_CONFLICT.query.decode().split(" VALUES ")[0] + (
 )
 
 
-class Resolution:
-    """Mixin of :class:`Applier`: conflicts, careful replay and skip rules."""
+class ResolverHost(Protocol):
+    """What the resolver reads of the engine that owns it (the Applier)."""
 
-    # Provided by Applier.
-    session: Any
-    cfg: Any
-    txn: Any
-    rules: SkipRules
-    policies: Policies
-    catalog_conn: psycopg.Connection[Any]
+    @property
+    def txn(self) -> Txn | None: ...
+    @property
+    def rules(self) -> SkipRules: ...
+    @property
+    def tally(self) -> Tally: ...
+
     skipped_changes: int
-    missing_rows: int
-    #: Conflicts of the open target transaction, written before its commit.
-    conflicts: list[Conflict]
-    our_origin_id: int | None
-    tally: Tally
+
+
+class Resolver:
+    """Conflicts, careful replay and skip rules: what the handlers do with a change the
+    target disagrees with, or a rule says not to apply."""
+
+    def __init__(
+        self,
+        host: ResolverHost,
+        cfg: Config,
+        session: TargetSession,
+        policies: Policies,
+        catalog_conn: psycopg.Connection[Any],
+        our_origin_id: int | None,
+    ) -> None:
+        self.host = host
+        self.cfg = cfg
+        self.session = session
+        self.policies = policies
+        self.catalog_conn = catalog_conn
+        self.our_origin_id = our_origin_id
+        #: Conflicts of the open target transaction, written before its commit.
+        self.conflicts: list[Conflict] = []
+        #: UPDATEs and DELETEs that found no row (applier.apply.target.beat logs them).
+        self.missing_rows = 0
+
+    def discard(self) -> None:
+        """The target transaction was rolled back: its conflicts with it."""
+        self.conflicts = []
+
+    def take_conflicts(self) -> list[Conflict]:
+        """The conflicts met so far (at a commit's result), no longer in hand."""
+        late, self.conflicts = self.conflicts, []
+        return late
 
     # -- conflicts found in results (pipeline callbacks) ---------------------------------
 
-    def _missing_row(self, ctx: Any) -> None:
+    def missing_row(self, ctx: ChangeCtx) -> None:
         self.missing_rows += 1
         is_update = isinstance(ctx.change, Update)
         kind = UPDATE_MISSING if is_update else DELETE_MISSING
@@ -144,24 +178,24 @@ class Resolution:
         )
         self.conflicts.append(Conflict(ctx, kind, "skip", None))
 
-    def _insert_checked(self, ctx: Any, res: pq.abc.PGresult) -> None:
+    def insert_checked(self, ctx: ChangeCtx, res: pq.abc.PGresult) -> None:
         """A checked INSERT: (rows written, local rows met, or NULL)."""
         raw = res.get_value(0, 1)
         if raw is not None or not int(res.get_value(0, 0) or 0):
             self._insert_met(ctx, raw)
 
-    def _rows_checked(self, group: Any, res: pq.abc.PGresult) -> None:
+    def rows_checked(self, group: Any, res: pq.abc.PGresult) -> None:
         """A multi-row checked INSERT: (ordinal, local rows) per row not inserted."""
         for r in range(res.ntuples):
             self._insert_met(group.ctxs[int(res.get_value(r, 0) or 0) - 1], res.get_value(r, 1))
 
-    def _insert_met(self, ctx: Any, raw: bytes | None) -> None:
+    def _insert_met(self, ctx: ChangeCtx, raw: bytes | None) -> None:
         """An INSERT that met local rows (``raw``: their jsonb array, if read)."""
         local = json.loads(raw) if raw else None
         kind = MULTIPLE if local is not None and len(local) > 1 else INSERT_EXISTS
         self._met(ctx, kind, ctx.rm.policy[kind], _one(local))
 
-    def _upsert_checked(self, ctx: Any, res: pq.abc.PGresult) -> None:
+    def upsert_checked(self, ctx: ChangeCtx, res: pq.abc.PGresult) -> None:
         """update_missing = apply_remote: (rows the UPDATE found, local rows holding a
         unique key of the new row when it found none). One such row was set to the new
         row; several are multiple_unique_conflicts, and nothing was written."""
@@ -175,15 +209,15 @@ class Resolution:
         else:
             self._met(ctx, UPDATE_MISSING, "apply_remote", _one(local))
 
-    def _met(self, ctx: Any, kind: str, policy: str, local: str | None) -> None:
+    def _met(self, ctx: ChangeCtx, kind: ConflictType, policy: str, local: str | None) -> None:
         """A conflict the statement resolved by ``policy`` (or left for ``error``)."""
         if policy == "error":
             raise self._conflict_error(ctx, kind, local)
         self.conflicts.append(Conflict(ctx, kind, policy, local))
 
-    def _origin_checked(self, ctx: Any, res: pq.abc.PGresult) -> None:
+    def origin_checked(self, ctx: ChangeCtx, res: pq.abc.PGresult) -> None:
         if res.ntuples == 0:
-            self._missing_row(ctx)
+            self.missing_row(ctx)
             return
         roident = res.get_value(0, 0)
         if roident is None or int(roident) == self.our_origin_id:
@@ -197,7 +231,7 @@ class Resolution:
         self.conflicts.append(Conflict(ctx, kind, policy, local))
 
     def _conflict_error(
-        self, ctx: Any, kind: str, local: str | None, why: str | None = None
+        self, ctx: ChangeCtx, kind: ConflictType, local: str | None, why: str | None = None
     ) -> ApplyError:
         self.record_alone(Conflict(ctx, kind, "error", local))
         err = ApplyError(
@@ -251,20 +285,20 @@ class Resolution:
         """Whether a rule or policy could take this failure (see "Careful replay")."""
         state = e.context.get("sqlstate")
         table = e.context.get("table")
-        if self.rules.has_error and self.rules.may_catch(table, state):
+        if self.host.rules.has_error and self.host.rules.may_catch(table, state):
             return True
         if state == "23505" and isinstance(table, str) and "." in table:
             schema, name = table.split(".", 1)
             return self.policies.for_table(schema, name).catches_unique
         return False
 
-    def _careful(self, ctx: Any, send: Any) -> None:
+    def careful(self, ctx: ChangeCtx, send: Callable[[], None]) -> None:
         self.session.attempt(send, lambda res: self._caught(ctx, res))
 
-    def _caught(self, ctx: Any, res: pq.abc.PGresult) -> bool:
+    def _caught(self, ctx: ChangeCtx, res: pq.abc.PGresult) -> bool:
         state, msg = error_fields(res)
         op = op_of(ctx.change)
-        rule = self.rules.error_rule(ctx.rm.qualname, op, state)
+        rule = self.host.rules.error_rule(ctx.rm.qualname, op, state)
         if rule is not None:
             log.warning(
                 "a failing change was skipped by %s: %s",
@@ -272,10 +306,10 @@ class Resolution:
                 msg,
                 extra={"ctx": {**ctx.describe(), "sqlstate": state}},
             )
-            self.skipped_changes += 1
-            self.tally.skip(ctx.rm.qualname, "error_rule")
-            self.tally.unapply(ctx.rm.relation.oid, op)
-            self._keep(ctx, rule, error=msg, sqlstate=state)
+            self.host.skipped_changes += 1
+            self.host.tally.skip(ctx.rm.qualname, "error_rule")
+            self.host.tally.unapply(ctx.rm.relation.oid, op)
+            self.keep(ctx, rule, error=msg, sqlstate=state)
             return True
         policy = ctx.rm.policy
         if state == "23505" and policy is not None and op in ("insert", "update"):
@@ -286,7 +320,9 @@ class Resolution:
                 return True
         return False
 
-    def _unique_conflict(self, ctx: Any, conn: psycopg.Connection[Any]) -> tuple[str, str | None]:
+    def _unique_conflict(
+        self, ctx: ChangeCtx, conn: psycopg.Connection[Any]
+    ) -> tuple[ConflictType, str | None]:
         """A unique violation of an INSERT/UPDATE as the conflict it is, and the local
         row(s) it met (one row as an object, several as an array)."""
         raw = self._local_rows(ctx, conn)
@@ -297,7 +333,7 @@ class Resolution:
             kind = INSERT_EXISTS if isinstance(ctx.change, Insert) else UPDATE_EXISTS
         return kind, _one(local)
 
-    def _local_rows(self, ctx: Any, conn: psycopg.Connection[Any]) -> str | None:
+    def _local_rows(self, ctx: ChangeCtx, conn: psycopg.Connection[Any]) -> str | None:
         """The target rows that hold a unique key of the change's new row (jsonb array)."""
         rm: RelMap = ctx.rm
         new = getattr(ctx.change, "new", None)
@@ -352,12 +388,16 @@ class Resolution:
 
     # -- skipped changes -----------------------------------------------------------------
 
-    def _keep(self, ctx: Any, rule: Rule | None, skipped: bool = True, **error: str | None) -> None:
+    def keep(
+        self, ctx: ChangeCtx, rule: Rule | None, skipped: bool = True, **error: str | None
+    ) -> None:
         if rule is not None and rule.dump == "none":
             return
-        self.txn.kept.append(Kept(ctx, rule, skipped, error.get("error"), error.get("sqlstate")))
+        txn = self.host.txn
+        assert txn is not None
+        txn.kept.append(Kept(ctx, rule, skipped, error.get("error"), error.get("sqlstate")))
 
-    def _finish_records(self, txn: Txn, end_lsn: Lsn) -> None:
+    def finish_records(self, txn: Txn, end_lsn: Lsn) -> None:
         """At a source transaction's end: its kept changes, and its txn rule marked done."""
         txn.end_lsn = end_lsn
         if not txn.kept and txn.rule is None:
@@ -373,9 +413,9 @@ class Resolution:
             self.session.execute(KEEP, self._kept_params(txn, k, end_lsn), None, k.ctx)
         if txn.rule is not None:
             rule = txn.rule
-            params = [str(Lsn(end_lsn)).encode(), _b(txn.gid), str(rule.id).encode()]
+            params = [str(Lsn(end_lsn)).encode(), as_param(txn.gid), str(rule.id).encode()]
             self.session.execute(RULE_DONE, params, None, "marking the skip rule done")
-            self.rules.done(rule)
+            self.host.rules.done(rule)
             log.warning(
                 "skipped a whole transaction by %s",
                 rule.describe(),
@@ -401,21 +441,21 @@ class Resolution:
             rm.relation.name.encode(),
             op_of(change).encode(),
             b"t" if k.skipped else b"f",
-            _b(None if isinstance(change, Truncate) else key_json(rm, change)),
-            _b(row_json(rm, old)),
-            _b(row_json(rm, new)),
-            _b(k.error),
-            _b(k.sqlstate),
+            as_param(None if isinstance(change, Truncate) else key_json(rm, change)),
+            as_param(row_json(rm, old)),
+            as_param(row_json(rm, new)),
+            as_param(k.error),
+            as_param(k.sqlstate),
         ]
 
-    def _flush_conflicts(self) -> None:
+    def flush_conflicts(self) -> None:
         """Before a commit or prepare: read the results that may report conflicts, and
         write the conflicts of the transaction into it."""
         self.session.flush_checks()
         if not self.conflicts:
             return
         conflicts, self.conflicts = self.conflicts, []
-        self.tally.conflicts_met(conflicts)
+        self.host.tally.conflicts_met(conflicts)
         origin = self.cfg.origin
         for c in conflicts:
             self.session.execute(LOG_CONFLICT, conflict_params(origin, c), None, c.ctx)
@@ -438,4 +478,4 @@ def _one(local: list[Any] | None) -> str | None:
     return json.dumps(local[0] if len(local) == 1 else local, ensure_ascii=False)
 
 
-__all__ = ["KEEP", "RULE_DONE", "Resolution", "op_of", "remote_json"]
+__all__ = ["KEEP", "RULE_DONE", "Resolver", "ResolverHost", "op_of", "remote_json"]

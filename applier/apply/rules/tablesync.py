@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import psycopg
 from psycopg import sql
@@ -49,6 +49,9 @@ from psycopg import sql
 from applier.config import Config
 from applier.errors import SchemaMismatch
 from applier.lsn import Lsn
+
+if TYPE_CHECKING:
+    from applier.apply.handlers.states import State
 
 log = logging.getLogger("applier.apply")
 
@@ -67,6 +70,34 @@ HELD = frozenset({"skipped", "init", "copying", "catchup", "syncwait", "handover
 
 Name = tuple[str, str]
 Conn = psycopg.Connection[Any]
+
+
+class SyncStream(Protocol):
+    """What a handover reads and sends on the stream."""
+
+    @property
+    def keepalives_received(self) -> int: ...
+    @property
+    def last_received(self) -> Lsn: ...
+
+    def send_status(self, reply_requested: bool = False) -> None: ...
+
+
+class SyncHost(Protocol):
+    """What a handover reads of the Applier: whether it is at a transaction boundary,
+    and its position."""
+
+    @property
+    def state(self) -> State: ...
+    @property
+    def txn(self) -> object | None: ...
+    @property
+    def group_txns(self) -> int: ...
+    @property
+    def live(self) -> object | None: ...
+    @property
+    def progress(self) -> Lsn: ...
+
 
 # Rows that a later bootstrap made moot (it copied everything anew) are left out.
 _STATES = """
@@ -344,7 +375,7 @@ class TableSyncs:
 
     # -- the loop ----------------------------------------------------------------------
 
-    def tick(self, now: float, applier: Any, stream: Any) -> None:
+    def tick(self, now: float, applier: SyncHost, stream: SyncStream) -> None:
         """Between batches: re-read the states (every few seconds), answer a syncwait."""
         if not self.enabled or self.conn is None:
             return
@@ -383,7 +414,7 @@ class TableSyncs:
             self.cut[oid] = cut
         self.generation += 1
 
-    def _handover(self, conn: Conn, applier: Any, stream: Any) -> None:
+    def _handover(self, conn: Conn, applier: SyncHost, stream: SyncStream) -> None:
         """At a transaction boundary: everything this worker skipped ends at or before
         W; record W and pause until sync-tables applied the table up to it."""
         w = Lsn(max(stream.last_received, applier.progress))
@@ -414,7 +445,10 @@ class TableSyncs:
         return min(HANDOVER_WAIT, self.cfg.apply.timeout / 4)
 
     def _wait(
-        self, conn: Conn, asked: dict[Name, tuple[str, Lsn | None]], stream: Any = None
+        self,
+        conn: Conn,
+        asked: dict[Name, tuple[str, Lsn | None]],
+        stream: SyncStream | None = None,
     ) -> None:
         """Wait for ``syncdone``; past the deadline take each request back (CAS)."""
         wait = self._pause()
@@ -443,7 +477,7 @@ class TableSyncs:
         self._recut()
 
 
-def _at_boundary(applier: Any) -> bool:
+def _at_boundary(applier: SyncHost) -> bool:
     """Between transactions, with nothing of one in hand (its changes all dispatched)."""
     from applier.apply.handlers.states import State
 
@@ -451,7 +485,7 @@ def _at_boundary(applier: Any) -> bool:
         applier.state is State.IDLE
         and applier.txn is None
         and not applier.group_txns
-        and getattr(applier, "live", None) is None  # a live streamed txn is open
+        and applier.live is None  # a live streamed txn is open
     )
 
 

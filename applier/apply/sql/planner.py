@@ -61,12 +61,28 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from psycopg import sql
 
-from applier.apply.sql.mapping import RelMap, TargetColumn
+from applier.apply.sql.mapping import RelMap
+from applier.apply.sql.stmt import (
+    MAX_HELD_BYTES,
+    MAX_PARAMS,
+    Formats,
+    Params,
+    Stmt,
+    changed_relation,
+    compare,
+    identity_tuple,
+    insert_rows,
+    key_of,
+    max_rows,
+    param_formats,
+    placeholder,
+    qualified,
+    values_rows,
+)
 from applier.errors import ApplyError
 from applier.protocol import Delete, Insert, TupleData, Update
 
@@ -75,66 +91,7 @@ _PRESENT = bytes(0 if i == ord("u") else 1 for i in range(256))
 #: ``kinds.translate(_FULL)``: how FULL identity compares each old value: 0 not at
 #: all (unchanged TOAST), 1 with ``=``, 2 ``IS NULL`` (both can use an index).
 _FULL = bytes(0 if i == ord("u") else 2 if i == ord("n") else 1 for i in range(256))
-#: ``kinds.translate(_FORMAT)``: the libpq parameter format of each value.
-_FORMAT = bytes(1 if i == ord("b") else 0 for i in range(256))
-
 INSERT, UPDATE, DELETE = "i", "u", "d"
-
-Params = list[bytes | None]
-Formats = bytes | None
-
-
-@dataclass(frozen=True, slots=True)
-class Stmt:
-    """A prepared statement for one (mapping, operation, shape)."""
-
-    name: bytes
-    query: bytes
-    types: tuple[int, ...]
-    #: Source column indexes whose new values are the first parameters.
-    new_idx: tuple[int, ...]
-    #: Source column indexes whose old (or key) values follow.
-    where_idx: tuple[int, ...]
-    #: Whether the statement must affect a row (UPDATE/DELETE).
-    modifies: bool
-    #: Whether every column is used in order (insert fast path).
-    all_new: bool
-    #: INSERT only: ``COPY ... FROM STDIN`` for the same columns (b"" when the
-    #: target cannot take COPY); see :mod:`applier.apply.batching.copyrun`.
-    copy: bytes = b""
-    #: INSERT only: the query up to VALUES, for the multi-row form (:func:`insert_rows`).
-    head: bytes = b""
-
-
-def placeholder(n: int) -> sql.SQL:
-    """Parameter ``$n`` of a statement (the planner's statements are prepared by
-    position; the conflict and FULL-identity statements number theirs the same way)."""
-    return sql.SQL("$" + str(n))
-
-
-def qualified(rm: RelMap) -> sql.Composable:
-    """The target table's schema-qualified, quoted name."""
-    return sql.Identifier(rm.relation.namespace, rm.relation.name)
-
-
-def changed_relation(rm: RelMap) -> sql.Composable:
-    """The relation an UPDATE/DELETE/TRUNCATE names: ``ONLY`` unless partitioned, so an
-    inheritance parent never reaches its children's rows (same key, same ctid)."""
-    if rm.target is not None and rm.target.partitioned:
-        return qualified(rm)
-    return sql.Composed([sql.SQL("ONLY "), qualified(rm)])
-
-
-def compare(
-    col: TargetColumn, left: sql.Composable, right: sql.Composable, distinct: bool = False
-) -> sql.Composable:
-    """``left = right`` for a column (``IS NOT DISTINCT FROM`` with ``distinct``),
-    both sides as text for a type without ``=``."""
-    if not col.has_eq:
-        left = sql.Composed([left, sql.SQL("::pg_catalog.text")])
-        right = sql.Composed([right, sql.SQL("::pg_catalog.text")])
-    op = sql.SQL(" IS NOT DISTINCT FROM ") if distinct else sql.SQL(" = ")
-    return sql.Composed([left, op, right])
 
 
 def _present(kinds: bytes) -> bytes:
@@ -145,7 +102,9 @@ class Planner:
     """Builds and caches statements; the executor prepares each name once per session."""
 
     def __init__(self) -> None:
-        self._cache: dict[tuple[int, str, bytes, bytes], Stmt] = {}
+        #: Statements by (mapping version, operation, shape): the conflict planner and
+        #: the FULL identity batches keep theirs here too, forgotten with the mapping.
+        self.cache: dict[tuple[int, str, bytes, bytes], Stmt] = {}
         #: Statement names are never reused in a session (entries are forgotten).
         self._serial = itertools.count()
         #: (mapping version, new kinds, old kinds) -> statement and parameter formats:
@@ -162,9 +121,7 @@ class Planner:
         if hit is None:
             # Kinds that differ only by NULLs share one statement (and so one COPY run).
             shape = _present(new.kinds)
-            stmt = self._cache.get((rm.version, INSERT, shape, b"")) or self._build_insert(
-                rm, shape
-            )
+            stmt = self.cache.get((rm.version, INSERT, shape, b"")) or self._build_insert(rm, shape)
             fmts = _fmt(new, stmt.new_idx) if b"b" in new.kinds else None
             hit = self._inserts[(rm.version, new.kinds)] = (stmt, fmts)
         stmt, fmts = hit
@@ -176,7 +133,7 @@ class Planner:
     def all_columns_insert(self, rm: RelMap) -> Stmt | None:
         """The INSERT :meth:`insert` gives a row of ``rm`` without unchanged TOAST
         values, if it was built already (applier.apply.batching.insertlane)."""
-        return self._cache.get((rm.version, INSERT, b"\x01" * len(rm.columns), b""))
+        return self.cache.get((rm.version, INSERT, b"\x01" * len(rm.columns), b""))
 
     def update(self, rm: RelMap, change: Update) -> tuple[Stmt, Params, Formats]:
         new, old = change.new, change.old
@@ -197,7 +154,7 @@ class Planner:
         if hit is None:
             self._check_identity(rm, "DELETE")
             old_shape = self._where_shape(rm, old, True)
-            stmt = self._cache.get((rm.version, DELETE, b"", old_shape))
+            stmt = self.cache.get((rm.version, DELETE, b"", old_shape))
             if stmt is None:
                 stmt = self._build_delete(rm, old_shape)
             fmts = _fmt(old, stmt.where_idx) if b"b" in old.kinds else None
@@ -215,7 +172,7 @@ class Planner:
         else:
             new_shape = _present(new.kinds)
         old_shape = self._where_shape(rm, old, change.old is not None)
-        stmt = self._cache.get((rm.version, UPDATE, new_shape, old_shape))
+        stmt = self.cache.get((rm.version, UPDATE, new_shape, old_shape))
         if stmt is None:
             stmt = self._build_update(rm, new_shape, old_shape)
         binary = b"b" in new.kinds or b"b" in old.kinds
@@ -225,23 +182,23 @@ class Planner:
     def update_many(self, rm: RelMap, shape: bytes, n: int) -> Stmt:
         """UPDATE of ``n`` rows located by their (unchanged) key: ``shape`` as for
         :meth:`update`; parameters per row are the SET values then the key."""
-        stmt = self._cache.get((rm.version, UPDATE, shape, b"n%d" % n))
+        stmt = self.cache.get((rm.version, UPDATE, shape, b"n%d" % n))
         if stmt is None:
             stmt = self._build_update_many(rm, shape, n)
         return stmt
 
     def delete_many(self, rm: RelMap, n: int) -> Stmt:
         """DELETE of ``n`` rows located by their key; parameters per row are the key."""
-        stmt = self._cache.get((rm.version, DELETE, b"", b"n%d" % n))
+        stmt = self.cache.get((rm.version, DELETE, b"", b"n%d" % n))
         if stmt is None:
             stmt = self._build_delete_many(rm, n)
         return stmt
 
     def forget(self, version: int) -> list[bytes]:
         """Drop what was planned for mapping ``version``; the names of its statements."""
-        names = [stmt.name for key, stmt in self._cache.items() if key[0] == version]
+        names = [stmt.name for key, stmt in self.cache.items() if key[0] == version]
         caches: tuple[dict[Any, Any], ...] = (
-            self._cache, self._inserts, self._updates, self._deletes,
+            self.cache, self._inserts, self._updates, self._deletes,
         )  # fmt: skip
         for cache in caches:
             for key in [k for k in cache if k[0] == version]:
@@ -296,7 +253,8 @@ class Planner:
 
     # -- building ----------------------------------------------------------------
 
-    def _name(self, rm: RelMap, op: str) -> bytes:
+    def statement_name(self, rm: RelMap, op: str) -> bytes:
+        """A new prepared statement's name, unique in the session (its mapping's version)."""
         return f"applier_{rm.version}_{op}{next(self._serial)}".encode()
 
     def _build_insert(self, rm: RelMap, shape: bytes) -> Stmt:
@@ -325,7 +283,7 @@ class Planner:
                 .as_bytes(None)
             )
         stmt = Stmt(
-            self._name(rm, INSERT),
+            self.statement_name(rm, INSERT),
             q.as_bytes(None),
             tuple(rm.columns[i].type_oid for i in idx),
             idx,
@@ -335,7 +293,7 @@ class Planner:
             copy,
             head.as_bytes(None),
         )
-        self._cache[(rm.version, INSERT, shape, b"")] = stmt
+        self.cache[(rm.version, INSERT, shape, b"")] = stmt
         return stmt
 
     def _conditions(
@@ -398,8 +356,8 @@ class Planner:
             head = sql.SQL("UPDATE {} SET {}").format(changed_relation(rm), sets)
             query = self._locate(rm, head, where, len(new_idx) + 1, old_shape).as_bytes(None)
         types = tuple(rm.columns[i].type_oid for i in new_idx + where)
-        stmt = Stmt(self._name(rm, UPDATE), query, types, new_idx, where, True, False)
-        self._cache[(rm.version, UPDATE, new_shape, old_shape)] = stmt
+        stmt = Stmt(self.statement_name(rm, UPDATE), query, types, new_idx, where, True, False)
+        self.cache[(rm.version, UPDATE, new_shape, old_shape)] = stmt
         return stmt
 
     def _build_update_many(self, rm: RelMap, shape: bytes, n: int) -> Stmt:
@@ -429,9 +387,15 @@ class Planner:
         )  # fmt: skip
         types = tuple(rm.columns[i].type_oid for i in cols) * n
         stmt = Stmt(
-            self._name(rm, UPDATE), query.as_bytes(None), types, new_idx, rm.key, True, False
+            self.statement_name(rm, UPDATE),
+            query.as_bytes(None),
+            types,
+            new_idx,
+            rm.key,
+            True,
+            False,
         )
-        self._cache[(rm.version, UPDATE, shape, b"n%d" % n)] = stmt
+        self.cache[(rm.version, UPDATE, shape, b"n%d" % n)] = stmt
         return stmt
 
     def _build_delete_many(self, rm: RelMap, n: int) -> Stmt:
@@ -450,8 +414,10 @@ class Planner:
             names=sql.SQL(", ").join(names), match=match,
         )  # fmt: skip
         types = tuple(rm.columns[i].type_oid for i in rm.key) * n
-        stmt = Stmt(self._name(rm, DELETE), query.as_bytes(None), types, (), rm.key, True, False)
-        self._cache[(rm.version, DELETE, b"", b"n%d" % n)] = stmt
+        stmt = Stmt(
+            self.statement_name(rm, DELETE), query.as_bytes(None), types, (), rm.key, True, False
+        )
+        self.cache[(rm.version, DELETE, b"", b"n%d" % n)] = stmt
         return stmt
 
     def _build_delete(self, rm: RelMap, old_shape: bytes) -> Stmt:
@@ -463,86 +429,30 @@ class Planner:
             head = sql.SQL("DELETE FROM {}").format(changed_relation(rm))
         query = self._locate(rm, head, where, 1, old_shape).as_bytes(None)
         types = tuple(rm.columns[i].type_oid for i in where)
-        stmt = Stmt(self._name(rm, DELETE), query, types, (), where, True, False)
-        self._cache[(rm.version, DELETE, b"", old_shape)] = stmt
+        stmt = Stmt(self.statement_name(rm, DELETE), query, types, (), where, True, False)
+        self.cache[(rm.version, DELETE, b"", old_shape)] = stmt
         return stmt
-
-
-#: Most parameters one statement may carry (the protocol counts them in 16 bits).
-MAX_PARAMS = 65535
-#: Rows held back for one statement or COPY (a run's, the merger's) are sent once
-#: their values reach about this many bytes, whatever their count: wide rows must
-#: not all be held (256 merged UPDATEs of 1 MB rows were 363 MB of RSS).
-MAX_HELD_BYTES = 8 * 1024 * 1024
-
-
-def max_rows(width: int, limit: int) -> int:
-    """The largest power of two <= ``limit`` rows of ``width`` parameters one statement takes."""
-    rows = limit
-    while rows > 1 and rows * width > MAX_PARAMS:
-        rows //= 2
-    return rows
-
-
-def values_rows(n: int, width: int) -> sql.Composable:
-    """``(1, $1, .. $width), (2, ..)``: ``n`` rows of parameters, each after its ordinal."""
-    return sql.SQL(", ").join(
-        sql.SQL("({}, {})").format(
-            sql.Literal(r + 1),
-            sql.SQL(", ").join(placeholder(r * width + j + 1) for j in range(width)),
-        )
-        for r in range(n)
-    )
-
-
-def insert_rows(stmt: Stmt, n: int) -> Stmt:
-    """The INSERT ``stmt`` with ``n`` rows of parameters in one VALUES list."""
-    width = len(stmt.types)
-    rows = b", ".join(
-        b"(" + b", ".join(b"$%d" % (r * width + j) for j in range(1, width + 1)) + b")"
-        for r in range(n)
-    )
-    name = stmt.name + b"_x%d" % n
-    return Stmt(name, stmt.head + rows, stmt.types * n, stmt.new_idx, (), False, stmt.all_new)
 
 
 def _fmt(tup: TupleData, idx: tuple[int, ...]) -> bytes:
     return param_formats(tup.kinds, idx)
 
 
-def param_formats(kinds: bytes, idx: tuple[int, ...]) -> bytes:
-    """The libpq parameter formats of the values at ``idx`` (1 for binary)."""
-    fmts = kinds.translate(_FORMAT)
-    return bytes(fmts[i] for i in idx)
-
-
-def identity_tuple(change: Any) -> TupleData | None:
-    """The tuple that holds a change's identity: the new row of an INSERT, the old key
-    (or the new row when the key did not change) of an UPDATE, the old of a DELETE."""
-    if isinstance(change, Insert):
-        return change.new
-    if isinstance(change, Update):
-        return change.old if change.old is not None else change.new
-    if isinstance(change, Delete):
-        return change.old
-    return None
-
-
-def key_of(rm: RelMap, change: Any) -> dict[str, str | None] | None:
-    """The identity values of a change, as text, for error messages."""
-    tup = identity_tuple(change)
-    if tup is None:
-        return None
-    cols = rm.relation.columns
-    idx = rm.key or tuple(i for i, k in enumerate(tup.kinds) if k != ord("u"))
-    out: dict[str, str | None] = {}
-    for i in idx[:8]:
-        v = tup.values[i]
-        if v is None:
-            out[cols[i].name] = None
-        elif tup.kinds[i] == ord("b"):
-            out[cols[i].name] = "\\x" + v[:64].hex()
-        else:
-            text = v.decode("utf-8", "replace")
-            out[cols[i].name] = text if len(text) <= 200 else text[:200] + "..."
-    return out
+__all__ = [
+    "DELETE",
+    "INSERT",
+    "MAX_HELD_BYTES",
+    "MAX_PARAMS",
+    "UPDATE",
+    "Formats",
+    "Params",
+    "Planner",
+    "Stmt",
+    "compare",
+    "identity_tuple",
+    "insert_rows",
+    "key_of",
+    "max_rows",
+    "param_formats",
+    "values_rows",
+]

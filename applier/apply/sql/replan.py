@@ -20,12 +20,49 @@ and the handlers' "Group commit"):
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Protocol
 
 from applier.errors import ApplierError, ApplyError
 from applier.lsn import Lsn
 
 log = logging.getLogger("applier.apply")
+
+
+class _Live(Protocol):
+    @property
+    def xid(self) -> int: ...
+
+
+class _Streamed(Protocol):
+    @property
+    def live_failed(self) -> int | None: ...
+
+
+class _Resolver(Protocol):
+    def catchable(self, e: ApplyError) -> bool: ...
+    def explain_failure(self, e: ApplyError) -> None: ...
+
+
+class FailedEngine(Protocol):
+    """What :meth:`Replan.after_error` reads of the Applier that failed."""
+
+    @property
+    def live(self) -> _Live | None: ...
+    @property
+    def streamed(self) -> _Streamed: ...
+    @property
+    def resolver(self) -> _Resolver: ...
+    @property
+    def careful(self) -> bool: ...
+    @property
+    def group_txns(self) -> int: ...
+
+
+class FailedSession(Protocol):
+    """... and of its target session."""
+
+    @property
+    def failed_inflight(self) -> bool: ...
 
 
 class Replan:
@@ -46,12 +83,14 @@ class Replan:
             "restreaming a streamed transaction to spool it: %s", why, extra={"ctx": {"xid": xid}}
         )
 
-    def after_error(self, e: ApplierError, applier: Any, session: Any, received: Lsn) -> bool:
+    def after_error(
+        self, e: ApplierError, applier: FailedEngine, session: FailedSession, received: Lsn
+    ) -> bool:
         """True: start over from the origin as recorded here; False: stop with ``e``."""
-        live = applier.live.xid if applier.live is not None else applier.live_failed
+        live = applier.live.xid if applier.live is not None else applier.streamed.live_failed
         if live is not None:
             self.no_live.add(live)
-        if isinstance(e, ApplyError) and not applier.careful and applier.catchable(e):
+        if isinstance(e, ApplyError) and not applier.careful and applier.resolver.catchable(e):
             self.careful_until = Lsn(max(received, self.careful_until))
             self.no_group_until = Lsn(max(self.careful_until, self.no_group_until))
             log.warning(
@@ -64,7 +103,7 @@ class Replan:
         merged = "merged_changes" in e.context
         if not applier.group_txns and not session.failed_inflight and not merged and live is None:
             if isinstance(e, ApplyError):
-                applier.explain_failure(e)
+                applier.resolver.explain_failure(e)
             return False
         # Some earlier transaction of the open group may be the culprit, and the
         # error's context may name the wrong one: roll back, restream from the origin

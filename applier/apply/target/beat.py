@@ -138,6 +138,6 @@ class Reporter:
             ctx["confirmed"] = w.stream.confirmed
         if a is not None:
             ctx["skipped_changes"] = a.skipped_changes
-            ctx["missing_rows"] = a.missing_rows
+            ctx["missing_rows"] = a.resolver.missing_rows
         log.info("progress", extra={"ctx": ctx})
         self.last_log, self.txns_at_log = now, applied

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import Any, Protocol
 
 import psycopg
 
@@ -23,6 +23,7 @@ from applier.apply.handlers.dispatch import IDLE, Applier
 from applier.apply.handlers.until import Until
 from applier.apply.target.origin import local_flush_lsn
 from applier.errors import ApplierError
+from applier.lsn import Lsn
 
 log = logging.getLogger("applier.apply")
 
@@ -33,6 +34,16 @@ FLUSH_CHECK_INTERVAL = 0.1
 #: hand makes no commits. A round trip per 0.1 s held the loop ~10 ms each on a busy
 #: 2-core machine, where the catalog backend waits for a CPU.
 FLUSH_CHECK_BUSY = 1.0
+
+
+class ConfirmStream(Protocol):
+    """What confirming reads and sends on the stream."""
+
+    @property
+    def last_received(self) -> Lsn: ...
+
+    def confirm(self, flush_lsn: Lsn) -> None: ...
+    def send_status(self, reply_requested: bool = False) -> None: ...
 
 
 class Confirmer:
@@ -47,7 +58,7 @@ class Confirmer:
 
     def confirm(
         self,
-        stream: Any,
+        stream: ConfirmStream,
         applier: Applier,
         catalog_conn: psycopg.Connection[Any],
         final: bool = False,

@@ -53,7 +53,7 @@ _CTL, _ROW, _MOD, _LSN, _SYNC, _MANY, _CHECK = range(7)
 #: Pipeline._checks): a policy may fail the transaction on them.
 _CHECKS = frozenset({_MOD, _MANY, _CHECK})
 #: _MOD and _MANY of a table without a [conflicts] policy: a row not found is only
-#: recorded, so the commit does not wait for them (see applier.apply.rules.conflicts,
+#: recorded, so the commit does not wait for them (see applier.apply.rules.conflictlog,
 #: "Records").
 _MOD_LAZY, _MANY_LAZY = 7, 8
 
