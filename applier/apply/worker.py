@@ -140,10 +140,10 @@ from applier.lag import Lag, PendingCommits, measure
 from applier.lsn import Lsn, now_pg_timestamp, pg_timestamp
 from applier.privileges import Scope
 from applier.privileges import check as check_privileges
-from applier.protocol.speedups import dispatch_batch as _dispatch_batch
 from applier.redact import redact_dsn
 from applier.schema import schema_at_head, upgrade_target
 from applier.service import Service, signal_wakeup
+from applier.speedups import dispatch_batch as _dispatch_batch
 
 log = logging.getLogger("applier.apply")
 

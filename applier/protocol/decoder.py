@@ -50,7 +50,7 @@ slow validator that walks the bytes again, carefully, and raises
 :class:`~applier.errors.DecodeError` with the message tag and the offset of the
 offending field. So valid input pays for no checks it does not need, and
 invalid input still gets a precise error. The TupleData reader, the per-row
-cost, is :mod:`.tuples` (in C when ``applier.protocol._speedups`` is built,
+cost, is :mod:`.tuples` (in C when ``applier.speedups._speedups`` is built,
 with a pure-Python twin; the same slow validator names the error either way);
 the wording of every refusal is :mod:`.malformed`. Outside stream blocks,
 Begin, Commit, Insert, Update and Delete are decoded whole in C when it is
@@ -71,10 +71,10 @@ from struct import Struct
 from struct import error as StructError
 from typing import NoReturn
 
+from applier import speedups
 from applier.errors import DecodeError
 from applier.lsn import Lsn
 
-from . import speedups
 from .malformed import MESSAGE_NAMES
 from .malformed import Layout as _Layout
 from .malformed import check_end as _check_end

@@ -1,8 +1,8 @@
 """TupleData, the per-row part of Insert/Update/Delete: bytes at an offset in, values out.
 
 Design: this is the applier's per-row cost, so one TupleData is read in C when
-``applier.protocol._speedups`` is built (``speedups.tuple_data``, chosen once
-at import, see :mod:`applier.protocol.speedups`). :func:`_tuple_py` is its
+``applier.speedups._speedups`` is built (``speedups.tuple_data``, chosen once
+at import, see :mod:`applier.speedups`). :func:`_tuple_py` is its
 pure-Python twin: the fallback, the reference, and what the tests run with
 ``APPLIER_PURE_PYTHON=1``; both accept exactly the same bytes. Both read
 optimistically (no per-field checks) and, on anything odd, hand over to
@@ -22,9 +22,9 @@ from struct import Struct
 from struct import error as StructError
 from typing import NoReturn
 
+from applier import speedups
 from applier.errors import DecodeError
 
-from . import speedups
 from .malformed import fail as _fail
 from .messages import TupleData, fast_constructor
 
@@ -106,7 +106,7 @@ def _native_tuple(read: speedups.ReadTuple) -> _TupleReader:
     return _tuple_c
 
 
-#: The TupleData reader of the row messages: C when built (see applier.protocol.speedups).
+#: The TupleData reader of the row messages: C when built (see applier.speedups).
 _tuple = _tuple_py if speedups.tuple_data is None else _native_tuple(speedups.tuple_data)
 
 

@@ -36,7 +36,7 @@ from typing import Any
 
 import psycopg
 
-from applier.protocol.speedups import fill_copy as _fill_copy
+from applier.speedups import fill_copy as _fill_copy
 
 #: Bytes of CopyData held ahead at most: a quarter of a default
 #: logical_decoding_work_mem block, so the walsender decodes the next block

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from applier.errors import ApplierError, DecodeError, ProtocolError
 from applier.lsn import Lsn
 from applier.protocol import Keepalive, PgOutputDecoder, parse_copydata
-from applier.protocol.speedups import take_xlog as _take_xlog
+from applier.speedups import take_xlog as _take_xlog
 from applier.stream.readahead import ReadAhead, chunk_get
 
 _XLOG_HEADER = Struct(">QQq")  # wal_start, wal_end, send_time after the 'w' tag

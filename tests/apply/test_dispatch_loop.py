@@ -18,12 +18,13 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from applier import speedups
 from applier.apply.handlers.dispatch import Applier
 from applier.apply.handlers.states import IDLE, STREAM, TXN, State
 from applier.apply.worker import Worker
 from applier.errors import ProtocolError
 from applier.lsn import Lsn
-from applier.protocol import Begin, speedups
+from applier.protocol import Begin
 
 pytestmark = pytest.mark.skipif(
     speedups.dispatch_batch is None, reason="pure Python (APPLIER_PURE_PYTHON, or not built)"

@@ -20,6 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from protocol_helpers import fake_stream
 
+from applier import speedups
 from applier.apply.batching import copyrun
 from applier.lsn import Lsn
 from applier.protocol import (
@@ -37,7 +38,6 @@ from applier.protocol import (
     decode_insert,
     encode,
     keepalive,
-    speedups,
     xlogdata,
 )
 

@@ -1,4 +1,4 @@
-"""The C speedups (applier/protocol/_speedups.c) give exactly what their Python twins give.
+"""The C speedups (applier/speedups/*.c) give exactly what their Python twins give.
 
 Property tests over generated TupleData (every column kind, empty values, no
 columns, long values, many columns) and over generated damage to it
@@ -26,17 +26,17 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from applier import __version__
+from applier import __version__, speedups
 from applier.apply.batching import copyrun
 from applier.errors import DecodeError
-from applier.protocol import TupleData, decoder, encode_tuple, speedups
+from applier.protocol import TupleData, decoder, encode_tuple
 from applier.protocol import tuples as reader
 
 ROOT = Path(__file__).resolve().parents[2]
 SETTINGS = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 try:
-    from applier.protocol import _speedups as native
+    from applier.speedups import _speedups as native
 except ImportError:  # the test below fails for it; the others skip
     native = None  # type: ignore[assignment]
 

@@ -15,9 +15,10 @@ import time
 import pytest
 from streamkit import SMALL_WORK_MEM, emit_marker, open_stream, read_until_marker
 
+from applier import speedups
 from applier.errors import ConnectionLost
 from applier.localpg import LocalCluster
-from applier.protocol import Message, speedups
+from applier.protocol import Message
 from applier.stream import LogicalStream, ReplicationConnection, client, readahead, takeloop
 
 Items = list[tuple[object, object]]

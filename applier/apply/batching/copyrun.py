@@ -21,7 +21,7 @@ Values are the protocol's bytes: text values are escaped for COPY's text format
 (``[apply] binary``) go into COPY's binary format as they are, since both are
 what the type's input or receive function reads. A row mixing text and binary
 values cannot be copied and is applied with INSERT. The framing of a row runs
-in C when the speedups are built (:mod:`applier.protocol.speedups`).
+in C when the speedups are built (:mod:`applier.speedups`).
 
 An error in a COPY names its line; :class:`Run` keeps each row's source LSN and
 xid (not the row) so the error still names the change that failed.
@@ -35,10 +35,10 @@ from array import array
 from collections.abc import Sequence
 from itertools import chain
 
+from applier import speedups
 from applier.apply.sql.planner import Formats, Params, Stmt
 from applier.errors import DecodeError
 from applier.lsn import Lsn
-from applier.protocol import speedups
 from applier.protocol.tuples import _tuple
 
 TEXT, BINARY, NO_COPY = 0, 1, -1
@@ -142,7 +142,7 @@ def _binary_row_py(params: Sequence[bytes | None]) -> bytes:
     return b"".join(parts)
 
 
-# The same bytes from C when applier.protocol._speedups is built (checked equal
+# The same bytes from C when applier.speedups._speedups is built (checked equal
 # in tests/protocol/test_speedups.py); the pure-Python twins above otherwise.
 text_row = speedups.copy_text_row or _text_row_py
 binary_row = speedups.copy_binary_row or _binary_row_py

@@ -34,12 +34,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from applier import speedups
 from applier.apply.batching.merge import _U, MAX_HELD, HeldDeletes, HeldUpdates
 from applier.apply.batching.paths import paths_of
 from applier.apply.handlers.states import LaneCtx
 from applier.apply.sql.planner import MAX_HELD_BYTES
 from applier.lsn import Lsn
-from applier.protocol import Delete, Update, read_tuple, speedups
+from applier.protocol import Delete, Update, read_tuple
 
 #: Key columns :func:`hold_rows` holds at most (PostgreSQL's default INDEX_MAX_KEYS).
 MAX_KEY = 32

@@ -1,10 +1,10 @@
 /*
- * COPY framing for applier.protocol._speedups (see _speedups.c): rows of
+ * COPY framing for applier.speedups._speedups (see module.c): rows of
  * values to COPY text and binary (copy_text_row, copy_binary_row), and an
  * INSERT's TupleData straight to its COPY text line, alone or for a run of
  * messages (tuple_text_line, tuple_text_lines).
  */
-#include "_speedups.h"
+#include "speedups.h"
 
 /* ------------------------------------------------------------------ COPY rows */
 

@@ -1,9 +1,9 @@
 /*
- * The apply worker's dispatch loop for applier.protocol._speedups (see
- * _speedups.c): dispatch_batch, the C twin of Worker._dispatch_py with the
+ * The apply worker's dispatch loop for applier.speedups._speedups (see
+ * module.c): dispatch_batch, the C twin of Worker._dispatch_py with the
  * common path of Applier.dispatch inlined.
  */
-#include "_speedups.h"
+#include "speedups.h"
 
 static PyObject *state_name, *live_name, *stopping_name;
 

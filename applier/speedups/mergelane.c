@@ -1,8 +1,8 @@
 /*
- * The merge lane's loop for applier.protocol._speedups (see _speedups.c):
+ * The merge lane's loop for applier.speedups._speedups (see module.c):
  * hold_rows, the C twin of applier.apply.batching.mergelane._hold_rows_py.
  */
-#include "_speedups.h"
+#include "speedups.h"
 
 /* What a streamed UPDATE's or DELETE's TupleData follows: 'U'|'D', the xid,
  * the relation and the tuple's kind. */

@@ -1,8 +1,10 @@
 """Where the per-row hot functions come from: the C module, or their pure-Python twins.
 
-``applier.protocol._speedups`` (``_speedups.c``, built with the wheel or the
-editable install by ``hatch_build.py``) holds C versions of the decoder's
-TupleData reader, of COPY's row framing and of the stream client's read loop.
+``applier.speedups._speedups`` (the C files beside this module, built with the
+wheel or the editable install by ``hatch_build.py``) holds C versions of the
+decoder's TupleData and row readers, of COPY's row framing, of the stream
+client's read loop and fill, of the merge lane's loop and of the worker's
+dispatch loop.
 Each has a pure-Python twin that stays the reference: the tests check both give
 the same results. The names
 below are the C functions when the module was built and ``APPLIER_PURE_PYTHON``
@@ -59,7 +61,7 @@ def _load() -> tuple[ModuleType | None, str]:
     if os.environ.get("APPLIER_PURE_PYTHON"):
         return None, "pure Python (APPLIER_PURE_PYTHON is set)"
     try:
-        from applier.protocol import _speedups
+        from applier.speedups import _speedups
     except ImportError as exc:
         return None, f"pure Python (the C speedups are not built: {exc})"
     gone = missing(_speedups)
@@ -82,12 +84,12 @@ copy_binary_row: Callable[[Row], bytes] | None
 tuple_text_line: Callable[[bytes, int], tuple[bytes | None, int]] | None
 #: The joined lines of a run of INSERTs of one width: ``(lines, count)``.
 tuple_text_lines: Callable[[list[bytes], int, int, int, int], tuple[bytes, int]] | None
-#: The stream client's read loop (applier.stream.client): see ``take_xlog`` in _readloop.c.
+#: The stream client's read loop (applier.stream.client): see ``take_xlog`` in takeloop.c.
 take_xlog: Callable[..., int] | None
 #: The apply worker's loop over a batch (applier.apply.worker): see ``dispatch_batch``
-#: in _dispatch.c.
+#: in dispatch.c.
 dispatch_batch: Callable[[list[Any], dict[type, Any], Any, Any, Any], None] | None
-#: The read-ahead's fill (applier.stream.readahead): see ``fill_copy`` in _readloop.c.
+#: The read-ahead's fill (applier.stream.readahead): see ``fill_copy`` in readahead.c.
 fill_copy: Callable[[Any, Any, bytearray, bytearray, int], int] | None
 #: The merge lane's loop over a run of plain rows (applier.apply.batching.mergelane._hold_rows_py).
 hold_rows: Callable[..., tuple[int, int]] | None

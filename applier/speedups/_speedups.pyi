@@ -1,4 +1,4 @@
-# Types of the C module built from _speedups.c (see applier/protocol/speedups.py).
+# Types of the C module built from module.c and the files it lists (applier/speedups/__init__.py).
 from collections.abc import Sequence
 
 _Data = bytes | bytearray | memoryview

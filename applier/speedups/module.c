@@ -1,25 +1,25 @@
 /*
- * applier.protocol._speedups: the per-row hot functions of the decoder and of
- * COPY framing, in C.
+ * applier.speedups._speedups: the hot loops of the protocol, the stream and the
+ * apply worker, in C, each file beside the Python twin it is named after.
  *
  * One module built from several files (hatch_build.py compiles them all into
- * the one extension), split along these seams; _speedups.h declares what they
+ * the one extension), split along these seams; speedups.h declares what they
  * share. This file holds only the module definition.
  *
  * Each function computes exactly what its pure-Python twin computes, takes
  * the argument types it takes (data: bytes, bytearray or memoryview) and
  * raises the exception types it raises (the twins stay the reference and the
- * fallback; applier/protocol/speedups.py chooses, tests/protocol/test_speedups.py
+ * fallback; applier/speedups/__init__.py chooses, tests/protocol/test_speedups.py
  * checks them equal, on random and malformed input):
  *
- * _tuples.c, TupleData reading:
+ * tuples.c, TupleData reading:
  *
  *   tuple_data(data, pos)   tuples._tuple_py without the error reporting:
  *                           (kinds, values, end), or None when the TupleData
  *                           is malformed (the caller then walks it again with
  *                           tuples._tuple_error for the precise DecodeError).
  *
- * _copyframe.c, COPY framing:
+ * copyrun.c, COPY framing:
  *
  *   copy_text_row(values)   copyrun._text_row_py: one line of COPY text.
  *   copy_binary_row(values) copyrun._binary_row_py: one tuple of COPY binary.
@@ -30,7 +30,7 @@
  *                           copyrun._tuple_text_lines_py: the same for a run
  *                           of such messages, joined.
  *
- * _readloop.c, the stream client's read loops:
+ * takeloop.c and readahead.c, the stream client's read loops:
  *
  *   take_xlog(get, decoder, out, room, lsn_type, state[, group])
  *                           the stream client's loop over the CopyData libpq
@@ -42,14 +42,14 @@
  *                           readahead.ReadAhead._fill_py: what libpq can
  *                           read from the socket, packed into two bytearrays.
  *
- * _holdrun.c, the merge lane's loop:
+ * mergelane.c, the merge lane's loop:
  *
  *   hold_rows(datas, lsns, start, width, key, rows, keys, txn, no, size,
  *             max_rows, max_bytes)
  *                           mergelane._hold_rows_py: a run of streamed UPDATEs
  *                           or DELETEs held by key until one it leaves.
  *
- * _rowmsgs.c, transaction and row messages outside stream blocks:
+ * decoder.c, transaction and row messages outside stream blocks:
  *
  *   bind_rows(Begin, Commit, Insert, Update, Delete, TupleData, Lsn, twins)
  *                           once, by the decoder: the classes to build and the
@@ -58,7 +58,7 @@
  *   decode_update(data), decode_delete(data)
  *                           decoder._begin, _commit, _insert, _update, _delete.
  *
- * _dispatch.c, the apply worker's loop over a batch:
+ * dispatch.c, the apply worker's loop over a batch:
  *
  *   dispatch_batch(batch, handlers, applier, fallback, worker)
  *                           worker.Worker._dispatch_py with the common path of
@@ -68,7 +68,7 @@
  * shared all-text kinds objects, interned attribute names, struct.error and
  * what bind_rows gave, set once at import, so there is no state to reason about.
  */
-#include "_speedups.h"
+#include "speedups.h"
 
 static PyMethodDef methods[] = {
     {"tuple_data", (PyCFunction)(void (*)(void))spd_tuple_data, METH_FASTCALL,
@@ -101,7 +101,7 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module_def = {
     PyModuleDef_HEAD_INIT,
-    "applier.protocol._speedups",
+    "applier.speedups._speedups",
     "C versions of the decoder's and COPY framing's per-row functions.",
     -1,
     methods,
