@@ -111,6 +111,7 @@ from applier.apply.batching.paths import refresh as refresh_paths
 from applier.apply.gcsched import collect_garbage_on_schedule
 from applier.apply.handlers.dispatch import Applier
 from applier.apply.handlers.spool import SpoolSet, check_spool_dir, default_spool_dir
+from applier.apply.handlers.states import State
 from applier.apply.handlers.streamed import LiveRestream
 from applier.apply.handlers.until import Until
 from applier.apply.rules.skiprules import REFRESH_INTERVAL, SkipRules
@@ -649,10 +650,16 @@ class Worker:
         if applier is not None and self.stream is not None:
             applier.sent_at = self.stream.last_send_time
         if self.until is None and _dispatch_batch is not None and applier is not None:
-            # Applier.dispatch's common path in C, the rest through it (_dispatch.c).
-            _dispatch_batch(batch, applier.handlers, applier, dispatch, self)
+            # Applier.dispatch's common path in C, the rest through it
+            # (applier/speedups/dispatch.c): what it reads, it is given to call.
+            _dispatch_batch(
+                batch, applier.handlers, open_state_of(applier), dispatch, self._stopping
+            )
         else:
             self._dispatch_py(batch, dispatch)
+
+    def _stopping(self) -> bool:
+        return self.stopping
 
     def _dispatch_py(
         self, batch: list[tuple[Lsn, Any]], dispatch: Callable[[Lsn, Any], None]
@@ -664,6 +671,16 @@ class Worker:
             dispatch(lsn, msg)
             if self.stopping:
                 break
+
+
+def open_state_of(applier: Applier) -> Callable[[], State | None]:
+    """What ``dispatch_batch`` calls per message: the applier's state while
+    Applier.dispatch's common path is open (no live transaction to drop), else None."""
+
+    def open_state() -> State | None:
+        return applier.state if applier.live is None else None
+
+    return open_state
 
 
 def run_worker(cfg: Config, log_level: str | None = None, until: Lsn | None = None) -> int:

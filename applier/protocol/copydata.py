@@ -21,6 +21,9 @@ from applier.errors import DecodeError
 from applier.lsn import Lsn
 
 __all__ = [
+    "XLOG_HEADER",
+    "XLOG_PAYLOAD_AT",
+    "XLOG_TAG",
     "Keepalive",
     "XLogData",
     "keepalive",
@@ -29,7 +32,14 @@ __all__ = [
     "xlogdata",
 ]
 
-_XLOG = Struct(">QQq")
+#: An XLogData's header after its tag: wal_start, wal_end, send_time. The one
+#: definition in Python (the stream's read loop unpacks it in place; the C one
+#: is applier/speedups/copydata.h).
+XLOG_HEADER = Struct(">QQq")
+_XLOG = XLOG_HEADER
+#: The tag byte of an XLogData, and where its payload starts.
+XLOG_TAG = ord("w")
+XLOG_PAYLOAD_AT = 1 + XLOG_HEADER.size
 _KEEPALIVE_RAW = Struct(">QqB")
 _STATUS = Struct(">cQQQqB")
 

@@ -503,10 +503,11 @@ class PgOutputDecoder:
     """
 
     __slots__ = (
+        "_in_stream",
         "_plain",
         "_stream",
-        "_table",
         "defer_streamed",
+        "handlers",
         "proto_version",
         "streaming_parallel",
     )
@@ -526,23 +527,33 @@ class PgOutputDecoder:
         self.defer_streamed = defer_streamed
         self._plain = self._build_table(in_stream=False)
         self._stream = self._build_table(in_stream=True)
-        self._table = self._plain
+        #: The handler of each message by its tag byte: what :meth:`decode` calls,
+        #: and the read loops (applier.speedups.take_xlog) index per message. One
+        #: list for the decoder's life, rewritten in place on Stream Start and
+        #: Stop, so a loop given it once sees each switch (256 pointers copied
+        #: per stream block).
+        self.handlers: list[_Handler] = list(self._plain)
+        self._in_stream = False
 
     @property
     def in_stream(self) -> bool:
         """True between a Stream Start and its Stream Stop."""
-        return self._table is self._stream
+        return self._in_stream
 
     def reset(self) -> None:
         """Forget stream state, e.g. after reconnecting."""
-        self._table = self._plain
+        self._switch(in_stream=False)
+
+    def _switch(self, *, in_stream: bool) -> None:
+        self.handlers[:] = self._stream if in_stream else self._plain
+        self._in_stream = in_stream
 
     def decode(self, data: bytes | memoryview | bytearray) -> PgOutputMessage:
         """Decode one message; raise :class:`DecodeError` if the bytes are not one."""
         if type(data) is not bytes:
             data = bytes(data)
         try:
-            handler = self._table[data[0]]
+            handler = self.handlers[data[0]]
         except IndexError:
             raise DecodeError("empty message", offset=0) from None
         return handler(data)
@@ -552,12 +563,12 @@ class PgOutputDecoder:
     def _stream_start(self, data: bytes) -> StreamStart:
         xid, first = _fixed_whole(data, _SSTART, _SSTART_L, "S")
         _flag(first, (0, 1), "first_segment", 5, "S")
-        self._table = self._stream
+        self._switch(in_stream=True)
         return _new_stream_start(xid, bool(first))
 
     def _stream_stop(self, data: bytes) -> StreamStop:
         _check_end(data, 1, "E")
-        self._table = self._plain
+        self._switch(in_stream=False)
         return StreamStop()
 
     def _stream_abort(self, data: bytes) -> StreamAbort:

@@ -88,7 +88,9 @@ tuple_text_lines: Callable[[list[bytes], int, int, int, int], tuple[bytes, int]]
 take_xlog: Callable[..., int] | None
 #: The apply worker's loop over a batch (applier.apply.worker): see ``dispatch_batch``
 #: in dispatch.c.
-dispatch_batch: Callable[[list[Any], dict[type, Any], Any, Any, Any], None] | None
+dispatch_batch: (
+    Callable[[list[Any], dict[type, Any], Callable[[], Any], Any, Callable[[], bool]], None] | None
+)
 #: The read-ahead's fill (applier.stream.readahead): see ``fill_copy`` in readahead.c.
 fill_copy: Callable[[Any, Any, bytearray, bytearray, int], int] | None
 #: The merge lane's loop over a run of plain rows (applier.apply.batching.mergelane._hold_rows_py).

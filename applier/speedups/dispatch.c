@@ -5,34 +5,25 @@
  */
 #include "speedups.h"
 
-static PyObject *state_name, *live_name, *stopping_name;
-
 /* The callable for (lsn, msg): the handler when handlers[type(msg)] is
- * (states, handler), applier.state is in states and applier.live is None;
- * else `fallback`. A new reference, or NULL with an exception set. */
+ * (states, handler) and open_state() is in states; else `fallback`. A new
+ * reference, or NULL with an exception set. */
 static PyObject *
-callee(PyObject *msg, PyObject *handlers, PyObject *applier, PyObject *fallback)
+callee(PyObject *msg, PyObject *handlers, PyObject *open_state, PyObject *fallback)
 {
     PyObject *entry = PyDict_GetItemWithError(handlers, (PyObject *)Py_TYPE(msg));
     if (entry == NULL)
         return PyErr_Occurred() ? NULL : Py_NewRef(fallback);
     if (!PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != 2)
         return Py_NewRef(fallback);
-    Py_INCREF(entry); /* the attribute reads below run no code of ours, but may */
-    PyObject *call = NULL, *state = PyObject_GetAttr(applier, state_name);
+    Py_INCREF(entry); /* open_state() is Python code: it may change handlers */
+    PyObject *call = NULL, *state = PyObject_CallNoArgs(open_state);
     /* Python's `in`, as Applier.dispatch's (a frozenset's lookup, as fast as
      * PySet_Contains, which refused any other container with a SystemError). */
     int ok = state == NULL ? -1 : PySequence_Contains(PyTuple_GET_ITEM(entry, 0), state);
     Py_XDECREF(state);
-    if (ok == 0)
-        call = Py_NewRef(fallback);
-    else if (ok > 0) {
-        PyObject *live = PyObject_GetAttr(applier, live_name);
-        if (live != NULL) {
-            call = Py_NewRef(live == Py_None ? PyTuple_GET_ITEM(entry, 1) : fallback);
-            Py_DECREF(live);
-        }
-    }
+    if (ok >= 0)
+        call = Py_NewRef(ok ? PyTuple_GET_ITEM(entry, 1) : fallback);
     Py_DECREF(entry);
     return call;
 }
@@ -55,33 +46,36 @@ pair(PyObject *item)
     return NULL;
 }
 
-/* dispatch_batch(batch, handlers, applier, fallback, worker) -> None
+/* dispatch_batch(batch, handlers, open_state, fallback, stopping) -> None
  *
  * For each (lsn, msg) of the list `batch`, in order, calls handler(lsn, msg)
- * when handlers[type(msg)] is (states, handler), applier.state is in states
- * and applier.live is None: the path of Applier.dispatch that raises nothing
- * and drops no live transaction. Any other message goes to fallback(lsn, msg)
- * (Applier.dispatch itself), which raises the ProtocolError or drops the live
- * transaction as it does. After each message, stops when worker.stopping is
- * true. An exception of a call propagates at once.
+ * when handlers[type(msg)] is (states, handler) and open_state() is in states:
+ * open_state() gives the session's state when Applier.dispatch's common path
+ * is open (no live transaction it might drop), else None. That path raises
+ * nothing and drops no live transaction. Any other message goes to
+ * fallback(lsn, msg) (Applier.dispatch itself), which raises the ProtocolError
+ * or drops the live transaction as it does. After each message, stops when
+ * stopping() is true. An exception of a call propagates at once. The caller
+ * passes what is read as callables: no attribute of its objects is read here.
  */
 PyObject *
 spd_dispatch_batch(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 5 || !PyList_Check(args[0]) || !PyDict_Check(args[1])) {
         PyErr_SetString(PyExc_TypeError,
-                        "dispatch_batch(batch: list, handlers: dict, applier, fallback, worker)");
+                        "dispatch_batch(batch: list, handlers: dict, open_state, fallback, "
+                        "stopping)");
         return NULL;
     }
-    PyObject *batch = args[0], *handlers = args[1], *applier = args[2];
-    PyObject *fallback = args[3], *worker = args[4];
+    PyObject *batch = args[0], *handlers = args[1], *open_state = args[2];
+    PyObject *fallback = args[3], *stopping = args[4];
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(batch); i++) {
         /* Held: a handler may drop the batch's last reference. */
         PyObject *item = pair(PyList_GET_ITEM(batch, i));
         if (item == NULL)
             return NULL;
         PyObject *argv[2] = {PyTuple_GET_ITEM(item, 0), PyTuple_GET_ITEM(item, 1)};
-        PyObject *call = callee(argv[1], handlers, applier, fallback);
+        PyObject *call = callee(argv[1], handlers, open_state, fallback);
         PyObject *r = NULL;
         if (call != NULL) {
             r = PyObject_Vectorcall(call, argv, 2, NULL);
@@ -91,30 +85,15 @@ spd_dispatch_batch(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         if (r == NULL)
             return NULL;
         Py_DECREF(r);
-        PyObject *stop = PyObject_GetAttr(worker, stopping_name);
+        PyObject *stop = PyObject_CallNoArgs(stopping);
         if (stop == NULL)
             return NULL;
-        int stopping = PyObject_IsTrue(stop);
+        int stop_now = PyObject_IsTrue(stop);
         Py_DECREF(stop);
-        if (stopping < 0)
+        if (stop_now < 0)
             return NULL;
-        if (stopping)
+        if (stop_now)
             break;
     }
     Py_RETURN_NONE;
-}
-
-/* The interned attribute names, made once when the module is imported: 0, or
- * -1 with an exception set. */
-int
-spd_dispatch_init(void)
-{
-    if (state_name == NULL && (state_name = PyUnicode_InternFromString("state")) == NULL)
-        return -1;
-    if (live_name == NULL && (live_name = PyUnicode_InternFromString("live")) == NULL)
-        return -1;
-    if (stopping_name == NULL &&
-        (stopping_name = PyUnicode_InternFromString("stopping")) == NULL)
-        return -1;
-    return 0;
 }

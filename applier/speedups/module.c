@@ -32,7 +32,7 @@
  *
  * takeloop.c and readahead.c, the stream client's read loops:
  *
- *   take_xlog(get, decoder, out, room, lsn_type, state[, group])
+ *   take_xlog(get, table, decode, out, room, lsn_type, state[, group])
  *                           the stream client's loop over the CopyData libpq
  *                           has buffered (LogicalStream._take_py):
  *                           XLogData decoded into out, anything else handed
@@ -60,12 +60,12 @@
  *
  * dispatch.c, the apply worker's loop over a batch:
  *
- *   dispatch_batch(batch, handlers, applier, fallback, worker)
+ *   dispatch_batch(batch, handlers, open_state, fallback, stopping)
  *                           worker.Worker._dispatch_py with the common path of
  *                           handlers.Applier.dispatch (the rest: fallback).
  *
  * Only the stable C API is used and nothing is kept between calls but the
- * shared all-text kinds objects, interned attribute names, struct.error and
+ * shared all-text kinds objects, struct.error and
  * what bind_rows gave, set once at import, so there is no state to reason about.
  */
 #include "speedups.h"
@@ -79,9 +79,10 @@ static PyMethodDef methods[] = {
     {"copy_binary_row", spd_copy_binary_row, METH_O,
      "copy_binary_row(values) -> one COPY binary tuple"},
     {"take_xlog", (PyCFunction)(void (*)(void))spd_take_xlog, METH_FASTCALL,
-     "take_xlog(get, decoder, out, room, lsn_type, state[, group]) -> status (see the source)"},
+     "take_xlog(get, table, decode, out, room, lsn_type, state[, group]) -> status (see "
+     "takeloop.c)"},
     {"dispatch_batch", (PyCFunction)(void (*)(void))spd_dispatch_batch, METH_FASTCALL,
-     "dispatch_batch(batch, handlers, applier, fallback, worker) -> None (see the source)"},
+     "dispatch_batch(batch, handlers, open_state, fallback, stopping) -> None (see dispatch.c)"},
     {"fill_copy", (PyCFunction)(void (*)(void))spd_fill_copy, METH_FASTCALL,
      "fill_copy(consume, get, data, lens, room) -> status (see the source)"},
     {"tuple_text_lines", (PyCFunction)(void (*)(void))spd_tuple_text_lines, METH_FASTCALL,
@@ -114,8 +115,7 @@ static struct PyModuleDef module_def = {
 PyMODINIT_FUNC
 PyInit__speedups(void)
 {
-    if (spd_tuples_init() < 0 || spd_copyframe_init() < 0 || spd_readloop_init() < 0 ||
-        spd_dispatch_init() < 0)
+    if (spd_tuples_init() < 0 || spd_copyframe_init() < 0)
         return NULL;
     return PyModule_Create(&module_def);
 }

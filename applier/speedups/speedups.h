@@ -87,14 +87,12 @@ int spd_copyframe_init(void);
 
 /* takeloop.c: the stream client's read loop. */
 PyObject *spd_take_xlog(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
-int spd_readloop_init(void);
 
 /* readahead.c: the read-ahead's fill. */
 PyObject *spd_fill_copy(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 
 /* dispatch.c: the apply worker's loop over a batch. */
 PyObject *spd_dispatch_batch(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
-int spd_dispatch_init(void);
 
 /* mergelane.c: the merge lane's loop. */
 PyObject *spd_hold_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs);

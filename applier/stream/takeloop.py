@@ -14,19 +14,15 @@ both hand a message that is not an XLogData back to be handled here
 from __future__ import annotations
 
 import time
-from struct import Struct
 from struct import error as StructError
 from typing import TYPE_CHECKING, Any
 
 from applier.errors import ApplierError, DecodeError, ProtocolError
 from applier.lsn import Lsn
 from applier.protocol import Keepalive, PgOutputDecoder, parse_copydata
+from applier.protocol.copydata import XLOG_HEADER, XLOG_PAYLOAD_AT, XLOG_TAG
 from applier.speedups import take_xlog as _take_xlog
 from applier.stream.readahead import ReadAhead, chunk_get
-
-_XLOG_HEADER = Struct(">QQq")  # wal_start, wal_end, send_time after the 'w' tag
-_PAYLOAD_AT = 1 + _XLOG_HEADER.size
-_W = ord("w")
 
 
 class TakeLoop:
@@ -69,17 +65,18 @@ class TakeLoop:
         a message that is not an XLogData comes back here, to be handled or named as
         the Python loop does."""
         take = _take_xlog
-        assert take is not None
+        assert take is not None and decoder is not None
+        table, decode = decoder.handlers, decoder.decode
         state: list[Any] = [0, 0, self.last_received, None, None, self.last_send_time]
         try:
             while True:
-                status = take(get, decoder, out, limit - len(out), Lsn, state, self._group)
+                status = take(get, table, decode, out, limit - len(out), Lsn, state, self._group)
                 if status == 0:
                     break
                 if status == 1:
                     raise self._copy_ended()
                 data, state[4] = state[4], None
-                if data[0] == _W:
+                if data[0] == XLOG_TAG:
                     parse_copydata(data)  # a truncated 'w' header: raises the precise DecodeError
                 state[2] = self._keepalive(data, state[2])
         except DecodeError as e:
@@ -108,13 +105,14 @@ class TakeLoop:
         The hot loop of the stream, written for speed: one header unpack per
         XLogData, the payload copied out of libpq's buffer once, the decoder's
         handler called straight from its dispatch table (what decode() does,
-        minus a call and a type check; the table changes on Stream Start/Stop,
-        so it is looked up per message).
+        minus a call and a type check; Stream Start/Stop rewrite the table in
+        place, so it is bound once and indexed per message).
         """
         cursor = get if type(get) is list else None
         if cursor is not None:
             get = chunk_get(cursor)
-        unpack = _XLOG_HEADER.unpack_from
+        unpack = XLOG_HEADER.unpack_from
+        table = [] if decoder is None else decoder.handlers
         append = out.append
         room = limit - len(out)
         count = nbytes = 0
@@ -129,17 +127,17 @@ class TakeLoop:
                     break
                 count += 1
                 nbytes += n
-                if data[0] == _W:
+                if data[0] == XLOG_TAG:
                     start, end, sent = unpack(data, 1)
                     lsn = Lsn(start)
                     if decoder is None:
-                        append((lsn, data[_PAYLOAD_AT:]))
+                        append((lsn, data[XLOG_PAYLOAD_AT:]))
                     else:
                         # tobytes() then a bytes slice: half the cost of bytes(view[25:])
-                        payload = data.tobytes()[_PAYLOAD_AT:]
+                        payload = data.tobytes()[XLOG_PAYLOAD_AT:]
                         try:
                             try:
-                                handler = decoder._table[payload[0]]
+                                handler = table[payload[0]]
                             except IndexError:  # no pgoutput message in the XLogData
                                 handler = decoder.decode  # raises DecodeError("empty message")
                             append((lsn, handler(payload)))

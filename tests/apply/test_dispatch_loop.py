@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from applier import speedups
 from applier.apply.handlers.dispatch import Applier
 from applier.apply.handlers.states import IDLE, STREAM, TXN, State
-from applier.apply.worker import Worker
+from applier.apply.worker import Worker, open_state_of
 from applier.errors import ProtocolError
 from applier.lsn import Lsn
 from applier.protocol import Begin
@@ -95,6 +95,10 @@ class Harness:
         self.log.append(("drop_live", why))
         self.live = None
 
+    def reads(self, fallback: Any) -> tuple[Any, Any, Any]:
+        """dispatch_batch's open_state, fallback and stopping, as the Worker passes them."""
+        return open_state_of(self), fallback, lambda: self.stopping  # type: ignore[arg-type]
+
     def dispatch(self, lsn: int, msg: Any) -> None:
         self.log.append(("dispatch", lsn))
         Applier.dispatch(self, lsn, msg)  # type: ignore[arg-type]
@@ -105,7 +109,7 @@ def _run(loop: str, batch: list[tuple[int, Any]], actions: dict[str, list[str]])
     try:
         if loop == "c":
             assert speedups.dispatch_batch is not None
-            speedups.dispatch_batch(batch, h.handlers, h, h.dispatch, h)
+            speedups.dispatch_batch(batch, h.handlers, *h.reads(h.dispatch))
         else:
             Worker._dispatch_py(h, batch, h.dispatch)  # type: ignore[arg-type]
         outcome: Any = "ok"
@@ -141,7 +145,7 @@ def test_the_fast_path_skips_the_dispatch_method_and_the_rest_goes_through_it() 
     h = Harness({"A": ["txn", "live", "none"], "B": []})
     batch = [(1, A()), (2, A()), (3, B()), (4, A())]
     assert speedups.dispatch_batch is not None
-    speedups.dispatch_batch(batch, h.handlers, h, h.dispatch, h)
+    speedups.dispatch_batch(batch, h.handlers, *h.reads(h.dispatch))
     # 1, 2: IDLE then TXN, no live: straight to the handler. 3: live set by 2,
     # through dispatch (which drops nothing for B: not one of _DROPS_LIVE). 4: the same.
     assert [e[:2] for e in h.log] == [
@@ -153,7 +157,7 @@ def test_a_message_in_the_wrong_state_is_the_dispatch_methods_error() -> None:
     h = Harness({"A": [], "B": []})
     assert speedups.dispatch_batch is not None
     with pytest.raises(ProtocolError, match="unexpected B message while idle"):
-        speedups.dispatch_batch([(7, B())], h.handlers, h, h.dispatch, h)
+        speedups.dispatch_batch([(7, B())], h.handlers, *h.reads(h.dispatch))
     assert h.log == [("dispatch", 7)]
 
 
@@ -161,9 +165,9 @@ def test_bad_arguments_are_a_type_error() -> None:
     h = Harness({"A": [], "B": []})
     assert speedups.dispatch_batch is not None
     with pytest.raises(TypeError):
-        speedups.dispatch_batch([A()], h.handlers, h, h.dispatch, h)
+        speedups.dispatch_batch([A()], h.handlers, *h.reads(h.dispatch))
     with pytest.raises(TypeError):
-        speedups.dispatch_batch((), h.handlers, h, h.dispatch, h)  # type: ignore[arg-type]
+        speedups.dispatch_batch((), h.handlers, *h.reads(h.dispatch))  # type: ignore[arg-type]
 
 
 def _outcome(loop: str, batch: list[Any], entry: Any = None) -> Any:
@@ -174,7 +178,7 @@ def _outcome(loop: str, batch: list[Any], entry: Any = None) -> Any:
     try:
         if loop == "c":
             assert speedups.dispatch_batch is not None
-            speedups.dispatch_batch(batch, h.handlers, h, h.dispatch, h)
+            speedups.dispatch_batch(batch, h.handlers, *h.reads(h.dispatch))
         else:
             Worker._dispatch_py(h, batch, h.dispatch)  # type: ignore[arg-type]
         outcome: Any = "ok"

@@ -642,8 +642,9 @@ def test_an_insert_run_keeps_its_item_while_its_constructor_drops_it() -> None:
         return (0, b"") if f is None else (len(f), f)
 
     group = (StreamedChange, StreamedRun, Insert, Dropping)
+    dec = decoder.PgOutputDecoder(2)
     state: list[Any] = [0, 0, 0, None, None, 0]
-    assert native.take_xlog(get, decoder.PgOutputDecoder(2), out, 100, Lsn, state, group) == 0
+    assert native.take_xlog(get, dec.handlers, dec.decode, out, 100, Lsn, state, group) == 0
     [(lsn, run)] = out
     assert lsn == Lsn(0x100) and type(run) is Dropping
     assert run.lsns == [0x101, 0x102] and run.first.new.values == (b"aaa",)
@@ -672,8 +673,9 @@ def test_a_run_keeps_its_lists_while_get_drops_it() -> None:
         return (0, b"") if f is None else (len(f), f)
 
     group = (StreamedChange, StreamedRun, Insert, InsertRun)
+    dec = decoder.PgOutputDecoder(2)
     state: list[Any] = [0, 0, 0, None, None, 0]
-    assert native.take_xlog(get, decoder.PgOutputDecoder(2), out, 100, Lsn, state, group) == 0
+    assert native.take_xlog(get, dec.handlers, dec.decode, out, 100, Lsn, state, group) == 0
     assert out == [None] and not any(junk)
     assert state[:3] == [4, sum(map(len, frames)), 0x103]
 
