@@ -144,7 +144,8 @@ from applier.privileges import check as check_privileges
 from applier.redact import redact_dsn
 from applier.schema import schema_at_head, upgrade_target
 from applier.service import Service, signal_wakeup
-from applier.speedups import dispatch_batch as _dispatch_batch
+from applier.speedups import describe as describe_speedups
+from applier.speedups import dispatch_batch
 
 log = logging.getLogger("applier.apply")
 
@@ -259,6 +260,7 @@ class Worker:
                     "target": cfg.target.redacted,
                     "slot": cfg.source.slot,
                     "origin": cfg.origin,
+                    "speedups": describe_speedups(),
                 }
             },
         )
@@ -649,23 +651,24 @@ class Worker:
         applier = self.applier
         if applier is not None and self.stream is not None:
             applier.sent_at = self.stream.last_send_time
-        if self.until is None and _dispatch_batch is not None and applier is not None:
-            # Applier.dispatch's common path in C, the rest through it
-            # (applier/speedups/dispatch.c): what it reads, it is given to call.
-            _dispatch_batch(
+        if self.until is None and applier is not None:
+            # Applier.dispatch's common path straight to the handlers, the rest
+            # through it (applier/speedups/dispatch.c or .py): what it reads, it is
+            # given to call.
+            dispatch_batch(
                 batch, applier.handlers, open_state_of(applier), dispatch, self._stopping
             )
         else:
-            self._dispatch_py(batch, dispatch)
+            self._dispatch_admitted(batch, dispatch)
 
     def _stopping(self) -> bool:
         return self.stopping
 
-    def _dispatch_py(
+    def _dispatch_admitted(
         self, batch: list[tuple[Lsn, Any]], dispatch: Callable[[Lsn, Any], None]
     ) -> None:
-        """Each message of ``batch`` to ``dispatch`` (``dispatch_batch`` in C); stop
-        after the one during which a stop was asked for."""
+        """Each message of ``batch`` that ``until`` admits to ``dispatch``; stop after
+        the one during which a stop was asked for."""
         until = self.until
         for lsn, msg in batch if until is None else until.admit(batch, self.applier):
             dispatch(lsn, msg)

@@ -71,9 +71,9 @@ from struct import Struct
 from struct import error as StructError
 from typing import NoReturn
 
-from applier import speedups
 from applier.errors import DecodeError
 from applier.lsn import Lsn
+from applier.speedups import row_decoders
 
 from .malformed import MESSAGE_NAMES
 from .malformed import Layout as _Layout
@@ -470,14 +470,15 @@ _PLAIN: dict[str, _Handler] = {
     "p": _stream_prepare,
 }
 
-_decode_insert: Callable[[bytes], Insert] = _insert
-if speedups.bind_rows is not None and speedups.row_decoders is not None:
-    # In C (_rowmsgs.c): six of a pgbench transaction's messages cost ~4.4 us in
-    # Python. What C does not decode it hands to these twins, which word the errors.
-    _twins = (_begin, _commit, _insert, _update, _delete)
-    speedups.bind_rows(Begin, Commit, Insert, Update, Delete, TupleData, Lsn, _twins)
-    _PLAIN.update(speedups.row_decoders)
-    _decode_insert = speedups.row_decoders["I"]
+# In C when built (applier/speedups/decoder.c): six of a pgbench transaction's
+# messages cost ~4.4 us in Python. What C does not decode it hands to these
+# twins, which word the errors; in pure Python they are the decoders.
+_ROW_DECODERS = row_decoders(
+    (Begin, Commit, Insert, Update, Delete, TupleData, Lsn),
+    (_begin, _commit, _insert, _update, _delete),
+)
+_PLAIN.update(_ROW_DECODERS)
+_decode_insert: Callable[[bytes], Insert] = _ROW_DECODERS["I"]
 
 
 def _unknown(data: bytes) -> NoReturn:

@@ -1,6 +1,6 @@
 /*
  * The apply worker's dispatch loop for applier.speedups._speedups (see
- * module.c): dispatch_batch, the C twin of Worker._dispatch_py with the
+ * module.c): dispatch_batch, the C twin of dispatch.py's, with the
  * common path of Applier.dispatch inlined.
  */
 #include "speedups.h"

@@ -1,6 +1,6 @@
 /*
  * The merge lane's loop for applier.speedups._speedups (see module.c):
- * hold_rows, the C twin of applier.apply.batching.mergelane._hold_rows_py.
+ * hold_rows, the C twin of mergelane.py's (used by applier/apply/batching/mergelane.py).
  */
 #include "speedups.h"
 
@@ -104,7 +104,7 @@ hold_one(PyObject *data, PyObject *lsns, Py_ssize_t j, Py_ssize_t width, const P
 }
 
 /* hold_rows(datas, lsns, start, width, key, rows, keys, txn, no, size, max_rows,
- * max_bytes) -> (count, size): see _hold_rows_py, whose every check this makes
+ * max_bytes) -> (count, size): see mergelane.py's hold_rows, whose every check this makes
  * in the same order. */
 PyObject *
 spd_hold_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs)

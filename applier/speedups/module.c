@@ -14,39 +14,39 @@
  *
  * tuples.c, TupleData reading:
  *
- *   tuple_data(data, pos)   tuples._tuple_py without the error reporting:
+ *   tuple_data(data, pos)   tuples.py's: a TupleData without the error reporting:
  *                           (kinds, values, end), or None when the TupleData
  *                           is malformed (the caller then walks it again with
  *                           tuples._tuple_error for the precise DecodeError).
  *
  * copyrun.c, COPY framing:
  *
- *   copy_text_row(values)   copyrun._text_row_py: one line of COPY text.
- *   copy_binary_row(values) copyrun._binary_row_py: one tuple of COPY binary.
+ *   copy_text_row(values)   copyrun.py's: one line of COPY text.
+ *   copy_binary_row(values) copyrun.py's: one tuple of COPY binary.
  *   tuple_text_line(data, pos)
- *                           copyrun._tuple_text_line_py: an INSERT's TupleData
+ *                           copyrun.py's tuple_text_line: an INSERT's TupleData
  *                           straight to its COPY text line (the copy lane).
  *   tuple_text_lines(datas, start, pos, width, limit)
- *                           copyrun._tuple_text_lines_py: the same for a run
+ *                           copyrun.py's tuple_text_lines: the same for a run
  *                           of such messages, joined.
  *
  * takeloop.c and readahead.c, the stream client's read loops:
  *
  *   take_xlog(get, table, decode, out, room, lsn_type, state[, group])
  *                           the stream client's loop over the CopyData libpq
- *                           has buffered (LogicalStream._take_py):
+ *                           has buffered (takeloop.py's):
  *                           XLogData decoded into out, anything else handed
  *                           back to the caller; with `group`, runs of streamed
  *                           row changes of one head as one item.
  *   fill_copy(consume, get, data, lens, room)
- *                           readahead.ReadAhead._fill_py: what libpq can
+ *                           readahead.py's: what libpq can
  *                           read from the socket, packed into two bytearrays.
  *
  * mergelane.c, the merge lane's loop:
  *
  *   hold_rows(datas, lsns, start, width, key, rows, keys, txn, no, size,
  *             max_rows, max_bytes)
- *                           mergelane._hold_rows_py: a run of streamed UPDATEs
+ *                           mergelane.py's: a run of streamed UPDATEs
  *                           or DELETEs held by key until one it leaves.
  *
  * decoder.c, transaction and row messages outside stream blocks:
@@ -61,7 +61,7 @@
  * dispatch.c, the apply worker's loop over a batch:
  *
  *   dispatch_batch(batch, handlers, open_state, fallback, stopping)
- *                           worker.Worker._dispatch_py with the common path of
+ *                           dispatch.py's: Worker._dispatch's loop with the common path of
  *                           handlers.Applier.dispatch (the rest: fallback).
  *
  * Only the stable C API is used and nothing is kept between calls but the

@@ -1,6 +1,6 @@
 /*
  * The read-ahead's fill for applier.speedups._speedups (see module.c):
- * fill_copy, the C twin of ReadAhead._fill_py (applier/stream/readahead.py).
+ * fill_copy, the C twin of readahead.py's (used by applier/stream/readahead.py).
  */
 #include "speedups.h"
 

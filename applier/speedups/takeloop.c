@@ -1,6 +1,6 @@
 /*
  * The stream's read loop for applier.speedups._speedups (see module.c):
- * take_xlog, the C twin of TakeLoop._take_py (applier/stream/takeloop.py).
+ * take_xlog, the C twin of takeloop.py's (used by applier/stream/takeloop.py).
  */
 #include "copydata.h"
 

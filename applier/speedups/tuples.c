@@ -1,6 +1,6 @@
 /*
  * TupleData reading for applier.speedups._speedups (see module.c):
- * tuple_data, the C twin of tuples._tuple_py, its reader spd_read_tuple (which
+ * tuple_data, the C twin of tuples.py's tuple_data, its reader spd_read_tuple (which
  * mergelane.c shares), and the (data, pos) argument parsing it shares with
  * copyrun.c's tuple_text_line.
  */

@@ -1,10 +1,10 @@
 """The worker's dispatch loop in C (``dispatch_batch``) does what its Python twin does.
 
-``Worker._dispatch`` hands a batch to ``dispatch_batch`` (applier/protocol/
-_dispatch.c), which calls a message's handler itself on Applier.dispatch's
+``Worker._dispatch`` hands a batch to ``dispatch_batch`` (applier/speedups/
+dispatch.c), which calls a message's handler itself on Applier.dispatch's
 common path and the dispatch method for anything else. Generated batches of
 messages, handlers that change the state, start a live transaction, ask to
-stop or raise: the C loop and ``Worker._dispatch_py`` with the real
+stop or raise: the C loop and its Python twin (dispatch.py) with the real
 ``Applier.dispatch`` must make the same calls, in the same order, stop at the
 same message and raise the same error. The end-to-end apply tests run the C
 loop (and ``test_apply_group`` both loops) on real servers.
@@ -21,13 +21,14 @@ from hypothesis import strategies as st
 from applier import speedups
 from applier.apply.handlers.dispatch import Applier
 from applier.apply.handlers.states import IDLE, STREAM, TXN, State
-from applier.apply.worker import Worker, open_state_of
+from applier.apply.worker import open_state_of
 from applier.errors import ProtocolError
 from applier.lsn import Lsn
 from applier.protocol import Begin
+from applier.speedups import dispatch as py_dispatch
 
 pytestmark = pytest.mark.skipif(
-    speedups.dispatch_batch is None, reason="pure Python (APPLIER_PURE_PYTHON, or not built)"
+    speedups.IMPLEMENTATION != "C", reason="pure Python (APPLIER_PURE_PYTHON, or not built)"
 )
 
 
@@ -108,10 +109,9 @@ def _run(loop: str, batch: list[tuple[int, Any]], actions: dict[str, list[str]])
     h = Harness(actions)
     try:
         if loop == "c":
-            assert speedups.dispatch_batch is not None
             speedups.dispatch_batch(batch, h.handlers, *h.reads(h.dispatch))
         else:
-            Worker._dispatch_py(h, batch, h.dispatch)  # type: ignore[arg-type]
+            py_dispatch.dispatch_batch(batch, h.handlers, *h.reads(h.dispatch))
         outcome: Any = "ok"
     except (Boom, ProtocolError) as e:
         outcome = (type(e).__name__, str(e))
@@ -144,7 +144,6 @@ def test_the_c_loop_makes_the_python_loops_calls(
 def test_the_fast_path_skips_the_dispatch_method_and_the_rest_goes_through_it() -> None:
     h = Harness({"A": ["txn", "live", "none"], "B": []})
     batch = [(1, A()), (2, A()), (3, B()), (4, A())]
-    assert speedups.dispatch_batch is not None
     speedups.dispatch_batch(batch, h.handlers, *h.reads(h.dispatch))
     # 1, 2: IDLE then TXN, no live: straight to the handler. 3: live set by 2,
     # through dispatch (which drops nothing for B: not one of _DROPS_LIVE). 4: the same.
@@ -155,7 +154,6 @@ def test_the_fast_path_skips_the_dispatch_method_and_the_rest_goes_through_it() 
 
 def test_a_message_in_the_wrong_state_is_the_dispatch_methods_error() -> None:
     h = Harness({"A": [], "B": []})
-    assert speedups.dispatch_batch is not None
     with pytest.raises(ProtocolError, match="unexpected B message while idle"):
         speedups.dispatch_batch([(7, B())], h.handlers, *h.reads(h.dispatch))
     assert h.log == [("dispatch", 7)]
@@ -163,7 +161,6 @@ def test_a_message_in_the_wrong_state_is_the_dispatch_methods_error() -> None:
 
 def test_bad_arguments_are_a_type_error() -> None:
     h = Harness({"A": [], "B": []})
-    assert speedups.dispatch_batch is not None
     with pytest.raises(TypeError):
         speedups.dispatch_batch([A()], h.handlers, *h.reads(h.dispatch))
     with pytest.raises(TypeError):
@@ -177,10 +174,9 @@ def _outcome(loop: str, batch: list[Any], entry: Any = None) -> Any:
         h.handlers[A] = entry(h.handlers[A])
     try:
         if loop == "c":
-            assert speedups.dispatch_batch is not None
             speedups.dispatch_batch(batch, h.handlers, *h.reads(h.dispatch))
         else:
-            Worker._dispatch_py(h, batch, h.dispatch)  # type: ignore[arg-type]
+            py_dispatch.dispatch_batch(batch, h.handlers, *h.reads(h.dispatch))
         outcome: Any = "ok"
     except Exception as e:  # any type: what is compared
         outcome = type(e).__name__

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import types
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,11 @@ from applier.apply.batching import copyrun
 from applier.errors import DecodeError
 from applier.protocol import TupleData, decoder, encode_tuple
 from applier.protocol import tuples as reader
+from applier.speedups import copyrun as py_copyrun
+from applier.speedups import mergelane as py_mergelane
+from applier.speedups import readahead as py_readahead
+from applier.speedups import takeloop as py_takeloop
+from applier.speedups import tuples as py_tuples
 
 ROOT = Path(__file__).resolve().parents[2]
 SETTINGS = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -43,18 +48,20 @@ except ImportError:  # the test below fails for it; the others skip
 needs_native = pytest.mark.skipif(native is None, reason="the C speedups are not built")
 #: The C row decoders run once the decoder bound them: not with APPLIER_PURE_PYTHON.
 needs_row_decoders = pytest.mark.skipif(
-    speedups.row_decoders is None, reason="the C row decoders are not chosen"
+    speedups.IMPLEMENTATION != "C", reason="the C row decoders are not chosen"
 )
+#: The decoder's TupleData reader around the Python twin (what pure Python runs).
+_tuple_py = reader._reader(py_tuples.tuple_data)
 
 
 def test_the_c_speedups_are_built_and_chosen() -> None:
     """scripts/setup builds them: a test run must not silently cover pure Python only."""
     assert native is not None, (
-        "applier/protocol/_speedups.c is not built (scripts/setup or python hatch_build.py)"
+        "applier/speedups/*.c are not built (scripts/setup or python hatch_build.py)"
     )
     if not os.environ.get("APPLIER_PURE_PYTHON"):
         assert speedups.describe() == "C speedups"
-        assert reader._tuple is not reader._tuple_py
+        assert reader._tuple is not _tuple_py
         assert decoder._tuple is reader._tuple  # what the row messages call
         assert copyrun.text_row is native.copy_text_row
         assert copyrun.binary_row is native.copy_binary_row
@@ -102,11 +109,11 @@ def _both(data: bytes, pos: int) -> None:
     assert native is not None
     got_c = native.tuple_data(data, pos)
     try:
-        want, end = reader._tuple_py(data, pos, "I")
+        want, end = _tuple_py(data, pos, "I")
     except DecodeError as exc:
         assert got_c is None, (data, pos)
         with pytest.raises(DecodeError) as from_c:
-            reader._native_tuple(native.tuple_data)(data, pos, "I")
+            reader._reader(native.tuple_data)(data, pos, "I")
         assert (str(from_c.value), from_c.value.offset) == (str(exc), exc.offset)
         return
     assert got_c is not None, (data, pos)
@@ -162,7 +169,7 @@ def test_random_bytes_are_refused_alike(data: bytes, pos: int) -> None:
 def _lines_alike(data: bytes, pos: int) -> None:
     """The C and Python copy-lane framers agree: same (line, width) or both refuse."""
     assert native is not None
-    assert native.tuple_text_line(data, pos) == copyrun._tuple_text_line_py(data, pos), (data, pos)
+    assert native.tuple_text_line(data, pos) == py_copyrun.tuple_text_line(data, pos), (data, pos)
 
 
 @needs_native
@@ -175,7 +182,7 @@ def test_copy_lane_lines_frame_the_same(tup: TupleData, prefix: bytes, suffix: b
         # Text and NULLs only, ending the message: exactly the row COPY gets.
         assert native is not None
         assert native.tuple_text_line(data, len(prefix)) == (
-            copyrun._text_row_py(tup.values),
+            py_copyrun.copy_text_row(tup.values),
             len(tup.kinds),
         )
 
@@ -224,7 +231,7 @@ def test_row_messages_decode_the_same(
         data = data[: len(data) - cut]
         body = {73: decoder._insert, 85: decoder._update, 68: decoder._delete}[data[0]]
         outcomes = []
-        for impl in (reader._tuple_py, reader._tuple):
+        for impl in (_tuple_py, reader._tuple):
             saved, decoder._tuple = decoder._tuple, impl
             try:
                 outcomes.append(repr(body(data, 1 + len(xid), None)))
@@ -248,10 +255,10 @@ _ROW = st.lists(st.none() | _ESCAPY, max_size=12)
 @given(row=_ROW)
 def test_copy_rows_frame_the_same(row: list[bytes | None]) -> None:
     assert native is not None
-    assert native.copy_text_row(row) == copyrun._text_row_py(row)
-    assert native.copy_binary_row(row) == copyrun._binary_row_py(row)
+    assert native.copy_text_row(row) == py_copyrun.copy_text_row(row)
+    assert native.copy_binary_row(row) == py_copyrun.copy_binary_row(row)
     as_tuple = tuple(row)
-    assert native.copy_text_row(as_tuple) == copyrun._text_row_py(as_tuple)
+    assert native.copy_text_row(as_tuple) == py_copyrun.copy_text_row(as_tuple)
 
 
 @needs_native
@@ -260,8 +267,8 @@ def test_copy_rows_frame_the_same(row: list[bytes | None]) -> None:
 def test_copy_rows_take_bytes_likes(row: list[bytes | None], wrap: type) -> None:
     assert native is not None
     wrapped = [None if v is None else wrap(v) for v in row]
-    assert native.copy_text_row(wrapped) == copyrun._text_row_py(row)
-    assert native.copy_binary_row(wrapped) == copyrun._binary_row_py(row)
+    assert native.copy_text_row(wrapped) == py_copyrun.copy_text_row(row)
+    assert native.copy_binary_row(wrapped) == py_copyrun.copy_binary_row(row)
 
 
 @needs_native
@@ -269,8 +276,8 @@ def test_copy_row_edges() -> None:
     assert native is not None
     wide = [b"x"] * 100 + [None] * 50 + [b"\\\t"]  # past the C code's small-row buffer
     for row in ([], [None], [b""], [b"", b""], [b"\\N"], wide):
-        assert native.copy_text_row(row) == copyrun._text_row_py(row)
-        assert native.copy_binary_row(row) == copyrun._binary_row_py(row)
+        assert native.copy_text_row(row) == py_copyrun.copy_text_row(row)
+        assert native.copy_binary_row(row) == py_copyrun.copy_binary_row(row)
     for bad in ([1], ["text"], 5):
         with pytest.raises(TypeError):
             native.copy_text_row(bad)  # type: ignore[arg-type]
@@ -285,10 +292,10 @@ def test_copy_binary_row_refuses_too_many_values_as_its_twin() -> None:
     assert native is not None
     row: list[bytes | None] = [None] * 32_768
     with pytest.raises(struct.error):
-        copyrun._binary_row_py(row)
+        py_copyrun.copy_binary_row(row)
     with pytest.raises(struct.error):
         native.copy_binary_row(row)
-    assert native.copy_binary_row(row[1:]) == copyrun._binary_row_py(row[1:])
+    assert native.copy_binary_row(row[1:]) == py_copyrun.copy_binary_row(row[1:])
 
 
 # ------------------------------------------------------- the merge lane's loop
@@ -338,13 +345,12 @@ def test_hold_rows_holds_what_its_python_twin_holds(
 ) -> None:
     """Same count, size, rows (values, kinds, lane reference) and keys, from the same
     start, whatever the rows: where one stops the other stops."""
-    from applier.apply.batching.mergelane import _hold_rows_py
 
     assert native is not None
     lsns = [0x1000 + i for i in range(len(datas))]
     txn = object()
     out = []
-    for hold in (native.hold_rows, _hold_rows_py):
+    for hold in (native.hold_rows, py_mergelane.hold_rows):
         # A holder that holds something already (an earlier key; for DELETEs, keys
         # the run may repeat).
         rows: Any = [] if delete else {k: ((k,), b"t", None) for k in held}
@@ -361,7 +367,7 @@ def test_hold_rows_holds_what_its_python_twin_holds(
 def test_hold_rows_leaves_keys_wider_than_index_max_keys_to_the_caller() -> None:
     """A key of 33 columns (PostgreSQL built with a larger INDEX_MAX_KEYS) is held
     row by row by the caller: both twins take nothing."""
-    from applier.apply.batching.mergelane import MAX_KEY, _hold_rows_py
+    from applier.speedups.mergelane import MAX_KEY
 
     assert native is not None
     width = MAX_KEY + 1
@@ -372,7 +378,7 @@ def test_hold_rows_leaves_keys_wider_than_index_max_keys_to_the_caller() -> None
         + encode_tuple(TupleData(b"t" * width, (b"1",) * width))
     )
     key = tuple(range(width))
-    for hold in (native.hold_rows, _hold_rows_py):
+    for hold in (native.hold_rows, py_mergelane.hold_rows):
         rows: dict[Any, Any] = {}
         assert hold([data], [1], 0, width, key, rows, None, None, 1, 7, 256, 10**9) == (0, 7)
         assert rows == {}
@@ -471,16 +477,15 @@ def vars_of(msg: Any) -> list[Any]:
 @SETTINGS
 @given(data=plain_messages())
 def test_plain_messages_decode_as_their_python_twins(data: bytes) -> None:
-    """The C decoders (_rowmsgs.c) give equal messages, with Lsn fields, or the same error."""
-    assert speedups.row_decoders is not None
+    """The C decoders (decoder.c) give equal messages, with Lsn fields, or the same error."""
     twin = {66: decoder._begin, 67: decoder._commit, 73: decoder._insert}
     twin |= {85: decoder._update, 68: decoder._delete}
-    saved, decoder._tuple = decoder._tuple, reader._tuple_py  # all Python
+    saved, decoder._tuple = decoder._tuple, _tuple_py  # all Python
     try:
         expected = _outcome(twin[data[0]], data)
     finally:
         decoder._tuple = saved
-    assert _outcome(speedups.row_decoders[chr(data[0])], data) == expected
+    assert _outcome(decoder._ROW_DECODERS[chr(data[0])], data) == expected
     assert _outcome(decoder.PgOutputDecoder(2).decode, data) == expected
 
 
@@ -489,17 +494,10 @@ def test_plain_messages_decode_as_their_python_twins(data: bytes) -> None:
 
 @contextmanager
 def pure_python() -> Iterator[None]:
-    """The Python twins all the way down: the readers and framers they call are the
-    chosen ones (C, when built), which a twin comparison must not use."""
-    from applier.apply.batching import mergelane
-
-    patches = [
-        (decoder, "_tuple", reader._tuple_py),
-        (copyrun, "_tuple", reader._tuple_py),
-        (copyrun, "text_row", copyrun._text_row_py),
-        (copyrun, "tuple_text_line", copyrun._tuple_text_line_py),
-        (mergelane, "read_tuple", reader._read_tuple_py),
-    ]
+    """The Python twins all the way down: the decoder's row functions (the twins of
+    decoder.c) read TupleData with the chosen reader (C, when built), which a twin
+    comparison must not use. (The twins in applier.speedups call only twins.)"""
+    patches = [(decoder, "_tuple", _tuple_py)]
     saved = [(mod, name, getattr(mod, name)) for mod, name, _ in patches]
     try:
         for mod, name, twin in patches:
@@ -525,16 +523,15 @@ def test_readers_take_the_bytes_likes_their_twins_take(like: type) -> None:
     assert native is not None
     data = _insert_bytes((b"1", None, b"a\tb\\"))
     with pure_python():
-        want_tuple = reader._read_tuple_py(like(data), 6)
-        want_line = copyrun._tuple_text_line_py(like(data), 6)
-        want_lines = copyrun._tuple_text_lines_py([like(data), data], 0, 6, 3, 10**6)
+        want_tuple = py_tuples.tuple_data(like(data), 6)
+        want_line = py_copyrun.tuple_text_line(like(data), 6)
+        want_lines = py_copyrun.tuple_text_lines([like(data), data], 0, 6, 3, 10**6)
         want_insert = decoder._insert(like(data))
     assert native.tuple_data(like(data), 6) == want_tuple
     assert native.tuple_text_line(like(data), 6) == want_line
     assert native.tuple_text_lines([like(data), data], 0, 6, 3, 10**6) == want_lines
     assert decoder.decode_insert(like(data)) == want_insert  # C when chosen
-    if speedups.row_decoders is not None:
-        assert speedups.row_decoders["I"](like(data)) == want_insert
+    assert decoder._ROW_DECODERS["I"](like(data)) == want_insert
 
 
 @pytest.mark.parametrize("like", _LIKES)
@@ -544,8 +541,8 @@ def test_text_rows_escape_bytes_likes(like: type) -> None:
     row = [b"a\tb", None, b"\\\n"]
     want = b"a\\tb\t\\N\t\\\\\\n\n"
     wrapped = [None if v is None else like(v) for v in row]
-    assert copyrun._text_row_py(row) == want
-    assert copyrun._text_row_py(wrapped) == want
+    assert py_copyrun.copy_text_row(row) == want
+    assert py_copyrun.copy_text_row(wrapped) == want
     if native is not None:
         assert native.copy_text_row(wrapped) == want
 
@@ -555,10 +552,9 @@ def test_hold_rows_takes_bytes_only_in_both_twins(like: type) -> None:
     """A run's rows are bytes (the stream's payloads): both twins refuse another
     type with TypeError (the Python twin held a memoryview's rows, and failed on a
     bytearray's only when a key value was hashed)."""
-    from applier.apply.batching import mergelane
 
     data = b"U" + struct.pack(">II", 7, 16384) + b"N" + encode_tuple(TupleData.text(b"1"))
-    twins = [mergelane._hold_rows_py] + ([] if native is None else [native.hold_rows])
+    twins = [py_mergelane.hold_rows] + ([] if native is None else [native.hold_rows])
     for hold in twins:
         with pure_python(), pytest.raises(TypeError):
             hold([like(data)], [1], 0, 1, (0,), {}, None, None, 1, 0, 256, 10**9)
@@ -739,8 +735,8 @@ def data_args(draw: st.DrawFn) -> tuple[Any, int]:
 @given(args=data_args())
 def test_tuple_readers_agree_on_anything(args: tuple[Any, int]) -> None:
     assert native is not None
-    _twins(native.tuple_data, reader._read_tuple_py, *args)
-    _twins(native.tuple_text_line, copyrun._tuple_text_line_py, *args)
+    _twins(native.tuple_data, py_tuples.tuple_data, *args)
+    _twins(native.tuple_text_line, py_copyrun.tuple_text_line, *args)
 
 
 @needs_native
@@ -757,7 +753,7 @@ def test_tuple_text_lines_agree_on_anything(
     assert native is not None
     pos = datas[0][1] if datas else 0
     rows = [d for d, _ in datas]
-    _twins(native.tuple_text_lines, copyrun._tuple_text_lines_py, rows, start, pos, width, limit)
+    _twins(native.tuple_text_lines, py_copyrun.tuple_text_lines, rows, start, pos, width, limit)
 
 
 _CELLS = st.none() | _ESCAPY | _ESCAPY.map(bytearray) | _ESCAPY.map(memoryview)
@@ -773,8 +769,8 @@ _CELLS = st.none() | _ESCAPY | _ESCAPY.map(bytearray) | _ESCAPY.map(memoryview)
 def test_copy_rows_agree_on_anything(row: list[Any], shape: Any) -> None:
     assert native is not None
     values: Any = (5 if row else b"ab") if shape == "other" else shape(row)
-    _twins(native.copy_text_row, copyrun._text_row_py, values)
-    _twins(native.copy_binary_row, copyrun._binary_row_py, values)
+    _twins(native.copy_text_row, py_copyrun.copy_text_row, values)
+    _twins(native.copy_binary_row, py_copyrun.copy_binary_row, values)
 
 
 @st.composite
@@ -800,11 +796,10 @@ def _decoded(decode: Any, data: Any) -> tuple[str, Any]:
 @SETTINGS
 @given(data=row_message())
 def test_row_decoders_agree_on_anything(data: Any) -> None:
-    assert speedups.row_decoders is not None
     tag = bytes(data[:1]).decode()
     twin = {"B": decoder._begin, "C": decoder._commit, "I": decoder._insert}
     twin |= {"U": decoder._update, "D": decoder._delete}
-    got = _decoded(speedups.row_decoders[tag], data)
+    got = _decoded(decoder._ROW_DECODERS[tag], data)
     with pure_python():
         assert got == _decoded(twin[tag], data)
 
@@ -831,13 +826,12 @@ def test_hold_rows_agrees_on_anything(
 ) -> None:
     """Rows the loop stops at, rows not bytes, fewer LSNs than rows, a start before
     the first row, a key column outside the width."""
-    from applier.apply.batching.mergelane import _hold_rows_py
 
     assert native is not None
     datas = datas + extra
     lsns = [0x1000 + i for i in range(len(datas) - (1 if lsns_short and datas else 0))]
     out = []
-    for hold in (native.hold_rows, _hold_rows_py):
+    for hold in (native.hold_rows, py_mergelane.hold_rows):
         rows: Any = [] if delete else {}
         keys = set() if delete else None
         with pure_python():
@@ -873,25 +867,25 @@ def _read_all(frames: list[bytes], c_loop: bool) -> Any:
 
     from applier.stream import takeloop
 
-    saved = takeloop._take_xlog
-    if not c_loop:
-        takeloop._take_xlog = None
+    saved = takeloop.take_xlog
+    takeloop.take_xlog = native.take_xlog if c_loop else py_takeloop.take_xlog
     try:
         stream, _ = fake_stream(2, frames)
-        try:
-            got: Any = stream.read(0)
-        except Exception as exc:  # any type: what the twins are compared on
-            got = (type(exc).__name__, str(exc), getattr(exc, "context", None))
+        with nullcontext() if c_loop else pure_python():
+            try:
+                got: Any = stream.read(0)
+            except Exception as exc:  # any type: what the twins are compared on
+                got = (type(exc).__name__, str(exc), getattr(exc, "context", None))
         return got, stream.last_received, stream.messages_received, stream.last_send_time
     finally:
-        takeloop._take_xlog = saved
+        takeloop.take_xlog = saved
 
 
 @needs_native
 @SETTINGS
 @given(frames=copydata_frames())
 def test_the_read_loops_agree_on_anything(frames: list[bytes]) -> None:
-    """take_xlog (C) and TakeLoop._take_py: the same items, positions and counts, or
+    """take_xlog (C) and its Python twin: the same items, positions and counts, or
     the same error with the same context."""
     assert _read_all(frames, c_loop=True) == _read_all(frames, c_loop=False)
 
@@ -921,26 +915,16 @@ def _fill(script: list[int | None], room: int, c_loop: bool) -> Any:
     from array import array
     from functools import partial
 
-    from applier.stream.readahead import ReadAhead
-
     pg = _ScriptedPg(script)
     buf = bytearray()
     lens = array("q")
+    fill = native.fill_copy if c_loop else py_readahead.fill_copy
+    packed = bytearray()
     try:
-        if c_loop:
-            assert native is not None
-            packed = bytearray()
-            try:
-                got: Any = (
-                    native.fill_copy(
-                        pg.consume_input, partial(pg.get_copy_data, 1), buf, packed, room
-                    )
-                    == 1
-                )
-            finally:
-                lens.frombytes(packed)
-        else:
-            got = ReadAhead._fill_py(types.SimpleNamespace(_pgconn=pg), buf, lens, room)  # type: ignore[arg-type]
+        try:
+            got: Any = fill(pg.consume_input, partial(pg.get_copy_data, 1), buf, packed, room) == 1
+        finally:
+            lens.frombytes(packed)
     except Exception as exc:  # any type: what the twins are compared on
         got = type(exc).__name__
     return got, bytes(buf), list(lens), pg.calls
@@ -953,6 +937,6 @@ def _fill(script: list[int | None], room: int, c_loop: bool) -> Any:
     room=st.integers(0, 120),
 )
 def test_the_fill_loops_agree_on_anything(script: list[int | None], room: int) -> None:
-    """fill_copy (C) and ReadAhead._fill_py: the same bytes and lengths taken, the
+    """fill_copy (C) and its Python twin: the same bytes and lengths taken, the
     same calls to libpq, the same end or error."""
     assert _fill(script, room, c_loop=True) == _fill(script, room, c_loop=False)
