@@ -32,6 +32,7 @@ from applier.errors import DecodeError
 from applier.protocol import TupleData, decoder, encode_tuple
 from applier.protocol import tuples as reader
 from applier.speedups import copyrun as py_copyrun
+from applier.speedups import dispatch as py_dispatch
 from applier.speedups import mergelane as py_mergelane
 from applier.speedups import readahead as py_readahead
 from applier.speedups import takeloop as py_takeloop
@@ -940,3 +941,157 @@ def test_the_fill_loops_agree_on_anything(script: list[int | None], room: int) -
     """fill_copy (C) and its Python twin: the same bytes and lengths taken, the
     same calls to libpq, the same end or error."""
     assert _fill(script, room, c_loop=True) == _fill(script, room, c_loop=False)
+
+
+# ------------------------------------------------- the read loop, with runs and cursors
+
+
+@st.composite
+def stream_payloads(draw: st.DrawFn) -> list[bytes]:
+    """pgoutput messages as a stream carries them: plain ones, and stream blocks
+    whose row changes (deferred) come in runs of one head, some damaged."""
+    out: list[bytes] = []
+    for _ in range(draw(st.integers(0, 6))):
+        if draw(st.booleans()):
+            out.append(draw(plain_messages()))
+            continue
+        xid = draw(st.sampled_from([7, 8]))
+        out.append(b"S" + struct.pack(">IB", xid, 1))
+        for _ in range(draw(st.integers(0, 5))):
+            tag = draw(st.sampled_from(b"IUD"))
+            rel = draw(st.sampled_from([1, 2]))
+            kind = b"N" if tag != ord("D") else b"K"
+            data = bytes([tag]) + struct.pack(">II", xid, rel) + kind
+            out.append(data + encode_tuple(draw(tuples())))
+        if draw(st.booleans()):
+            out.append(b"E")
+    if draw(st.booleans()):  # a run of Inserts outside stream blocks
+        out += [_insert_bytes((str(i).encode(),)) for i in range(draw(st.integers(2, 4)))]
+    if draw(st.integers(0, 9)) == 0:
+        out.append(b"")  # an XLogData without a pgoutput message
+    return out
+
+
+def _frames_of(payloads: list[bytes], extra: list[bytes]) -> list[bytes]:
+    frames = [
+        b"w" + struct.pack(">QQq", 0x100 + i, 0x100 + i, 1000 + i) + p
+        for i, p in enumerate(payloads)
+    ]
+    return frames + extra
+
+
+def _take(take: Any, frames: list[bytes], cursor: bool, room: int) -> Any:
+    """Everything ``take`` (take_xlog, C or twin) gives for ``frames``, with runs."""
+    from array import array
+
+    from applier.lsn import Lsn
+    from applier.protocol import Insert, InsertRun, StreamedChange, StreamedRun
+
+    dec = decoder.PgOutputDecoder(2, defer_streamed=True)
+    group = (StreamedChange, StreamedRun, Insert, InsertRun)
+    out: list[Any] = []
+    state: list[Any] = [0, 0, 0, None, None, 0]
+    got: Any
+    if cursor:
+        get: Any = [bytearray(b"".join(frames)), array("q", map(len, frames)), 0, 0]
+    else:
+        it = iter(frames)
+
+        def get() -> tuple[int, bytes]:
+            f = next(it, None)
+            return (0, b"") if f is None else (len(f), f)
+
+    try:
+        got = take(get, dec.handlers, dec.decode, out, room, Lsn, state, group)
+    except Exception as exc:  # any type: what the twins are compared on
+        got = (type(exc).__name__, str(exc))
+    where = get[2:] if cursor else None
+    items = [(lsn, repr(m) if not hasattr(m, "datas") else (m.datas, m.lsns)) for lsn, m in out]
+    return got, items, [bytes(s) if isinstance(s, memoryview) else s for s in state], where
+
+
+@needs_native
+@SETTINGS
+@given(
+    payloads=stream_payloads(),
+    extra=st.lists(st.sampled_from([b"k" + bytes(17), b"w12", b"x"]), max_size=1),
+    cursor=st.booleans(),
+    room=st.sampled_from([1, 3, 100]),
+)
+def test_the_read_loops_agree_on_runs_and_cursors(
+    payloads: list[bytes], extra: list[bytes], cursor: bool, room: int
+) -> None:
+    """take_xlog (C) and its twin with runs (StreamedRun, InsertRun), from get() or a
+    read-ahead cursor read in place: the same items, state, cursor and status, or the
+    same error."""
+    frames = _frames_of(payloads, extra)
+    got = _take(native.take_xlog, frames, cursor, room)
+    with pure_python():
+        want = _take(py_takeloop.take_xlog, frames, cursor, room)
+    assert got == want
+
+
+@needs_native
+def test_the_read_loops_refuse_bad_arguments_alike() -> None:
+    from applier.lsn import Lsn
+
+    dec = decoder.PgOutputDecoder(2)
+    for args in [
+        ((lambda: (0, b"")), (), dec.decode, [], 1, Lsn, [0, 0, 0, None, None, 0]),
+        ((lambda: (0, b"")), dec.handlers, dec.decode, [], 1, Lsn, [0, 0, 0]),
+        ((lambda: 5), dec.handlers, dec.decode, [], 1, Lsn, [0, 0, 0, None, None, 0]),
+        ([b"", b"", 0, 0], dec.handlers, dec.decode, [], 1, Lsn, [0, 0, 0, None, None, 0]),
+    ]:
+        _twins(native.take_xlog, py_takeloop.take_xlog, *args)
+    _twins(native.fill_copy, py_readahead.fill_copy, int, int, b"", bytearray(), 5)
+    _twins(native.dispatch_batch, py_dispatch.dispatch_batch, (), {}, int, int, int)
+
+
+# ------------------------------------------------------------------ the chooser
+
+
+def test_the_chooser_honours_the_switch_in_a_fresh_process() -> None:
+    """Every function comes from the C module, or with APPLIER_PURE_PYTHON=1 from the
+    Python twins beside it; the decoder and the lanes use what was chosen."""
+    probe = (
+        "import json\n"
+        "from applier import speedups as s\n"
+        "from applier.protocol import decoder, tuples\n"
+        "from applier.apply.batching import copyrun, mergelane\n"
+        "from applier.stream import readahead, takeloop\n"
+        "from applier.apply import worker\n"
+        "names = [n for n in s.__all__ if callable(getattr(s, n)) and n not in\n"
+        "         ('describe', 'missing', 'ReadTuple')]\n"
+        "used = [tuples.read_tuple, copyrun.text_row, copyrun.binary_row,\n"
+        "        mergelane.hold_rows, readahead.fill_copy, takeloop.take_xlog,\n"
+        "        worker.dispatch_batch, decoder._ROW_DECODERS['I']]\n"
+        "print(json.dumps([s.IMPLEMENTATION, s.describe(),\n"
+        "    {n: getattr(s, n).__module__ for n in names},\n"
+        "    sorted({getattr(f, '__module__', None) or 'C' for f in used})]))\n"
+    )
+
+    def choice(pure: bool) -> Any:
+        import json
+
+        env = {k: v for k, v in os.environ.items() if k != "APPLIER_PURE_PYTHON"}
+        if pure:
+            env["APPLIER_PURE_PYTHON"] = "1"
+        proc = subprocess.run(
+            [sys.executable, "-c", probe],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout)
+
+    impl, why, modules, used = choice(pure=True)
+    assert (impl, why) == ("python", "pure Python (APPLIER_PURE_PYTHON is set)")
+    assert all(m.startswith("applier.speedups.") for m in modules.values()), modules
+    assert "applier.speedups._speedups" not in modules.values()
+    assert all(m.startswith("applier.") for m in used), used
+    if native is not None:
+        impl, why, modules, used = choice(pure=False)
+        assert (impl, why) == ("C", "C speedups")
+        c_made = {n for n, m in modules.items() if m == "applier.speedups._speedups"}
+        # row_decoders binds the C decoders (a Python function around bind_rows).
+        assert c_made == set(modules) - {"row_decoders"}, modules
+        assert set(used) <= {"C", "applier.speedups._speedups"}, used
