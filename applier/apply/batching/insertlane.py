@@ -118,5 +118,5 @@ def _hold(session: Any, run: Run, rm: RelMap, txn: Txn, m: InsertRun, i: int) ->
     # becomes a COPY (checked once per run of rows: at most one read of the stream,
     # client.MAX_BATCH_BYTES, past the bound).
     if took and (len(pending) >= threshold or run.held >= MAX_HELD_BYTES):
-        session._copy_begin(run)
+        session.runs.copy_begin(run)
     return took
