@@ -144,8 +144,8 @@ from applier.privileges import check as check_privileges
 from applier.redact import redact_dsn
 from applier.schema import schema_at_head, upgrade_target
 from applier.service import Service, signal_wakeup
+from applier.speedups import Flag, dispatch_batch
 from applier.speedups import describe as describe_speedups
-from applier.speedups import dispatch_batch
 
 log = logging.getLogger("applier.apply")
 
@@ -177,7 +177,7 @@ class Worker:
         self.cfg = cfg
         self.service = Service(cfg, log_level)
         self.notify = self.service.notify
-        self.stopping = False
+        self._stop = Flag()
         self.confirmer = Confirmer()
         self._stop_event = threading.Event()
         #: Readable once a signal was handled (see run_worker): ends the stream's wait.
@@ -655,14 +655,22 @@ class Worker:
             # Applier.dispatch's common path straight to the handlers, the rest
             # through it (applier/speedups/dispatch.c or .py): what it reads, it is
             # given to call.
-            dispatch_batch(
-                batch, applier.handlers, open_state_of(applier), dispatch, self._stopping
-            )
+            dispatch_batch(batch, applier.handlers, open_state_of(applier), dispatch, self._stop)
         else:
             self._dispatch_admitted(batch, dispatch)
 
-    def _stopping(self) -> bool:
-        return self.stopping
+    @property
+    def stopping(self) -> bool:
+        """A stop was asked for: the loops end after the message in hand."""
+        return bool(self._stop)
+
+    @stopping.setter
+    def stopping(self, on: bool) -> None:
+        # The flag dispatch_batch reads between messages, without a call.
+        if on:
+            self._stop.set()
+        else:
+            self._stop.clear()
 
     def _dispatch_admitted(
         self, batch: list[tuple[Lsn, Any]], dispatch: Callable[[Lsn, Any], None]

@@ -36,7 +36,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from types import ModuleType
-from typing import Any
+from typing import Any, Protocol
 
 from . import copyrun as _copyrun
 from . import decoder as _decoder
@@ -51,6 +51,7 @@ __all__ = [
     "FUNCTIONS",
     "IMPLEMENTATION",
     "MAX_KEY",
+    "Flag",
     "ReadTuple",
     "copy_binary_row",
     "copy_text_row",
@@ -71,10 +72,19 @@ Row = Sequence[bytes | None]
 ReadTuple = Callable[[bytes, int], tuple[bytes, tuple[bytes | None, ...], int] | None]
 RowDecoder = Callable[[bytes], Any]
 
+
+class StopFlag(Protocol):
+    """A :data:`Flag`: false until set."""
+
+    def set(self) -> None: ...
+    def clear(self) -> None: ...
+    def __bool__(self) -> bool: ...
+
+
 #: Every function the C module must have: one built from older sources lacks some.
 FUNCTIONS = (
     "tuple_data", "copy_text_row", "copy_binary_row", "tuple_text_line", "tuple_text_lines",
-    "take_xlog", "fill_copy", "dispatch_batch", "hold_rows", "bind_rows",
+    "take_xlog", "fill_copy", "dispatch_batch", "Flag", "hold_rows", "bind_rows",
     "decode_begin", "decode_commit", "decode_insert", "decode_update", "decode_delete",
 )  # fmt: skip
 
@@ -117,15 +127,10 @@ tuple_text_lines: Callable[[list[bytes], int, int, int, int], tuple[bytes, int]]
 take_xlog: Callable[..., int]
 #: The apply worker's loop over a batch (applier.apply.worker): see dispatch.py.
 dispatch_batch: Callable[
-    [
-        list[Any],
-        dict[type, Any],
-        Callable[[], Any],
-        Callable[[Any, Any], object],
-        Callable[[], object],
-    ],
-    None,
+    [list[Any], dict[type, Any], Callable[[], Any], Callable[[Any, Any], object], StopFlag], None
 ]
+#: Makes the stop request that dispatch_batch reads (a class, C or Python).
+Flag: Callable[[], StopFlag]
 #: The read-ahead's fill (applier.stream.readahead): see readahead.py.
 fill_copy: Callable[
     [Callable[[], object], Callable[[], tuple[int, Any]], bytearray, bytearray, int], int
@@ -160,6 +165,7 @@ if _native is None:
     take_xlog = _takeloop.take_xlog
     fill_copy = _readahead.fill_copy
     dispatch_batch = _dispatch.dispatch_batch
+    Flag = _dispatch.Flag
     hold_rows = _mergelane.hold_rows
     row_decoders = _decoder.row_decoders
 else:
@@ -171,6 +177,7 @@ else:
     take_xlog = _native.take_xlog
     fill_copy = _native.fill_copy
     dispatch_batch = _native.dispatch_batch
+    Flag = _native.Flag
     hold_rows = _native.hold_rows
     row_decoders = _c_row_decoders
 

@@ -34,9 +34,15 @@ def dispatch_batch(
     handlers: dict[type, object],
     open_state: Callable[[], object],
     fallback: Callable[[object, object], object],
-    stopping: Callable[[], object],
+    stop: Flag,
     /,
 ) -> None: ...
+
+class Flag:
+    def set(self) -> None: ...
+    def clear(self) -> None: ...
+    def __bool__(self) -> bool: ...
+
 def hold_rows(
     datas: list[bytes],
     lsns: list[int],

@@ -13,7 +13,25 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["dispatch_batch"]
+__all__ = ["Flag", "dispatch_batch"]
+
+
+class Flag:
+    """A stop request: false until :meth:`set` (the twin of dispatch.c's Flag)."""
+
+    __slots__ = ("_on",)
+
+    def __init__(self) -> None:
+        self._on = False
+
+    def set(self) -> None:
+        self._on = True
+
+    def clear(self) -> None:
+        self._on = False
+
+    def __bool__(self) -> bool:
+        return self._on
 
 
 def dispatch_batch(
@@ -21,15 +39,15 @@ def dispatch_batch(
     handlers: dict[type, Any],
     open_state: Callable[[], Any],
     fallback: Callable[[Any, Any], object],
-    stopping: Callable[[], object],
+    stop: object,
 ) -> None:
     """For each ``(lsn, msg)`` of ``batch``, in order: ``handler(lsn, msg)`` when
     ``handlers[type(msg)]`` is ``(states, handler)`` and ``open_state()`` (the session's
     state while the common path is open, else None) is in ``states``; any other
     message to ``fallback(lsn, msg)``, which raises or drops the live transaction as
-    Applier.dispatch does. After each message, stop when ``stopping()`` is true.
+    Applier.dispatch does. After each message, stop when the flag ``stop`` is set.
     """
-    if not isinstance(batch, list) or not isinstance(handlers, dict):
+    if not isinstance(batch, list) or not isinstance(handlers, dict) or type(stop) is not Flag:
         raise TypeError(
             "dispatch_batch(batch: list, handlers: dict, open_state, fallback, stopping)"
         )
@@ -39,5 +57,5 @@ def dispatch_batch(
         if isinstance(entry, tuple) and len(entry) == 2 and open_state() in entry[0]:
             call = entry[1]
         call(lsn, msg)
-        if stopping():
+        if stop:
             break

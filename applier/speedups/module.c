@@ -60,7 +60,7 @@
  *
  * dispatch.c, the apply worker's loop over a batch:
  *
- *   dispatch_batch(batch, handlers, open_state, fallback, stopping)
+ *   dispatch_batch(batch, handlers, open_state, fallback, stop)
  *                           dispatch.py's: Worker._dispatch's loop with the common path of
  *                           handlers.Applier.dispatch (the rest: fallback).
  *
@@ -82,7 +82,7 @@ static PyMethodDef methods[] = {
      "take_xlog(get, table, decode, out, room, lsn_type, state[, group]) -> status (see "
      "takeloop.c)"},
     {"dispatch_batch", (PyCFunction)(void (*)(void))spd_dispatch_batch, METH_FASTCALL,
-     "dispatch_batch(batch, handlers, open_state, fallback, stopping) -> None (see dispatch.c)"},
+     "dispatch_batch(batch, handlers, open_state, fallback, stop) -> None (see dispatch.c)"},
     {"fill_copy", (PyCFunction)(void (*)(void))spd_fill_copy, METH_FASTCALL,
      "fill_copy(consume, get, data, lens, room) -> status (see the source)"},
     {"tuple_text_lines", (PyCFunction)(void (*)(void))spd_tuple_text_lines, METH_FASTCALL,
@@ -115,7 +115,16 @@ static struct PyModuleDef module_def = {
 PyMODINIT_FUNC
 PyInit__speedups(void)
 {
-    if (spd_tuples_init() < 0 || spd_copyframe_init() < 0)
+    if (spd_tuples_init() < 0 || spd_copyframe_init() < 0 || spd_dispatch_init() < 0)
         return NULL;
-    return PyModule_Create(&module_def);
+    PyObject *module = PyModule_Create(&module_def);
+    if (module == NULL)
+        return NULL;
+    Py_INCREF(&spd_flag_type);
+    if (PyModule_AddObject(module, "Flag", (PyObject *)&spd_flag_type) < 0) {
+        Py_DECREF(&spd_flag_type);
+        Py_DECREF(module);
+        return NULL;
+    }
+    return module;
 }

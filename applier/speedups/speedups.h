@@ -93,6 +93,8 @@ PyObject *spd_fill_copy(PyObject *module, PyObject *const *args, Py_ssize_t narg
 
 /* dispatch.c: the apply worker's loop over a batch. */
 PyObject *spd_dispatch_batch(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+extern PyTypeObject spd_flag_type;
+int spd_dispatch_init(void);
 
 /* mergelane.c: the merge lane's loop. */
 PyObject *spd_hold_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs);

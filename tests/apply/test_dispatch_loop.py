@@ -60,10 +60,11 @@ ACTIONS = ["none", "idle", "txn", "stream", "live", "unlive", "stop", "raise"]
 class Harness:
     """Applier.dispatch's real code on a minimal object; handlers that log."""
 
-    def __init__(self, actions: dict[str, list[str]]) -> None:
+    def __init__(self, actions: dict[str, list[str]], loop: str = "c") -> None:
         self.state: State = IDLE
         self.live: Any = None
-        self.stopping = False
+        #: What the Worker passes: the stop request (its ``stopping``).
+        self.stop = (speedups.Flag if loop == "c" else py_dispatch.Flag)()
         self.until = None
         self.applier = self
         self.log: list[tuple[Any, ...]] = []
@@ -82,7 +83,7 @@ class Harness:
             if action == "raise":
                 raise Boom(lsn)
             if action == "stop":
-                self.stopping = True
+                self.stop.set()
             elif action == "live":
                 self.live = object()
             elif action == "unlive":
@@ -97,8 +98,8 @@ class Harness:
         self.live = None
 
     def reads(self, fallback: Any) -> tuple[Any, Any, Any]:
-        """dispatch_batch's open_state, fallback and stopping, as the Worker passes them."""
-        return open_state_of(self), fallback, lambda: self.stopping  # type: ignore[arg-type]
+        """dispatch_batch's open_state, fallback and stop flag, as the Worker passes them."""
+        return open_state_of(self), fallback, self.stop  # type: ignore[arg-type]
 
     def dispatch(self, lsn: int, msg: Any) -> None:
         self.log.append(("dispatch", lsn))
@@ -106,7 +107,7 @@ class Harness:
 
 
 def _run(loop: str, batch: list[tuple[int, Any]], actions: dict[str, list[str]]) -> Any:
-    h = Harness(actions)
+    h = Harness(actions, loop)
     try:
         if loop == "c":
             speedups.dispatch_batch(batch, h.handlers, *h.reads(h.dispatch))
@@ -117,7 +118,7 @@ def _run(loop: str, batch: list[tuple[int, Any]], actions: dict[str, list[str]])
         outcome = (type(e).__name__, str(e))
     # The fallback is logged only in C's path ("dispatch" entries): compare the rest.
     calls = [entry for entry in h.log if entry[0] != "dispatch"]
-    return calls, outcome, h.state, h.live is None, h.stopping
+    return calls, outcome, h.state, h.live is None, bool(h.stop)
 
 
 @settings(max_examples=300, deadline=None)
@@ -169,7 +170,7 @@ def test_bad_arguments_are_a_type_error() -> None:
 
 def _outcome(loop: str, batch: list[Any], entry: Any = None) -> Any:
     """_run's outcome with A's handlers entry replaced, and any error's type."""
-    h = Harness({"A": ["txn"], "B": []})
+    h = Harness({"A": ["txn"], "B": []}, loop)
     if entry is not None:
         h.handlers[A] = entry(h.handlers[A])
     try:

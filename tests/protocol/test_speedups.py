@@ -1045,6 +1045,21 @@ def test_the_read_loops_refuse_bad_arguments_alike() -> None:
         _twins(native.take_xlog, py_takeloop.take_xlog, *args)
     _twins(native.fill_copy, py_readahead.fill_copy, int, int, b"", bytearray(), 5)
     _twins(native.dispatch_batch, py_dispatch.dispatch_batch, (), {}, int, int, int)
+    # A stop request that is not the loop's own Flag (C reads it without a call).
+    assert _result(native.dispatch_batch, [], {}, int, int, py_dispatch.Flag()) == (
+        "error",
+        "TypeError",
+    )
+    assert _result(py_dispatch.dispatch_batch, [], {}, int, int, native.Flag()) == (
+        "error",
+        "TypeError",
+    )
+    for flag in (native.Flag(), py_dispatch.Flag()):
+        assert not flag
+        flag.set()
+        assert flag
+        flag.clear()
+        assert not flag
 
 
 # ------------------------------------------------------------------ the chooser
