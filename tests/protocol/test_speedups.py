@@ -6,8 +6,8 @@ columns, long values, many columns) and over generated damage to it
 accepts exactly what the Python one accepts, with equal kinds, values and end,
 and where both refuse, the decoder raises the same DecodeError. COPY rows:
 equal bytes for values full of the bytes COPY text escapes, NULLs, and
-bytes-likes. The rest of the protocol tests run once more in a subprocess with
-``APPLIER_PURE_PYTHON=1``, so both implementations pass all of them.
+bytes-likes. scripts/test runs the protocol, stream and an apply subset once
+more with ``APPLIER_PURE_PYTHON=1``, so both implementations pass them.
 """
 
 from __future__ import annotations
@@ -385,19 +385,7 @@ def test_hold_rows_leaves_keys_wider_than_index_max_keys_to_the_caller() -> None
         assert rows == {}
 
 
-# ------------------------------------------------- the protocol tests, pure Python
-
-
-@pytest.mark.slow
-def test_protocol_tests_pass_in_pure_python() -> None:
-    """Every protocol test once more with the C speedups switched off."""
-    tests = sorted(str(p) for p in Path(__file__).parent.glob("test_protocol_*.py"))
-    env = {**os.environ, "APPLIER_PURE_PYTHON": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-x", *tests],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+# ------------------------------------------------------------------ the switch
 
 
 def test_the_switch_is_not_a_config_key() -> None:
