@@ -54,7 +54,7 @@ cost, is :mod:`.tuples` (in C when ``applier.speedups._speedups`` is built,
 with a pure-Python twin; the same slow validator names the error either way);
 the wording of every refusal is :mod:`.malformed`. Outside stream blocks,
 Begin, Commit, Insert, Update and Delete are decoded whole in C when it is
-built (``_rowmsgs.c``); the functions here are their twins, and take whatever
+built (``applier/speedups/decoder.c``); the functions here are their twins, and take whatever
 the C does not decode (so every error is still raised, and worded, here).
 Offsets count from the tag byte (offset 0). A truncated field is reported at
 the offset where it starts; a bad value at the offset of the field holding it;
