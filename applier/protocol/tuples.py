@@ -18,7 +18,7 @@ from collections.abc import Callable
 from struct import Struct
 from typing import NoReturn
 
-from applier.speedups import ReadTuple, tuple_data
+from applier.speedups import ReadTuple, tuple_data, tuple_reader
 
 from .malformed import fail as _fail
 from .messages import TupleData, fast_constructor
@@ -29,24 +29,8 @@ _U32 = Struct(">I")
 _new_tuple = fast_constructor(TupleData)
 
 
-_TupleReader = Callable[[bytes, int, str], tuple[TupleData, int]]
-
-
-def _reader(read: ReadTuple) -> _TupleReader:
-    """The decoder's TupleData reader around ``read`` (the chosen ``tuple_data``)."""
-
-    def _tuple(data: bytes, pos: int, tag: str) -> tuple[TupleData, int]:
-        got = read(data, pos)
-        if got is None:
-            _tuple_error(data, pos, tag)
-        kinds, values, end = got
-        return _new_tuple(kinds, values), end
-
-    return _tuple
-
-
 #: The TupleData reader of the row messages (see applier.speedups for which runs).
-_tuple = _reader(tuple_data)
+_tuple: Callable[[bytes, int, str], tuple[TupleData, int]]
 
 #: ``(kinds, values, end)`` of the TupleData at ``pos``, None if it is malformed (the
 #: decoder names what is wrong): for the apply lanes, which skip the message objects.
@@ -76,3 +60,6 @@ def _tuple_error(data: bytes, pos: int, tag: str) -> NoReturn:
             _fail(tag, p + 1, f"column {i} length {length} exceeds the {size - p - 5} bytes left")
         p += 5 + length
     _fail(tag, pos, "malformed TupleData")  # unreachable unless the fast path is wrong
+
+
+_tuple = tuple_reader(_new_tuple, _tuple_error)

@@ -63,6 +63,7 @@ __all__ = [
     "row_decoders",
     "take_xlog",
     "tuple_data",
+    "tuple_reader",
     "tuple_text_line",
     "tuple_text_lines",
 ]
@@ -116,6 +117,11 @@ IMPLEMENTATION = "python" if _native is None else "C"
 
 #: ``(kinds, values, end)`` of the TupleData at ``pos``, or None if it is malformed.
 tuple_data: ReadTuple
+#: The decoder's TupleData reader, given its constructor and error: see tuples.py.
+tuple_reader: Callable[
+    [Callable[[bytes, tuple[bytes | None, ...]], Any], Callable[[bytes, int, str], Any]],
+    Callable[[bytes, int, str], tuple[Any, int]],
+]
 #: One line of COPY text format / one tuple of COPY binary format.
 copy_text_row: Callable[[Row], bytes]
 copy_binary_row: Callable[[Row], bytes]
@@ -142,6 +148,23 @@ hold_rows: Callable[..., tuple[int, int]]
 row_decoders: Callable[[Sequence[type], Sequence[RowDecoder]], dict[str, RowDecoder]]
 
 
+def _c_tuple_reader(
+    new: Callable[[bytes, tuple[bytes | None, ...]], Any], error: Callable[[bytes, int, str], Any]
+) -> Callable[[bytes, int, str], tuple[Any, int]]:
+    """tuples.c's ``tuple_data`` as the decoder's reader (see tuples.py's twin)."""
+    assert _native is not None
+    read = _native.tuple_data
+
+    def _tuple(data: bytes, pos: int, tag: str) -> tuple[Any, int]:
+        got = read(data, pos)
+        if got is None:
+            return error(data, pos, tag)  # type: ignore[no-any-return]
+        kinds, values, end = got
+        return new(kinds, values), end
+
+    return _tuple
+
+
 def _c_row_decoders(classes: Sequence[type], twins: Sequence[RowDecoder]) -> dict[str, RowDecoder]:
     """decoder.c's decoders, once it was given the classes to build and the twins
     that word its errors."""
@@ -158,6 +181,7 @@ def _c_row_decoders(classes: Sequence[type], twins: Sequence[RowDecoder]) -> dic
 
 if _native is None:
     tuple_data = _tuples.tuple_data
+    tuple_reader = _tuples.tuple_reader
     copy_text_row = _copyrun.copy_text_row
     copy_binary_row = _copyrun.copy_binary_row
     tuple_text_line = _copyrun.tuple_text_line
@@ -170,6 +194,7 @@ if _native is None:
     row_decoders = _decoder.row_decoders
 else:
     tuple_data = _native.tuple_data
+    tuple_reader = _c_tuple_reader
     copy_text_row = _native.copy_text_row
     copy_binary_row = _native.copy_binary_row
     tuple_text_line = _native.tuple_text_line

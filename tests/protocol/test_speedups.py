@@ -52,7 +52,16 @@ needs_row_decoders = pytest.mark.skipif(
     speedups.IMPLEMENTATION != "C", reason="the C row decoders are not chosen"
 )
 #: The decoder's TupleData reader around the Python twin (what pure Python runs).
-_tuple_py = reader._reader(py_tuples.tuple_data)
+_tuple_py = py_tuples.tuple_reader(reader._new_tuple, reader._tuple_error)
+
+
+def _tuple_c(data: Any, pos: int, tag: str) -> tuple[TupleData, int]:
+    """The decoder's reader around tuples.c (what the chooser makes of it)."""
+    got = native.tuple_data(data, pos)
+    if got is None:
+        reader._tuple_error(data, pos, tag)
+    kinds, values, end = got
+    return reader._new_tuple(kinds, values), end
 
 
 def test_the_c_speedups_are_built_and_chosen() -> None:
@@ -114,7 +123,7 @@ def _both(data: bytes, pos: int) -> None:
     except DecodeError as exc:
         assert got_c is None, (data, pos)
         with pytest.raises(DecodeError) as from_c:
-            reader._reader(native.tuple_data)(data, pos, "I")
+            _tuple_c(data, pos, "I")
         assert (str(from_c.value), from_c.value.offset) == (str(exc), exc.offset)
         return
     assert got_c is not None, (data, pos)
@@ -1095,6 +1104,6 @@ def test_the_chooser_honours_the_switch_in_a_fresh_process() -> None:
         impl, why, modules, used = choice(pure=False)
         assert (impl, why) == ("C", "C speedups")
         c_made = {n for n, m in modules.items() if m == "applier.speedups._speedups"}
-        # row_decoders binds the C decoders (a Python function around bind_rows).
-        assert c_made == set(modules) - {"row_decoders"}, modules
+        # row_decoders and tuple_reader are Python functions around the C ones.
+        assert c_made == set(modules) - {"row_decoders", "tuple_reader"}, modules
         assert set(used) <= {"C", "applier.speedups._speedups"}, used
