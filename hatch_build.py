@@ -1,16 +1,16 @@
-"""Build applier.protocol._speedups (a C extension) with the wheel; never fail for it.
+"""Build applier.speedups._speedups (a C extension) with the wheel; never fail for it.
 
 hatchling runs :class:`SpeedupsHook` for every wheel build: a regular wheel
 gets the compiled module (and a platform tag), an editable install (``pip
-install -e .``, as ``scripts/setup`` runs it) gets it next to its source in
-``applier/protocol/``, where the editable path finds it. The compiler and flags
+install -e .``, as ``scripts/setup`` runs it) gets it next to its sources in
+``applier/speedups/``, where the editable path finds it. The compiler and flags
 are the ones this Python was built with (sysconfig), the way setuptools picks
 them, without needing setuptools. When there is no compiler, or it fails, the
 build says so on stderr and goes on: applier then runs its pure-Python twins
-(applier/protocol/speedups.py).
+(chosen once, in applier/speedups/__init__.py).
 
 The module is one extension built from several C files (:data:`SOURCES`,
-which share ``_speedups.h``), all compiled and linked in one compiler run.
+which share ``speedups.h``), all compiled and linked in one compiler run.
 
 ``python hatch_build.py`` builds the module in place, e.g. after editing the
 C sources in a development tree (``scripts/setup`` does it when a source is
@@ -29,22 +29,23 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent
-PROTOCOL = ROOT / "applier" / "protocol"
-#: Every C file of the one module: _speedups.c defines it, the others hold its
-#: functions (see the list in _speedups.c); the wheel ships them and the header.
+PACKAGE = ROOT / "applier" / "speedups"
+#: Every C file of the one module: module.c defines it, the others hold its
+#: functions, each named after its Python twin (see the list in module.c).
 SOURCES = [
-    PROTOCOL / name
+    PACKAGE / name
     for name in (
-        "_speedups.c",
-        "_tuples.c",
-        "_copyframe.c",
-        "_readloop.c",
-        "_holdrun.c",
-        "_rowmsgs.c",
-        "_dispatch.c",
+        "module.c",
+        "tuples.c",
+        "decoder.c",
+        "copyrun.c",
+        "takeloop.c",
+        "readahead.c",
+        "mergelane.c",
+        "dispatch.c",
     )
 ]
-MODULE = "applier/protocol/_speedups"
+MODULE = "applier/speedups/_speedups"
 
 
 def module_filename() -> str:
@@ -104,7 +105,7 @@ else:
 
         def initialize(self, version: str, build_data: dict[str, Any]) -> None:
             if version == "editable":
-                compile_module(PROTOCOL)
+                compile_module(PACKAGE)
                 return
             built = compile_module(Path(self.directory) / "speedups-build")
             if built is None:
@@ -116,4 +117,4 @@ else:
 
 
 if __name__ == "__main__":
-    sys.exit(0 if compile_module(PROTOCOL) else 1)
+    sys.exit(0 if compile_module(PACKAGE) else 1)

@@ -4,7 +4,7 @@ What a variable means (documented in the README, "Configuration from the
 environment"):
 
 * ``APPLIER_CONFIG``: the config file, as ``--config`` (the CLI reads it).
-* ``APPLIER_PURE_PYTHON``: run without the C speedups (:mod:`applier.protocol.speedups`).
+* ``APPLIER_PURE_PYTHON``: run without the C speedups (:mod:`applier.speedups`).
 * ``APPLIER_SOURCE_DSN`` / ``APPLIER_TARGET_DSN``: ``source.dsn`` / ``target.dsn``.
 * ``APPLIER_<SECTION>__<KEY>``: any key, upper case, ``__`` between the levels
   (``APPLIER_APPLY__GROUP_COMMIT``); a third level reaches into a table-valued

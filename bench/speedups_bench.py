@@ -52,7 +52,7 @@ def measure(rows: int) -> dict[str, float]:
     """Time this process's implementation (the one speedups chose) over ``rows`` rows."""
     from applier.apply.batching.copyrun import text_row
     from applier.protocol.decoder import decode_streamed
-    from applier.protocol.speedups import describe
+    from applier.speedups import describe
 
     msgs = messages(rows)
     params = [list(decode_streamed(m).new.values) for m in msgs]  # type: ignore[attr-defined]

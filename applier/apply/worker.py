@@ -107,6 +107,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from applier.apply.backoff import HEALTHY_AFTER, Retry
+from applier.apply.batchdispatch import BatchDispatch
 from applier.apply.batching.paths import refresh as refresh_paths
 from applier.apply.connect import new_stream, open_status, our_origin, take_origin
 from applier.apply.gcsched import collect_garbage_on_schedule
@@ -133,8 +134,8 @@ from applier.errors import (
 from applier.lag import Lag, PendingCommits, measure
 from applier.lsn import Lsn, now_pg_timestamp, pg_timestamp
 from applier.pgconn import close_quietly
-from applier.protocol.speedups import dispatch_batch as _dispatch_batch
 from applier.service import Service, signal_wakeup
+from applier.speedups import describe as describe_speedups
 from applier.status.row import WorkerState
 
 if TYPE_CHECKING:
@@ -152,7 +153,8 @@ class Worker:
         self.cfg = cfg
         self.service = Service(cfg, log_level)
         self.notify = self.service.notify
-        self.stopping = False
+        #: One batch of messages to the handlers, and the stop request it reads.
+        self.batches = BatchDispatch()
         self.confirmer = Confirmer()
         self._stop_event = threading.Event()
         #: Readable once a signal was handled (see run_worker): ends the stream's wait.
@@ -234,6 +236,7 @@ class Worker:
                     "target": cfg.target.redacted,
                     "slot": cfg.source.slot,
                     "origin": cfg.origin,
+                    "speedups": describe_speedups(),
                 }
             },
         )
@@ -478,22 +481,16 @@ class Worker:
         applier = self.applier
         if applier is not None and self.stream is not None:
             applier.sent_at = self.stream.last_send_time
-        if self.until is None and _dispatch_batch is not None and applier is not None:
-            # Applier.dispatch's common path in C, the rest through it (_dispatch.c).
-            _dispatch_batch(batch, applier.handlers, applier, dispatch, self)
-        else:
-            self._dispatch_py(batch, dispatch)
+        self.batches.dispatch(batch, applier, self.until, dispatch)
 
-    def _dispatch_py(
-        self, batch: list[tuple[Lsn, Any]], dispatch: Callable[[Lsn, Any], None]
-    ) -> None:
-        """Each message of ``batch`` to ``dispatch`` (``dispatch_batch`` in C); stop
-        after the one during which a stop was asked for."""
-        until = self.until
-        for lsn, msg in batch if until is None else until.admit(batch, self.applier):
-            dispatch(lsn, msg)
-            if self.stopping:
-                break
+    @property
+    def stopping(self) -> bool:
+        """A stop was asked for: the loops end after the message in hand."""
+        return self.batches.stopping
+
+    @stopping.setter
+    def stopping(self, on: bool) -> None:
+        self.batches.stopping = on
 
 
 def run_worker(cfg: Config, log_level: str | None = None, until: Lsn | None = None) -> int:

@@ -50,7 +50,7 @@ def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> 
     if not value or ctx.resilient_parsing:
         return
     # Imported here: only --version needs to know (commands import lazily).
-    from ..protocol.speedups import describe
+    from ..speedups import describe
 
     click.echo(f"applier, version {__version__} ({describe()})")
     ctx.exit()

@@ -21,6 +21,9 @@ from applier.errors import DecodeError
 from applier.lsn import Lsn
 
 __all__ = [
+    "XLOG_HEADER",
+    "XLOG_PAYLOAD_AT",
+    "XLOG_TAG",
     "Keepalive",
     "XLogData",
     "keepalive",
@@ -29,7 +32,13 @@ __all__ = [
     "xlogdata",
 ]
 
-_XLOG = Struct(">QQq")
+#: An XLogData's header after its tag: wal_start, wal_end, send_time. The one
+#: definition in Python (the stream's read loop unpacks it in place; the C one
+#: is applier/speedups/copydata.h).
+XLOG_HEADER = Struct(">QQq")
+#: The tag byte of an XLogData, and where its payload starts.
+XLOG_TAG = ord("w")
+XLOG_PAYLOAD_AT = 1 + XLOG_HEADER.size
 _KEEPALIVE_RAW = Struct(">QqB")
 _STATUS = Struct(">cQQQqB")
 
@@ -67,13 +76,13 @@ def parse_copydata(data: bytes | bytearray | memoryview) -> XLogData | Keepalive
 
 
 def _parse_xlogdata(data: bytes | bytearray | memoryview) -> XLogData:
-    if len(data) < 1 + _XLOG.size:
+    if len(data) < XLOG_PAYLOAD_AT:
         names = ("wal_start", "wal_end", "send_time")
         field = (len(data) - 1) // 8
         raise _fail("w", 1 + 8 * field, f"truncated header: {names[field]} missing")
-    start, end, ts = _XLOG.unpack_from(data, 1)
+    start, end, ts = XLOG_HEADER.unpack_from(data, 1)
     view = data if isinstance(data, memoryview) else memoryview(data)
-    payload = view[1 + _XLOG.size :]
+    payload = view[XLOG_PAYLOAD_AT:]
     return XLogData(
         Lsn(start), Lsn(end), ts, payload if isinstance(data, memoryview) else bytes(payload)
     )
@@ -103,7 +112,7 @@ def standby_status_update(
 
 def xlogdata(wal_start: int, wal_end: int, send_time: int, payload: bytes) -> bytes:
     """Build a ``w`` CopyData payload around a pgoutput message (tests, benchmarks)."""
-    return b"w" + _XLOG.pack(wal_start, wal_end, send_time) + payload
+    return b"w" + XLOG_HEADER.pack(wal_start, wal_end, send_time) + payload
 
 
 def keepalive(wal_end: int, send_time: int, reply_requested: bool = False) -> bytes:

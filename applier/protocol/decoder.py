@@ -50,11 +50,11 @@ slow validator that walks the bytes again, carefully, and raises
 :class:`~applier.errors.DecodeError` with the message tag and the offset of the
 offending field. So valid input pays for no checks it does not need, and
 invalid input still gets a precise error. The TupleData reader, the per-row
-cost, is :mod:`.tuples` (in C when ``applier.protocol._speedups`` is built,
+cost, is :mod:`.tuples` (in C when ``applier.speedups._speedups`` is built,
 with a pure-Python twin; the same slow validator names the error either way);
 the wording of every refusal is :mod:`.malformed`. Outside stream blocks,
 Begin, Commit, Insert, Update and Delete are decoded whole in C when it is
-built (``_rowmsgs.c``); the functions here are their twins, and take whatever
+built (``applier/speedups/decoder.c``); the functions here are their twins, and take whatever
 the C does not decode (so every error is still raised, and worded, here).
 Offsets count from the tag byte (offset 0). A truncated field is reported at
 the offset where it starts; a bad value at the offset of the field holding it;
@@ -73,8 +73,8 @@ from typing import NoReturn
 
 from applier.errors import DecodeError
 from applier.lsn import Lsn
+from applier.speedups import row_decoders
 
-from . import speedups
 from .malformed import MESSAGE_NAMES
 from .malformed import Layout as _Layout
 from .malformed import check_end as _check_end
@@ -106,7 +106,7 @@ from .messages import (
     Update,
     fast_constructor,
 )
-from .tuples import decode_tuple as _tuple  # this module's name: tests swap it
+from .tuples import _tuple
 
 __all__ = [
     "MESSAGE_NAMES",
@@ -470,14 +470,15 @@ _PLAIN: dict[str, _Handler] = {
     "p": _stream_prepare,
 }
 
-_decode_insert: Callable[[bytes], Insert] = _insert
-if speedups.bind_rows is not None and speedups.row_decoders is not None:
-    # In C (_rowmsgs.c): six of a pgbench transaction's messages cost ~4.4 us in
-    # Python. What C does not decode it hands to these twins, which word the errors.
-    _twins = (_begin, _commit, _insert, _update, _delete)
-    speedups.bind_rows(Begin, Commit, Insert, Update, Delete, TupleData, Lsn, _twins)
-    _PLAIN.update(speedups.row_decoders)
-    _decode_insert = speedups.row_decoders["I"]
+# In C when built (applier/speedups/decoder.c): six of a pgbench transaction's
+# messages cost ~4.4 us in Python. What C does not decode it hands to these
+# twins, which word the errors; in pure Python they are the decoders.
+_ROW_DECODERS = row_decoders(
+    (Begin, Commit, Insert, Update, Delete, TupleData, Lsn),
+    (_begin, _commit, _insert, _update, _delete),
+)
+_PLAIN.update(_ROW_DECODERS)
+_decode_insert: Callable[[bytes], Insert] = _ROW_DECODERS["I"]
 
 
 def _unknown(data: bytes) -> NoReturn:
@@ -503,10 +504,11 @@ class PgOutputDecoder:
     """
 
     __slots__ = (
+        "_in_stream",
         "_plain",
         "_stream",
-        "_table",
         "defer_streamed",
+        "handlers",
         "proto_version",
         "streaming_parallel",
     )
@@ -526,23 +528,33 @@ class PgOutputDecoder:
         self.defer_streamed = defer_streamed
         self._plain = self._build_table(in_stream=False)
         self._stream = self._build_table(in_stream=True)
-        self._table = self._plain
+        #: The handler of each message by its tag byte: what :meth:`decode` calls,
+        #: and the read loops (applier.speedups.take_xlog) index per message. One
+        #: list for the decoder's life, rewritten in place on Stream Start and
+        #: Stop, so a loop given it once sees each switch (256 pointers copied
+        #: per stream block).
+        self.handlers: list[_Handler] = list(self._plain)
+        self._in_stream = False
 
     @property
     def in_stream(self) -> bool:
         """True between a Stream Start and its Stream Stop."""
-        return self._table is self._stream
+        return self._in_stream
 
     def reset(self) -> None:
         """Forget stream state, e.g. after reconnecting."""
-        self._table = self._plain
+        self._switch(in_stream=False)
+
+    def _switch(self, *, in_stream: bool) -> None:
+        self.handlers[:] = self._stream if in_stream else self._plain
+        self._in_stream = in_stream
 
     def decode(self, data: bytes | memoryview | bytearray) -> PgOutputMessage:
         """Decode one message; raise :class:`DecodeError` if the bytes are not one."""
         if type(data) is not bytes:
             data = bytes(data)
         try:
-            handler = self._table[data[0]]
+            handler = self.handlers[data[0]]
         except IndexError:
             raise DecodeError("empty message", offset=0) from None
         return handler(data)
@@ -552,12 +564,12 @@ class PgOutputDecoder:
     def _stream_start(self, data: bytes) -> StreamStart:
         xid, first = _fixed_whole(data, _SSTART, _SSTART_L, "S")
         _flag(first, (0, 1), "first_segment", 5, "S")
-        self._table = self._stream
+        self._switch(in_stream=True)
         return _new_stream_start(xid, bool(first))
 
     def _stream_stop(self, data: bytes) -> StreamStop:
         _check_end(data, 1, "E")
-        self._table = self._plain
+        self._switch(in_stream=False)
         return StreamStop()
 
     def _stream_abort(self, data: bytes) -> StreamAbort:

@@ -105,7 +105,7 @@ PAUSE_GC = True
 STOP_DRAIN_SECONDS = 5.0
 
 
-class LogicalStream(TakeLoop):
+class LogicalStream:
     """START_REPLICATION on a :class:`ReplicationConnection`; read messages, report progress."""
 
     def __init__(self, conn: ReplicationConnection, options: StreamOptions) -> None:
@@ -120,12 +120,6 @@ class LogicalStream(TakeLoop):
             neg.proto_version,
             streaming_parallel=neg.streaming == "parallel",
             defer_streamed=options.defer_streamed,
-        )
-        #: What take_xlog makes runs of streamed changes and of Inserts into, or None.
-        self._group = (
-            (StreamedChange, StreamedRun, Insert, InsertRun)
-            if options.defer_streamed and options.group_streamed
-            else None
         )
         self.last_received: Lsn = Lsn(0)
         self._confirmed = Lsn(0)
@@ -153,6 +147,14 @@ class LogicalStream(TakeLoop):
         self.bytes_received = 0
         self.keepalives_received = 0
         self.status_updates_sent = 0
+        #: What take_xlog makes runs of streamed changes and of Inserts into, or None.
+        group = (
+            (StreamedChange, StreamedRun, Insert, InsertRun)
+            if options.defer_streamed and options.group_streamed
+            else None
+        )
+        #: The read loop (applier.stream.takeloop): it records what it took here.
+        self.taker = TakeLoop(self, self._get, self.ahead, group)
 
     # -- starting -------------------------------------------------------------------
 
@@ -276,7 +278,7 @@ class LogicalStream(TakeLoop):
                 until = self.bytes_received + MAX_BATCH_BYTES
                 while len(out) < MAX_BATCH and self.bytes_received < until:
                     pgconn.consume_input()
-                    if not self._take_buffered(out, decoder, MAX_BATCH):
+                    if not self.taker.take_buffered(out, decoder, MAX_BATCH):
                         return
             except psycopg.OperationalError as e:
                 raise self._lost(e) from None
@@ -289,6 +291,11 @@ class LogicalStream(TakeLoop):
         the worker waits on the target; whether there is room for more."""
         with self._io:
             return self.ahead.fill()
+
+    def heard(self) -> None:
+        """The walsender was heard from just now: no reply to a ping is owed."""
+        self._last_heard = time.monotonic()
+        self._ping_at = 0.0
 
     @property
     def socket(self) -> int:
@@ -318,11 +325,12 @@ class LogicalStream(TakeLoop):
             return
         with self._io:
             try:
-                self._send_status_locked(reply_requested)
+                self.send_status_locked(reply_requested)
             except psycopg.OperationalError as e:
                 raise self._lost(e) from None
 
-    def _send_status_locked(self, reply_requested: bool) -> None:
+    def send_status_locked(self, reply_requested: bool) -> None:
+        """Send a standby status update; the caller holds libpq's lock."""
         flush = self._confirmed if self.options.report_flush else Lsn(0)
         write = max(self.last_received, flush)
         msg = standby_status_update(write, flush, flush, now_pg_timestamp(), reply_requested)
@@ -352,7 +360,7 @@ class LogicalStream(TakeLoop):
         if ping or now - self._last_status >= self.options.status_interval:
             with self._io:
                 try:
-                    self._send_status_locked(reply_requested=ping)
+                    self.send_status_locked(reply_requested=ping)
                 except psycopg.OperationalError as e:
                     raise self._lost(e) from None
             if ping:
@@ -409,7 +417,7 @@ class LogicalStream(TakeLoop):
         err.context.setdefault("slot", self.options.slot)
         return err
 
-    def _copy_ended(self) -> ApplierError:
+    def copy_ended(self) -> ApplierError:
         """The server ended the COPY: collect its final result and say why."""
         deadline = time.monotonic() + 2.0
         error: ApplierError | None = None
@@ -446,7 +454,7 @@ class LogicalStream(TakeLoop):
         if self._started and not self.conn.closed:
             try:
                 with self._io:
-                    self._send_status_locked(reply_requested=False)
+                    self.send_status_locked(reply_requested=False)
                     self._pgconn.put_copy_end()
                     self._flush_output()
                 self._drain_to_end()

@@ -18,8 +18,8 @@ its wait, at most every :data:`FILL_EVERY` seconds). The stream's reader takes
 them back first, in order: :meth:`ReadAhead.getter` gives the first fill not
 read to its end as a cursor over its bytes, which the read loop reads in place
 (``take_xlog``), so that a message costs the loop no more taken ahead than
-from libpq. A fill reads libpq in C (``fill_copy``, when the speedups are
-built; :meth:`ReadAhead._fill_py` is its Python twin). Nothing is decoded or
+from libpq. A fill reads libpq with ``fill_copy`` (:mod:`applier.speedups`:
+C when built, else its Python twin). Nothing is decoded or
 acknowledged ahead: positions, keepalive replies and errors are handled when
 the reader takes the messages, as before.
 """
@@ -36,7 +36,7 @@ from typing import Any
 
 import psycopg
 
-from applier.protocol.speedups import fill_copy as _fill_copy
+from applier.speedups import fill_copy
 
 #: Bytes of CopyData held ahead at most: a quarter of a default
 #: logical_decoding_work_mem block, so the walsender decodes the next block
@@ -68,12 +68,11 @@ class ReadAhead:
     """CopyData taken from libpq ahead of the reader (see the module docstring)."""
 
     __slots__ = (
-        "_chunks", "_consume", "_cursor", "_ended", "_get", "_left", "_pgconn", "_size",
+        "_chunks", "_consume", "_cursor", "_ended", "_get", "_left", "_size",
         "limit", "nbytes", "next_fill", "stopped", "taken",
     )  # fmt: skip
 
     def __init__(self, pgconn: Any, limit: int = READ_AHEAD_BYTES) -> None:
-        self._pgconn = pgconn
         #: What ``fill_copy`` calls: libpq's read, and its next CopyData without waiting.
         self._consume = pgconn.consume_input
         self._get = partial(pgconn.get_copy_data, 1)
@@ -113,14 +112,11 @@ class ReadAhead:
         lens: array[int] = array("q")
         room = self.limit - self.nbytes
         try:
-            if _fill_copy is None:
-                ended = self._fill_py(buf, lens, room)
-            else:
-                packed = bytearray()  # the lengths, 8 bytes each
-                try:
-                    ended = _fill_copy(self._consume, self._get, buf, packed, room) == 1
-                finally:  # what was taken before an error is the reader's too
-                    lens.frombytes(packed)
+            packed = bytearray()  # the lengths, 8 bytes each
+            try:
+                ended = fill_copy(self._consume, self._get, buf, packed, room) == 1
+            finally:  # what was taken before an error is the reader's too
+                lens.frombytes(packed)
             if ended:  # the COPY ended: the reader sees it after what came before
                 self.stopped = self._ended = True
         except psycopg.OperationalError:
@@ -130,26 +126,6 @@ class ReadAhead:
             self.nbytes += len(buf)
             self.taken += len(buf)
         return self.room
-
-    def _fill_py(self, buf: bytearray, lens: array[int], room: int) -> bool:
-        """:meth:`fill`'s loop (``fill_copy`` in C): whether the COPY ended."""
-        pg = self._pgconn
-        # One consume_input() reads what fits libpq's buffer (16 kB at first),
-        # not what the socket holds: read again until it gives no message.
-        while len(buf) < room:
-            pg.consume_input()
-            n, data = pg.get_copy_data(1)
-            if n == 0:
-                break
-            while n > 0:
-                lens.append(n)
-                buf += data
-                if len(buf) >= room:
-                    break
-                n, data = pg.get_copy_data(1)
-            if n < 0:
-                return True
-        return False
 
     def getter(self) -> Get | list[Any]:
         """What the reader takes next: the first fill not read to its end, as the

@@ -1,61 +1,74 @@
 """The stream's read loop: the CopyData buffered, taken into a batch, decoded.
 
-:meth:`TakeLoop._take_buffered` serves what the read-ahead holds first
+:meth:`TakeLoop.take_buffered` serves what the read-ahead holds first
 (:mod:`applier.stream.readahead`), fill by fill, then what libpq has buffered,
-until the batch is full. Each source is taken by ``take_xlog`` (C, when the
-speedups are built: a fill is read in place, libpq through ``get()``) or by
-:meth:`TakeLoop._take_py`, its Python twin, which also takes undecoded reads;
-both hand a message that is not an XLogData back to be handled here
-(:meth:`TakeLoop._keepalive`) or named. Positions are recorded per source
-(:meth:`TakeLoop._took`); nothing is waited for. A mixin of
-:class:`~applier.stream.client.LogicalStream`, which owns the connection.
+until the batch is full. Each source is taken by ``take_xlog`` (from
+:mod:`applier.speedups`: C when built, else its Python twin; a fill is read in
+place, libpq through ``get()``), which hands a message that is not an XLogData
+back to be handled here (:meth:`TakeLoop._keepalive`) or named; undecoded
+reads (``read_raw``) go through :meth:`TakeLoop._take_raw`. Positions are
+recorded per source (:meth:`TakeLoop._took`); nothing is waited for.
+
+A part of :class:`~applier.stream.client.LogicalStream`, which owns the
+connection and creates it; what it needs of the stream is :class:`TakeHost`.
 """
 
 from __future__ import annotations
 
-import time
-from struct import Struct
 from struct import error as StructError
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from applier.errors import ApplierError, DecodeError, ProtocolError
 from applier.lsn import Lsn
 from applier.protocol import Keepalive, PgOutputDecoder, parse_copydata
-from applier.protocol.speedups import take_xlog as _take_xlog
-from applier.stream.readahead import ReadAhead, chunk_get
+from applier.protocol.copydata import XLOG_HEADER, XLOG_PAYLOAD_AT, XLOG_TAG
+from applier.speedups import take_xlog
+from applier.stream.readahead import Get, ReadAhead, chunk_get
 
-_XLOG_HEADER = Struct(">QQq")  # wal_start, wal_end, send_time after the 'w' tag
-_PAYLOAD_AT = 1 + _XLOG_HEADER.size
-_W = ord("w")
+
+class TakeHost(Protocol):
+    """What the take loop reads and records on its stream."""
+
+    #: The highest wal_end seen (XLogData or keepalive).
+    last_received: Lsn
+    #: The send_time of the last XLogData taken (the server's clock).
+    last_send_time: int
+    messages_received: int
+    bytes_received: int
+    keepalives_received: int
+
+    def heard(self) -> None:
+        """The walsender was heard from just now (no reply is owed any more)."""
+
+    def copy_ended(self) -> ApplierError:
+        """The error to raise now that the walsender ended the COPY."""
+
+    def send_status_locked(self, reply_requested: bool) -> None:
+        """Send a standby status update (libpq's lock held)."""
 
 
 class TakeLoop:
-    """Mixin of :class:`~applier.stream.client.LogicalStream`: taking a batch."""
+    """Takes a batch of CopyData for its :class:`TakeHost` (see the module docstring)."""
 
-    ahead: ReadAhead
-    #: libpq's next CopyData without waiting (``get_copy_data`` with async=1).
-    _get: Any
-    _group: Any
-    last_received: Lsn
-    last_send_time: int
-    keepalives_received: int
-    messages_received: int
-    bytes_received: int
-    _last_heard: float
-    _ping_at: float
+    __slots__ = ("_ahead", "_get", "_group", "_host")
 
-    if TYPE_CHECKING:  # provided by LogicalStream
+    def __init__(
+        self, host: TakeHost, get: Get, ahead: ReadAhead, group: tuple[Any, ...] | None
+    ) -> None:
+        self._host = host
+        #: libpq's next CopyData without waiting (``get_copy_data`` with async=1).
+        self._get = get
+        self._ahead = ahead
+        #: What take_xlog makes runs of streamed changes and of Inserts into, or None.
+        self._group = group
 
-        def _copy_ended(self) -> ApplierError: ...
-        def _send_status_locked(self, reply_requested: bool) -> None: ...
-
-    def _take_buffered(self, out: list[Any], decoder: PgOutputDecoder | None, limit: int) -> int:
+    def take_buffered(self, out: list[Any], decoder: PgOutputDecoder | None, limit: int) -> int:
         """Move the complete CopyData messages buffered into ``out``, decoded: what
         was read ahead first (applier.stream.readahead), fill by fill, then what
         libpq holds, until ``out`` holds ``limit`` items. Returns how many were taken.
         """
-        take = self._take_c if _take_xlog is not None and decoder is not None else self._take_py
-        ahead = self.ahead
+        take = self._take_raw if decoder is None else self._take
+        ahead = self._ahead
         count = 0
         while ahead:
             n = take(ahead.getter(), out, decoder, limit)
@@ -64,22 +77,24 @@ class TakeLoop:
                 return count
         return count + take(self._get, out, decoder, limit)
 
-    def _take_c(self, get: Any, out: list[Any], decoder: PgOutputDecoder | None, limit: int) -> int:
-        """The loop of :meth:`_take_py` in C (``take_xlog``) on what ``get()`` gives;
-        a message that is not an XLogData comes back here, to be handled or named as
-        the Python loop does."""
-        take = _take_xlog
-        assert take is not None
-        state: list[Any] = [0, 0, self.last_received, None, None, self.last_send_time]
+    def _take(self, get: Any, out: list[Any], decoder: PgOutputDecoder | None, limit: int) -> int:
+        """``take_xlog`` on what ``get()`` gives; a message that is not an XLogData
+        comes back here, to be handled or named."""
+        assert decoder is not None
+        host = self._host
+        table, decode = decoder.handlers, decoder.decode
+        state: list[Any] = [0, 0, host.last_received, None, None, host.last_send_time]
         try:
             while True:
-                status = take(get, decoder, out, limit - len(out), Lsn, state, self._group)
+                status = take_xlog(
+                    get, table, decode, out, limit - len(out), Lsn, state, self._group
+                )
                 if status == 0:
                     break
                 if status == 1:
-                    raise self._copy_ended()
+                    raise host.copy_ended()
                 data, state[4] = state[4], None
-                if data[0] == _W:
+                if data[0] == XLOG_TAG:
                     parse_copydata(data)  # a truncated 'w' header: raises the precise DecodeError
                 state[2] = self._keepalive(data, state[2])
         except DecodeError as e:
@@ -92,60 +107,39 @@ class TakeLoop:
 
     def _took(self, count: int, nbytes: int, last: int, sent: int) -> None:
         if count:
-            self.last_send_time = sent
-            self.last_received = Lsn(last)
-            self._last_heard = time.monotonic()
-            self._ping_at = 0.0
-            self.messages_received += count
-            self.bytes_received += nbytes
+            host = self._host
+            host.last_send_time = sent
+            host.last_received = Lsn(last)
+            host.heard()
+            host.messages_received += count
+            host.bytes_received += nbytes
 
-    def _take_py(
+    def _take_raw(
         self, get: Any, out: list[Any], decoder: PgOutputDecoder | None, limit: int
     ) -> int:
-        """Take what ``get()`` gives into ``out`` (also for undecoded reads); how many.
-        ``get`` may be a read-ahead cursor instead (moved by what was taken, as in C).
-
-        The hot loop of the stream, written for speed: one header unpack per
-        XLogData, the payload copied out of libpq's buffer once, the decoder's
-        handler called straight from its dispatch table (what decode() does,
-        minus a call and a type check; the table changes on Stream Start/Stop,
-        so it is looked up per message).
-        """
+        """Take what ``get()`` gives into ``out``, undecoded: ``(lsn, payload)``; how
+        many. ``get`` may be a read-ahead cursor instead (moved by what was taken)."""
         cursor = get if type(get) is list else None
         if cursor is not None:
             get = chunk_get(cursor)
-        unpack = _XLOG_HEADER.unpack_from
+        unpack = XLOG_HEADER.unpack_from
         append = out.append
         room = limit - len(out)
         count = nbytes = 0
-        last: int = self.last_received
-        sent = self.last_send_time
+        last: int = self._host.last_received
+        sent = self._host.last_send_time
         try:
             while room > 0:
                 n, data = get()
                 if n <= 0:
                     if n == -1:
-                        raise self._copy_ended()
+                        raise self._host.copy_ended()
                     break
                 count += 1
                 nbytes += n
-                if data[0] == _W:
+                if data[0] == XLOG_TAG:
                     start, end, sent = unpack(data, 1)
-                    lsn = Lsn(start)
-                    if decoder is None:
-                        append((lsn, data[_PAYLOAD_AT:]))
-                    else:
-                        # tobytes() then a bytes slice: half the cost of bytes(view[25:])
-                        payload = data.tobytes()[_PAYLOAD_AT:]
-                        try:
-                            try:
-                                handler = decoder._table[payload[0]]
-                            except IndexError:  # no pgoutput message in the XLogData
-                                handler = decoder.decode  # raises DecodeError("empty message")
-                            append((lsn, handler(payload)))
-                        except DecodeError as e:
-                            e.context.setdefault("lsn", lsn)
-                            raise
+                    append((Lsn(start), data[XLOG_PAYLOAD_AT:]))
                     room -= 1
                     if end > last:
                         last = end
@@ -165,10 +159,11 @@ class TakeLoop:
         ka = parse_copydata(data)  # not 'w': a keepalive, or DecodeError naming the tag
         if not isinstance(ka, Keepalive):
             raise ProtocolError("unexpected CopyData message from the walsender")
-        self.keepalives_received += 1
+        host = self._host
+        host.keepalives_received += 1
         if ka.wal_end > last:
             last = ka.wal_end
         if ka.reply_requested:
-            self.last_received = Lsn(last)
-            self._send_status_locked(reply_requested=False)
+            host.last_received = Lsn(last)
+            host.send_status_locked(reply_requested=False)
         return last

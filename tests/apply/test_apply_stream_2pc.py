@@ -155,3 +155,34 @@ def test_streaming_parallel_interleaved_transactions(any_pair: Pair) -> None:
     ]  # fmt: skip
     assert runner.stop() == 0
     assert "streamed transaction commits" in runner.log()
+
+
+def test_logical_messages_among_rows_plain_and_streamed(pair: Pair) -> None:
+    """Logical decoding messages (transactional or not) inside a plain transaction,
+    inside a streamed one and alone: applied past, every row around them applied."""
+    _small_decoding_memory(pair)
+    pair.both("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    pair.pub_exec("CREATE PUBLICATION pub FOR ALL TABLES")
+    runner = Runner(pair, pair.write_config()).start().ready()
+    pair.pub_exec(
+        """
+        BEGIN;
+        INSERT INTO t VALUES (1, 'a');
+        SELECT pg_catalog.pg_logical_emit_message(true, 'app', 'in a transaction');
+        SELECT pg_catalog.pg_logical_emit_message(false, 'app', 'not transactional');
+        INSERT INTO t VALUES (2, 'b');
+        COMMIT;
+        """
+    )
+    pair.pub_exec("SELECT pg_catalog.pg_logical_emit_message(false, 'app', 'alone')")
+    pair.pub_exec(
+        """
+        BEGIN;
+        INSERT INTO t SELECT g, repeat('x', 100) FROM generate_series(3, 3000) g;
+        SELECT pg_catalog.pg_logical_emit_message(true, 'app', repeat('m', 1000));
+        UPDATE t SET v = 'after the message' WHERE id % 10 = 0;
+        COMMIT;
+        """
+    )
+    wait_equal(pair, ["t"], runner=runner)
+    assert runner.stop() == 0

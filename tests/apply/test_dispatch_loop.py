@@ -1,10 +1,10 @@
 """The worker's dispatch loop in C (``dispatch_batch``) does what its Python twin does.
 
-``Worker._dispatch`` hands a batch to ``dispatch_batch`` (applier/protocol/
-_dispatch.c), which calls a message's handler itself on Applier.dispatch's
+``Worker._dispatch`` hands a batch to ``dispatch_batch`` (applier/speedups/
+dispatch.c), which calls a message's handler itself on Applier.dispatch's
 common path and the dispatch method for anything else. Generated batches of
 messages, handlers that change the state, start a live transaction, ask to
-stop or raise: the C loop and ``Worker._dispatch_py`` with the real
+stop or raise: the C loop and its Python twin (dispatch.py) with the real
 ``Applier.dispatch`` must make the same calls, in the same order, stop at the
 same message and raise the same error. The end-to-end apply tests run the C
 loop (and ``test_apply_group`` both loops) on real servers.
@@ -18,15 +18,17 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from applier import speedups
+from applier.apply.batchdispatch import open_state_of
 from applier.apply.handlers.dispatch import Applier
 from applier.apply.handlers.states import IDLE, STREAM, TXN, State
-from applier.apply.worker import Worker
 from applier.errors import ProtocolError
 from applier.lsn import Lsn
-from applier.protocol import Begin, speedups
+from applier.protocol import Begin
+from applier.speedups import dispatch as py_dispatch
 
 pytestmark = pytest.mark.skipif(
-    speedups.dispatch_batch is None, reason="pure Python (APPLIER_PURE_PYTHON, or not built)"
+    speedups.IMPLEMENTATION != "C", reason="pure Python (APPLIER_PURE_PYTHON, or not built)"
 )
 
 
@@ -58,10 +60,11 @@ ACTIONS = ["none", "idle", "txn", "stream", "live", "unlive", "stop", "raise"]
 class Harness:
     """Applier.dispatch's real code on a minimal object; handlers that log."""
 
-    def __init__(self, actions: dict[str, list[str]]) -> None:
+    def __init__(self, actions: dict[str, list[str]], loop: str = "c") -> None:
         self.state: State = IDLE
         self.live: Any = None
-        self.stopping = False
+        #: What the Worker passes: the stop request (its ``stopping``).
+        self.stop = (speedups.Flag if loop == "c" else py_dispatch.Flag)()
         self.until = None
         self.applier = self
         self.log: list[tuple[Any, ...]] = []
@@ -80,7 +83,7 @@ class Harness:
             if action == "raise":
                 raise Boom(lsn)
             if action == "stop":
-                self.stopping = True
+                self.stop.set()
             elif action == "live":
                 self.live = object()
             elif action == "unlive":
@@ -94,25 +97,28 @@ class Harness:
         self.log.append(("drop_live", why))
         self.live = None
 
+    def reads(self, fallback: Any) -> tuple[Any, Any, Any]:
+        """dispatch_batch's open_state, fallback and stop flag, as the Worker passes them."""
+        return open_state_of(self), fallback, self.stop  # type: ignore[arg-type]
+
     def dispatch(self, lsn: int, msg: Any) -> None:
         self.log.append(("dispatch", lsn))
         Applier.dispatch(self, lsn, msg)  # type: ignore[arg-type]
 
 
 def _run(loop: str, batch: list[tuple[int, Any]], actions: dict[str, list[str]]) -> Any:
-    h = Harness(actions)
+    h = Harness(actions, loop)
     try:
         if loop == "c":
-            assert speedups.dispatch_batch is not None
-            speedups.dispatch_batch(batch, h.handlers, h, h.dispatch, h)
+            speedups.dispatch_batch(batch, h.handlers, *h.reads(h.dispatch))
         else:
-            Worker._dispatch_py(h, batch, h.dispatch)  # type: ignore[arg-type]
+            py_dispatch.dispatch_batch(batch, h.handlers, *h.reads(h.dispatch))
         outcome: Any = "ok"
     except (Boom, ProtocolError) as e:
         outcome = (type(e).__name__, str(e))
     # The fallback is logged only in C's path ("dispatch" entries): compare the rest.
     calls = [entry for entry in h.log if entry[0] != "dispatch"]
-    return calls, outcome, h.state, h.live is None, h.stopping
+    return calls, outcome, h.state, h.live is None, bool(h.stop)
 
 
 @settings(max_examples=300, deadline=None)
@@ -139,8 +145,7 @@ def test_the_c_loop_makes_the_python_loops_calls(
 def test_the_fast_path_skips_the_dispatch_method_and_the_rest_goes_through_it() -> None:
     h = Harness({"A": ["txn", "live", "none"], "B": []})
     batch = [(1, A()), (2, A()), (3, B()), (4, A())]
-    assert speedups.dispatch_batch is not None
-    speedups.dispatch_batch(batch, h.handlers, h, h.dispatch, h)
+    speedups.dispatch_batch(batch, h.handlers, *h.reads(h.dispatch))
     # 1, 2: IDLE then TXN, no live: straight to the handler. 3: live set by 2,
     # through dispatch (which drops nothing for B: not one of _DROPS_LIVE). 4: the same.
     assert [e[:2] for e in h.log] == [
@@ -150,32 +155,29 @@ def test_the_fast_path_skips_the_dispatch_method_and_the_rest_goes_through_it() 
 
 def test_a_message_in_the_wrong_state_is_the_dispatch_methods_error() -> None:
     h = Harness({"A": [], "B": []})
-    assert speedups.dispatch_batch is not None
     with pytest.raises(ProtocolError, match="unexpected B message while idle"):
-        speedups.dispatch_batch([(7, B())], h.handlers, h, h.dispatch, h)
+        speedups.dispatch_batch([(7, B())], h.handlers, *h.reads(h.dispatch))
     assert h.log == [("dispatch", 7)]
 
 
 def test_bad_arguments_are_a_type_error() -> None:
     h = Harness({"A": [], "B": []})
-    assert speedups.dispatch_batch is not None
     with pytest.raises(TypeError):
-        speedups.dispatch_batch([A()], h.handlers, h, h.dispatch, h)
+        speedups.dispatch_batch([A()], h.handlers, *h.reads(h.dispatch))
     with pytest.raises(TypeError):
-        speedups.dispatch_batch((), h.handlers, h, h.dispatch, h)  # type: ignore[arg-type]
+        speedups.dispatch_batch((), h.handlers, *h.reads(h.dispatch))  # type: ignore[arg-type]
 
 
 def _outcome(loop: str, batch: list[Any], entry: Any = None) -> Any:
     """_run's outcome with A's handlers entry replaced, and any error's type."""
-    h = Harness({"A": ["txn"], "B": []})
+    h = Harness({"A": ["txn"], "B": []}, loop)
     if entry is not None:
         h.handlers[A] = entry(h.handlers[A])
     try:
         if loop == "c":
-            assert speedups.dispatch_batch is not None
-            speedups.dispatch_batch(batch, h.handlers, h, h.dispatch, h)
+            speedups.dispatch_batch(batch, h.handlers, *h.reads(h.dispatch))
         else:
-            Worker._dispatch_py(h, batch, h.dispatch)  # type: ignore[arg-type]
+            py_dispatch.dispatch_batch(batch, h.handlers, *h.reads(h.dispatch))
         outcome: Any = "ok"
     except Exception as e:  # any type: what is compared
         outcome = type(e).__name__

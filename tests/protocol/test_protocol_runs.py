@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from protocol_helpers import fake_stream
 
-from applier.apply.batching import copyrun
+from applier import speedups
 from applier.lsn import Lsn
 from applier.protocol import (
     Begin,
@@ -37,11 +37,9 @@ from applier.protocol import (
     decode_insert,
     encode,
     keepalive,
-    speedups,
     xlogdata,
 )
-
-needs_native = pytest.mark.skipif(speedups.take_xlog is None, reason="pure Python")
+from applier.speedups import copyrun as py_copyrun
 
 
 def _row(i: int) -> TupleData:
@@ -106,7 +104,6 @@ def _expand(items: list[tuple[Lsn, Any]]) -> list[tuple[Lsn, Any]]:
     return flat
 
 
-@needs_native
 def test_runs_expand_to_the_ungrouped_read() -> None:
     plain, _ = fake_stream(2, _frames(), defer_streamed=True)
     want = plain.read(0)
@@ -142,24 +139,22 @@ def _rows(draw: st.DrawFn) -> list[bytes]:
     return datas
 
 
-@needs_native
 @settings(max_examples=300, deadline=None)
 @given(datas=_rows(), start=st.integers(0, 8), limit=st.sampled_from([0, 1, 20, 1 << 20]))
 def test_lines_join_what_each_row_makes(datas: list[bytes], start: int, limit: int) -> None:
     start = min(start, len(datas))
-    assert speedups.tuple_text_lines is not None
     got = speedups.tuple_text_lines(datas, start, 10, 2, limit)
-    assert got == copyrun._tuple_text_lines_py(datas, start, 10, 2, limit)
+    assert got == py_copyrun.tuple_text_lines(datas, start, 10, 2, limit)
     lines, n = got
-    one_by_one = [copyrun.tuple_text_line(d, 10) for d in datas[start : start + n]]
+    one_by_one = [speedups.tuple_text_line(d, 10) for d in datas[start : start + n]]
     assert lines == b"".join(line for line, _ in one_by_one if line is not None)
     assert all(line is not None and width == 2 for line, width in one_by_one)
     if start + n < len(datas) and len(lines) < limit:  # stopped at a row that is no line
-        assert copyrun.tuple_text_line(datas[start + n], 10)[1] != 2
+        assert speedups.tuple_text_line(datas[start + n], 10)[1] != 2
 
 
 def test_lines_refuse_a_start_past_the_end() -> None:
-    for lines in {speedups.tuple_text_lines, copyrun._tuple_text_lines_py} - {None}:
+    for lines in (speedups.tuple_text_lines, py_copyrun.tuple_text_lines):
         assert lines is not None
         with pytest.raises(IndexError):
             lines([], 1, 10, 2, 100)

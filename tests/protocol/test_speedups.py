@@ -1,4 +1,4 @@
-"""The C speedups (applier/protocol/_speedups.c) give exactly what their Python twins give.
+"""The C speedups (applier/speedups/*.c) give exactly what their Python twins give.
 
 Property tests over generated TupleData (every column kind, empty values, no
 columns, long values, many columns) and over generated damage to it
@@ -6,8 +6,8 @@ columns, long values, many columns) and over generated damage to it
 accepts exactly what the Python one accepts, with equal kinds, values and end,
 and where both refuse, the decoder raises the same DecodeError. COPY rows:
 equal bytes for values full of the bytes COPY text escapes, NULLs, and
-bytes-likes. The rest of the protocol tests run once more in a subprocess with
-``APPLIER_PURE_PYTHON=1``, so both implementations pass all of them.
+bytes-likes. scripts/test runs the protocol, stream and an apply subset once
+more with ``APPLIER_PURE_PYTHON=1``, so both implementations pass them.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import subprocess
 import sys
 import types
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -26,36 +26,53 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from applier import __version__
+from applier import __version__, speedups
 from applier.apply.batching import copyrun
 from applier.errors import DecodeError
-from applier.protocol import TupleData, decoder, encode_tuple, speedups
+from applier.protocol import TupleData, decoder, encode_tuple
 from applier.protocol import tuples as reader
+from applier.speedups import copyrun as py_copyrun
+from applier.speedups import dispatch as py_dispatch
+from applier.speedups import mergelane as py_mergelane
+from applier.speedups import readahead as py_readahead
+from applier.speedups import takeloop as py_takeloop
+from applier.speedups import tuples as py_tuples
 
 ROOT = Path(__file__).resolve().parents[2]
 SETTINGS = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 try:
-    from applier.protocol import _speedups as native
+    from applier.speedups import _speedups as native
 except ImportError:  # the test below fails for it; the others skip
     native = None  # type: ignore[assignment]
 
 needs_native = pytest.mark.skipif(native is None, reason="the C speedups are not built")
 #: The C row decoders run once the decoder bound them: not with APPLIER_PURE_PYTHON.
 needs_row_decoders = pytest.mark.skipif(
-    speedups.row_decoders is None, reason="the C row decoders are not chosen"
+    speedups.IMPLEMENTATION != "C", reason="the C row decoders are not chosen"
 )
+#: The decoder's TupleData reader around the Python twin (what pure Python runs).
+_tuple_py = py_tuples.tuple_reader(reader._new_tuple, reader._tuple_error)
+
+
+def _tuple_c(data: Any, pos: int, tag: str) -> tuple[TupleData, int]:
+    """The decoder's reader around tuples.c (what the chooser makes of it)."""
+    got = native.tuple_data(data, pos)
+    if got is None:
+        reader._tuple_error(data, pos, tag)
+    kinds, values, end = got
+    return reader._new_tuple(kinds, values), end
 
 
 def test_the_c_speedups_are_built_and_chosen() -> None:
     """scripts/setup builds them: a test run must not silently cover pure Python only."""
     assert native is not None, (
-        "applier/protocol/_speedups.c is not built (scripts/setup or python hatch_build.py)"
+        "applier/speedups/*.c are not built (scripts/setup or python hatch_build.py)"
     )
     if not os.environ.get("APPLIER_PURE_PYTHON"):
         assert speedups.describe() == "C speedups"
-        assert reader.decode_tuple is not reader._tuple_py
-        assert decoder._tuple is reader.decode_tuple  # what the row messages call
+        assert reader._tuple is not _tuple_py
+        assert decoder._tuple is reader._tuple  # what the row messages call
         assert copyrun.text_row is native.copy_text_row
         assert copyrun.binary_row is native.copy_binary_row
 
@@ -102,11 +119,11 @@ def _both(data: bytes, pos: int) -> None:
     assert native is not None
     got_c = native.tuple_data(data, pos)
     try:
-        want, end = reader._tuple_py(data, pos, "I")
+        want, end = _tuple_py(data, pos, "I")
     except DecodeError as exc:
         assert got_c is None, (data, pos)
         with pytest.raises(DecodeError) as from_c:
-            reader._native_tuple(native.tuple_data)(data, pos, "I")
+            _tuple_c(data, pos, "I")
         assert (str(from_c.value), from_c.value.offset) == (str(exc), exc.offset)
         return
     assert got_c is not None, (data, pos)
@@ -162,7 +179,7 @@ def test_random_bytes_are_refused_alike(data: bytes, pos: int) -> None:
 def _lines_alike(data: bytes, pos: int) -> None:
     """The C and Python copy-lane framers agree: same (line, width) or both refuse."""
     assert native is not None
-    assert native.tuple_text_line(data, pos) == copyrun._tuple_text_line_py(data, pos), (data, pos)
+    assert native.tuple_text_line(data, pos) == py_copyrun.tuple_text_line(data, pos), (data, pos)
 
 
 @needs_native
@@ -175,7 +192,7 @@ def test_copy_lane_lines_frame_the_same(tup: TupleData, prefix: bytes, suffix: b
         # Text and NULLs only, ending the message: exactly the row COPY gets.
         assert native is not None
         assert native.tuple_text_line(data, len(prefix)) == (
-            copyrun._text_row_py(tup.values),
+            py_copyrun.copy_text_row(tup.values),
             len(tup.kinds),
         )
 
@@ -224,7 +241,7 @@ def test_row_messages_decode_the_same(
         data = data[: len(data) - cut]
         body = {73: decoder._insert, 85: decoder._update, 68: decoder._delete}[data[0]]
         outcomes = []
-        for impl in (reader._tuple_py, reader.decode_tuple):
+        for impl in (_tuple_py, reader._tuple):
             saved, decoder._tuple = decoder._tuple, impl
             try:
                 outcomes.append(repr(body(data, 1 + len(xid), None)))
@@ -248,10 +265,10 @@ _ROW = st.lists(st.none() | _ESCAPY, max_size=12)
 @given(row=_ROW)
 def test_copy_rows_frame_the_same(row: list[bytes | None]) -> None:
     assert native is not None
-    assert native.copy_text_row(row) == copyrun._text_row_py(row)
-    assert native.copy_binary_row(row) == copyrun._binary_row_py(row)
+    assert native.copy_text_row(row) == py_copyrun.copy_text_row(row)
+    assert native.copy_binary_row(row) == py_copyrun.copy_binary_row(row)
     as_tuple = tuple(row)
-    assert native.copy_text_row(as_tuple) == copyrun._text_row_py(as_tuple)
+    assert native.copy_text_row(as_tuple) == py_copyrun.copy_text_row(as_tuple)
 
 
 @needs_native
@@ -260,8 +277,8 @@ def test_copy_rows_frame_the_same(row: list[bytes | None]) -> None:
 def test_copy_rows_take_bytes_likes(row: list[bytes | None], wrap: type) -> None:
     assert native is not None
     wrapped = [None if v is None else wrap(v) for v in row]
-    assert native.copy_text_row(wrapped) == copyrun._text_row_py(row)
-    assert native.copy_binary_row(wrapped) == copyrun._binary_row_py(row)
+    assert native.copy_text_row(wrapped) == py_copyrun.copy_text_row(row)
+    assert native.copy_binary_row(wrapped) == py_copyrun.copy_binary_row(row)
 
 
 @needs_native
@@ -269,8 +286,8 @@ def test_copy_row_edges() -> None:
     assert native is not None
     wide = [b"x"] * 100 + [None] * 50 + [b"\\\t"]  # past the C code's small-row buffer
     for row in ([], [None], [b""], [b"", b""], [b"\\N"], wide):
-        assert native.copy_text_row(row) == copyrun._text_row_py(row)
-        assert native.copy_binary_row(row) == copyrun._binary_row_py(row)
+        assert native.copy_text_row(row) == py_copyrun.copy_text_row(row)
+        assert native.copy_binary_row(row) == py_copyrun.copy_binary_row(row)
     for bad in ([1], ["text"], 5):
         with pytest.raises(TypeError):
             native.copy_text_row(bad)  # type: ignore[arg-type]
@@ -285,10 +302,10 @@ def test_copy_binary_row_refuses_too_many_values_as_its_twin() -> None:
     assert native is not None
     row: list[bytes | None] = [None] * 32_768
     with pytest.raises(struct.error):
-        copyrun._binary_row_py(row)
+        py_copyrun.copy_binary_row(row)
     with pytest.raises(struct.error):
         native.copy_binary_row(row)
-    assert native.copy_binary_row(row[1:]) == copyrun._binary_row_py(row[1:])
+    assert native.copy_binary_row(row[1:]) == py_copyrun.copy_binary_row(row[1:])
 
 
 # ------------------------------------------------------- the merge lane's loop
@@ -338,13 +355,12 @@ def test_hold_rows_holds_what_its_python_twin_holds(
 ) -> None:
     """Same count, size, rows (values, kinds, lane reference) and keys, from the same
     start, whatever the rows: where one stops the other stops."""
-    from applier.apply.batching.mergelane import _hold_rows_py
 
     assert native is not None
     lsns = [0x1000 + i for i in range(len(datas))]
     txn = object()
     out = []
-    for hold in (native.hold_rows, _hold_rows_py):
+    for hold in (native.hold_rows, py_mergelane.hold_rows):
         # A holder that holds something already (an earlier key; for DELETEs, keys
         # the run may repeat).
         rows: Any = [] if delete else {k: ((k,), b"t", None) for k in held}
@@ -361,7 +377,7 @@ def test_hold_rows_holds_what_its_python_twin_holds(
 def test_hold_rows_leaves_keys_wider_than_index_max_keys_to_the_caller() -> None:
     """A key of 33 columns (PostgreSQL built with a larger INDEX_MAX_KEYS) is held
     row by row by the caller: both twins take nothing."""
-    from applier.apply.batching.mergelane import MAX_KEY, _hold_rows_py
+    from applier.speedups.mergelane import MAX_KEY
 
     assert native is not None
     width = MAX_KEY + 1
@@ -372,25 +388,13 @@ def test_hold_rows_leaves_keys_wider_than_index_max_keys_to_the_caller() -> None
         + encode_tuple(TupleData(b"t" * width, (b"1",) * width))
     )
     key = tuple(range(width))
-    for hold in (native.hold_rows, _hold_rows_py):
+    for hold in (native.hold_rows, py_mergelane.hold_rows):
         rows: dict[Any, Any] = {}
         assert hold([data], [1], 0, width, key, rows, None, None, 1, 7, 256, 10**9) == (0, 7)
         assert rows == {}
 
 
-# ------------------------------------------------- the protocol tests, pure Python
-
-
-@pytest.mark.slow
-def test_protocol_tests_pass_in_pure_python() -> None:
-    """Every protocol test once more with the C speedups switched off."""
-    tests = sorted(str(p) for p in Path(__file__).parent.glob("test_protocol_*.py"))
-    env = {**os.environ, "APPLIER_PURE_PYTHON": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-x", *tests],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+# ------------------------------------------------------------------ the switch
 
 
 def test_the_switch_is_not_a_config_key() -> None:
@@ -471,16 +475,15 @@ def vars_of(msg: Any) -> list[Any]:
 @SETTINGS
 @given(data=plain_messages())
 def test_plain_messages_decode_as_their_python_twins(data: bytes) -> None:
-    """The C decoders (_rowmsgs.c) give equal messages, with Lsn fields, or the same error."""
-    assert speedups.row_decoders is not None
+    """The C decoders (decoder.c) give equal messages, with Lsn fields, or the same error."""
     twin = {66: decoder._begin, 67: decoder._commit, 73: decoder._insert}
     twin |= {85: decoder._update, 68: decoder._delete}
-    saved, decoder._tuple = decoder._tuple, reader._tuple_py  # all Python
+    saved, decoder._tuple = decoder._tuple, _tuple_py  # all Python
     try:
         expected = _outcome(twin[data[0]], data)
     finally:
         decoder._tuple = saved
-    assert _outcome(speedups.row_decoders[chr(data[0])], data) == expected
+    assert _outcome(decoder._ROW_DECODERS[chr(data[0])], data) == expected
     assert _outcome(decoder.PgOutputDecoder(2).decode, data) == expected
 
 
@@ -489,17 +492,10 @@ def test_plain_messages_decode_as_their_python_twins(data: bytes) -> None:
 
 @contextmanager
 def pure_python() -> Iterator[None]:
-    """The Python twins all the way down: the readers and framers they call are the
-    chosen ones (C, when built), which a twin comparison must not use."""
-    from applier.apply.batching import mergelane
-
-    patches = [
-        (decoder, "_tuple", reader._tuple_py),
-        (copyrun, "_tuple", reader._tuple_py),
-        (copyrun, "text_row", copyrun._text_row_py),
-        (copyrun, "tuple_text_line", copyrun._tuple_text_line_py),
-        (mergelane, "read_tuple", reader._read_tuple_py),
-    ]
+    """The Python twins all the way down: the decoder's row functions (the twins of
+    decoder.c) read TupleData with the chosen reader (C, when built), which a twin
+    comparison must not use. (The twins in applier.speedups call only twins.)"""
+    patches = [(decoder, "_tuple", _tuple_py)]
     saved = [(mod, name, getattr(mod, name)) for mod, name, _ in patches]
     try:
         for mod, name, twin in patches:
@@ -525,16 +521,15 @@ def test_readers_take_the_bytes_likes_their_twins_take(like: type) -> None:
     assert native is not None
     data = _insert_bytes((b"1", None, b"a\tb\\"))
     with pure_python():
-        want_tuple = reader._read_tuple_py(like(data), 6)
-        want_line = copyrun._tuple_text_line_py(like(data), 6)
-        want_lines = copyrun._tuple_text_lines_py([like(data), data], 0, 6, 3, 10**6)
+        want_tuple = py_tuples.tuple_data(like(data), 6)
+        want_line = py_copyrun.tuple_text_line(like(data), 6)
+        want_lines = py_copyrun.tuple_text_lines([like(data), data], 0, 6, 3, 10**6)
         want_insert = decoder._insert(like(data))
     assert native.tuple_data(like(data), 6) == want_tuple
     assert native.tuple_text_line(like(data), 6) == want_line
     assert native.tuple_text_lines([like(data), data], 0, 6, 3, 10**6) == want_lines
     assert decoder.decode_insert(like(data)) == want_insert  # C when chosen
-    if speedups.row_decoders is not None:
-        assert speedups.row_decoders["I"](like(data)) == want_insert
+    assert decoder._ROW_DECODERS["I"](like(data)) == want_insert
 
 
 @pytest.mark.parametrize("like", _LIKES)
@@ -544,8 +539,8 @@ def test_text_rows_escape_bytes_likes(like: type) -> None:
     row = [b"a\tb", None, b"\\\n"]
     want = b"a\\tb\t\\N\t\\\\\\n\n"
     wrapped = [None if v is None else like(v) for v in row]
-    assert copyrun._text_row_py(row) == want
-    assert copyrun._text_row_py(wrapped) == want
+    assert py_copyrun.copy_text_row(row) == want
+    assert py_copyrun.copy_text_row(wrapped) == want
     if native is not None:
         assert native.copy_text_row(wrapped) == want
 
@@ -555,10 +550,9 @@ def test_hold_rows_takes_bytes_only_in_both_twins(like: type) -> None:
     """A run's rows are bytes (the stream's payloads): both twins refuse another
     type with TypeError (the Python twin held a memoryview's rows, and failed on a
     bytearray's only when a key value was hashed)."""
-    from applier.apply.batching import mergelane
 
     data = b"U" + struct.pack(">II", 7, 16384) + b"N" + encode_tuple(TupleData.text(b"1"))
-    twins = [mergelane._hold_rows_py] + ([] if native is None else [native.hold_rows])
+    twins = [py_mergelane.hold_rows] + ([] if native is None else [native.hold_rows])
     for hold in twins:
         with pure_python(), pytest.raises(TypeError):
             hold([like(data)], [1], 0, 1, (0,), {}, None, None, 1, 0, 256, 10**9)
@@ -642,8 +636,9 @@ def test_an_insert_run_keeps_its_item_while_its_constructor_drops_it() -> None:
         return (0, b"") if f is None else (len(f), f)
 
     group = (StreamedChange, StreamedRun, Insert, Dropping)
+    dec = decoder.PgOutputDecoder(2)
     state: list[Any] = [0, 0, 0, None, None, 0]
-    assert native.take_xlog(get, decoder.PgOutputDecoder(2), out, 100, Lsn, state, group) == 0
+    assert native.take_xlog(get, dec.handlers, dec.decode, out, 100, Lsn, state, group) == 0
     [(lsn, run)] = out
     assert lsn == Lsn(0x100) and type(run) is Dropping
     assert run.lsns == [0x101, 0x102] and run.first.new.values == (b"aaa",)
@@ -672,8 +667,9 @@ def test_a_run_keeps_its_lists_while_get_drops_it() -> None:
         return (0, b"") if f is None else (len(f), f)
 
     group = (StreamedChange, StreamedRun, Insert, InsertRun)
+    dec = decoder.PgOutputDecoder(2)
     state: list[Any] = [0, 0, 0, None, None, 0]
-    assert native.take_xlog(get, decoder.PgOutputDecoder(2), out, 100, Lsn, state, group) == 0
+    assert native.take_xlog(get, dec.handlers, dec.decode, out, 100, Lsn, state, group) == 0
     assert out == [None] and not any(junk)
     assert state[:3] == [4, sum(map(len, frames)), 0x103]
 
@@ -737,8 +733,8 @@ def data_args(draw: st.DrawFn) -> tuple[Any, int]:
 @given(args=data_args())
 def test_tuple_readers_agree_on_anything(args: tuple[Any, int]) -> None:
     assert native is not None
-    _twins(native.tuple_data, reader._read_tuple_py, *args)
-    _twins(native.tuple_text_line, copyrun._tuple_text_line_py, *args)
+    _twins(native.tuple_data, py_tuples.tuple_data, *args)
+    _twins(native.tuple_text_line, py_copyrun.tuple_text_line, *args)
 
 
 @needs_native
@@ -755,7 +751,7 @@ def test_tuple_text_lines_agree_on_anything(
     assert native is not None
     pos = datas[0][1] if datas else 0
     rows = [d for d, _ in datas]
-    _twins(native.tuple_text_lines, copyrun._tuple_text_lines_py, rows, start, pos, width, limit)
+    _twins(native.tuple_text_lines, py_copyrun.tuple_text_lines, rows, start, pos, width, limit)
 
 
 _CELLS = st.none() | _ESCAPY | _ESCAPY.map(bytearray) | _ESCAPY.map(memoryview)
@@ -771,8 +767,8 @@ _CELLS = st.none() | _ESCAPY | _ESCAPY.map(bytearray) | _ESCAPY.map(memoryview)
 def test_copy_rows_agree_on_anything(row: list[Any], shape: Any) -> None:
     assert native is not None
     values: Any = (5 if row else b"ab") if shape == "other" else shape(row)
-    _twins(native.copy_text_row, copyrun._text_row_py, values)
-    _twins(native.copy_binary_row, copyrun._binary_row_py, values)
+    _twins(native.copy_text_row, py_copyrun.copy_text_row, values)
+    _twins(native.copy_binary_row, py_copyrun.copy_binary_row, values)
 
 
 @st.composite
@@ -798,11 +794,10 @@ def _decoded(decode: Any, data: Any) -> tuple[str, Any]:
 @SETTINGS
 @given(data=row_message())
 def test_row_decoders_agree_on_anything(data: Any) -> None:
-    assert speedups.row_decoders is not None
     tag = bytes(data[:1]).decode()
     twin = {"B": decoder._begin, "C": decoder._commit, "I": decoder._insert}
     twin |= {"U": decoder._update, "D": decoder._delete}
-    got = _decoded(speedups.row_decoders[tag], data)
+    got = _decoded(decoder._ROW_DECODERS[tag], data)
     with pure_python():
         assert got == _decoded(twin[tag], data)
 
@@ -829,13 +824,12 @@ def test_hold_rows_agrees_on_anything(
 ) -> None:
     """Rows the loop stops at, rows not bytes, fewer LSNs than rows, a start before
     the first row, a key column outside the width."""
-    from applier.apply.batching.mergelane import _hold_rows_py
 
     assert native is not None
     datas = datas + extra
     lsns = [0x1000 + i for i in range(len(datas) - (1 if lsns_short and datas else 0))]
     out = []
-    for hold in (native.hold_rows, _hold_rows_py):
+    for hold in (native.hold_rows, py_mergelane.hold_rows):
         rows: Any = [] if delete else {}
         keys = set() if delete else None
         with pure_python():
@@ -871,25 +865,25 @@ def _read_all(frames: list[bytes], c_loop: bool) -> Any:
 
     from applier.stream import takeloop
 
-    saved = takeloop._take_xlog
-    if not c_loop:
-        takeloop._take_xlog = None
+    saved = takeloop.take_xlog
+    takeloop.take_xlog = native.take_xlog if c_loop else py_takeloop.take_xlog
     try:
         stream, _ = fake_stream(2, frames)
-        try:
-            got: Any = stream.read(0)
-        except Exception as exc:  # any type: what the twins are compared on
-            got = (type(exc).__name__, str(exc), getattr(exc, "context", None))
+        with nullcontext() if c_loop else pure_python():
+            try:
+                got: Any = stream.read(0)
+            except Exception as exc:  # any type: what the twins are compared on
+                got = (type(exc).__name__, str(exc), getattr(exc, "context", None))
         return got, stream.last_received, stream.messages_received, stream.last_send_time
     finally:
-        takeloop._take_xlog = saved
+        takeloop.take_xlog = saved
 
 
 @needs_native
 @SETTINGS
 @given(frames=copydata_frames())
 def test_the_read_loops_agree_on_anything(frames: list[bytes]) -> None:
-    """take_xlog (C) and TakeLoop._take_py: the same items, positions and counts, or
+    """take_xlog (C) and its Python twin: the same items, positions and counts, or
     the same error with the same context."""
     assert _read_all(frames, c_loop=True) == _read_all(frames, c_loop=False)
 
@@ -919,26 +913,16 @@ def _fill(script: list[int | None], room: int, c_loop: bool) -> Any:
     from array import array
     from functools import partial
 
-    from applier.stream.readahead import ReadAhead
-
     pg = _ScriptedPg(script)
     buf = bytearray()
     lens = array("q")
+    fill = native.fill_copy if c_loop else py_readahead.fill_copy
+    packed = bytearray()
     try:
-        if c_loop:
-            assert native is not None
-            packed = bytearray()
-            try:
-                got: Any = (
-                    native.fill_copy(
-                        pg.consume_input, partial(pg.get_copy_data, 1), buf, packed, room
-                    )
-                    == 1
-                )
-            finally:
-                lens.frombytes(packed)
-        else:
-            got = ReadAhead._fill_py(types.SimpleNamespace(_pgconn=pg), buf, lens, room)  # type: ignore[arg-type]
+        try:
+            got: Any = fill(pg.consume_input, partial(pg.get_copy_data, 1), buf, packed, room) == 1
+        finally:
+            lens.frombytes(packed)
     except Exception as exc:  # any type: what the twins are compared on
         got = type(exc).__name__
     return got, bytes(buf), list(lens), pg.calls
@@ -951,6 +935,175 @@ def _fill(script: list[int | None], room: int, c_loop: bool) -> Any:
     room=st.integers(0, 120),
 )
 def test_the_fill_loops_agree_on_anything(script: list[int | None], room: int) -> None:
-    """fill_copy (C) and ReadAhead._fill_py: the same bytes and lengths taken, the
+    """fill_copy (C) and its Python twin: the same bytes and lengths taken, the
     same calls to libpq, the same end or error."""
     assert _fill(script, room, c_loop=True) == _fill(script, room, c_loop=False)
+
+
+# ------------------------------------------------- the read loop, with runs and cursors
+
+
+@st.composite
+def stream_payloads(draw: st.DrawFn) -> list[bytes]:
+    """pgoutput messages as a stream carries them: plain ones, and stream blocks
+    whose row changes (deferred) come in runs of one head, some damaged."""
+    out: list[bytes] = []
+    for _ in range(draw(st.integers(0, 6))):
+        if draw(st.booleans()):
+            out.append(draw(plain_messages()))
+            continue
+        xid = draw(st.sampled_from([7, 8]))
+        out.append(b"S" + struct.pack(">IB", xid, 1))
+        for _ in range(draw(st.integers(0, 5))):
+            tag = draw(st.sampled_from(b"IUD"))
+            rel = draw(st.sampled_from([1, 2]))
+            kind = b"N" if tag != ord("D") else b"K"
+            data = bytes([tag]) + struct.pack(">II", xid, rel) + kind
+            out.append(data + encode_tuple(draw(tuples())))
+        if draw(st.booleans()):
+            out.append(b"E")
+    if draw(st.booleans()):  # a run of Inserts outside stream blocks
+        out += [_insert_bytes((str(i).encode(),)) for i in range(draw(st.integers(2, 4)))]
+    if draw(st.integers(0, 9)) == 0:
+        out.append(b"")  # an XLogData without a pgoutput message
+    return out
+
+
+def _frames_of(payloads: list[bytes], extra: list[bytes]) -> list[bytes]:
+    frames = [
+        b"w" + struct.pack(">QQq", 0x100 + i, 0x100 + i, 1000 + i) + p
+        for i, p in enumerate(payloads)
+    ]
+    return frames + extra
+
+
+def _take(take: Any, frames: list[bytes], cursor: bool, room: int) -> Any:
+    """Everything ``take`` (take_xlog, C or twin) gives for ``frames``, with runs."""
+    from array import array
+
+    from applier.lsn import Lsn
+    from applier.protocol import Insert, InsertRun, StreamedChange, StreamedRun
+
+    dec = decoder.PgOutputDecoder(2, defer_streamed=True)
+    group = (StreamedChange, StreamedRun, Insert, InsertRun)
+    out: list[Any] = []
+    state: list[Any] = [0, 0, 0, None, None, 0]
+    got: Any
+    if cursor:
+        get: Any = [bytearray(b"".join(frames)), array("q", map(len, frames)), 0, 0]
+    else:
+        it = iter(frames)
+
+        def get() -> tuple[int, bytes]:
+            f = next(it, None)
+            return (0, b"") if f is None else (len(f), f)
+
+    try:
+        got = take(get, dec.handlers, dec.decode, out, room, Lsn, state, group)
+    except Exception as exc:  # any type: what the twins are compared on
+        got = (type(exc).__name__, str(exc))
+    where = get[2:] if cursor else None
+    items = [(lsn, repr(m) if not hasattr(m, "datas") else (m.datas, m.lsns)) for lsn, m in out]
+    return got, items, [bytes(s) if isinstance(s, memoryview) else s for s in state], where
+
+
+@needs_native
+@SETTINGS
+@given(
+    payloads=stream_payloads(),
+    extra=st.lists(st.sampled_from([b"k" + bytes(17), b"w12", b"x"]), max_size=1),
+    cursor=st.booleans(),
+    room=st.sampled_from([1, 3, 100]),
+)
+def test_the_read_loops_agree_on_runs_and_cursors(
+    payloads: list[bytes], extra: list[bytes], cursor: bool, room: int
+) -> None:
+    """take_xlog (C) and its twin with runs (StreamedRun, InsertRun), from get() or a
+    read-ahead cursor read in place: the same items, state, cursor and status, or the
+    same error."""
+    frames = _frames_of(payloads, extra)
+    got = _take(native.take_xlog, frames, cursor, room)
+    with pure_python():
+        want = _take(py_takeloop.take_xlog, frames, cursor, room)
+    assert got == want
+
+
+@needs_native
+def test_the_read_loops_refuse_bad_arguments_alike() -> None:
+    from applier.lsn import Lsn
+
+    dec = decoder.PgOutputDecoder(2)
+    for args in [
+        ((lambda: (0, b"")), (), dec.decode, [], 1, Lsn, [0, 0, 0, None, None, 0]),
+        ((lambda: (0, b"")), dec.handlers, dec.decode, [], 1, Lsn, [0, 0, 0]),
+        ((lambda: 5), dec.handlers, dec.decode, [], 1, Lsn, [0, 0, 0, None, None, 0]),
+        ([b"", b"", 0, 0], dec.handlers, dec.decode, [], 1, Lsn, [0, 0, 0, None, None, 0]),
+    ]:
+        _twins(native.take_xlog, py_takeloop.take_xlog, *args)
+    _twins(native.fill_copy, py_readahead.fill_copy, int, int, b"", bytearray(), 5)
+    _twins(native.dispatch_batch, py_dispatch.dispatch_batch, (), {}, int, int, int)
+    # A stop request that is not the loop's own Flag (C reads it without a call).
+    assert _result(native.dispatch_batch, [], {}, int, int, py_dispatch.Flag()) == (
+        "error",
+        "TypeError",
+    )
+    assert _result(py_dispatch.dispatch_batch, [], {}, int, int, native.Flag()) == (
+        "error",
+        "TypeError",
+    )
+    for flag in (native.Flag(), py_dispatch.Flag()):
+        assert not flag
+        flag.set()
+        assert flag
+        flag.clear()
+        assert not flag
+
+
+# ------------------------------------------------------------------ the chooser
+
+
+def test_the_chooser_honours_the_switch_in_a_fresh_process() -> None:
+    """Every function comes from the C module, or with APPLIER_PURE_PYTHON=1 from the
+    Python twins beside it; the decoder and the lanes use what was chosen."""
+    probe = (
+        "import json\n"
+        "from applier import speedups as s\n"
+        "from applier.protocol import decoder, tuples\n"
+        "from applier.apply.batching import copyrun, mergelane\n"
+        "from applier.stream import readahead, takeloop\n"
+        "from applier.apply import batchdispatch\n"
+        "names = [n for n in s.__all__ if callable(getattr(s, n)) and n not in\n"
+        "         ('describe', 'missing', 'ReadTuple')]\n"
+        "used = [tuples.read_tuple, copyrun.text_row, copyrun.binary_row,\n"
+        "        mergelane.hold_rows, readahead.fill_copy, takeloop.take_xlog,\n"
+        "        batchdispatch.dispatch_batch, decoder._ROW_DECODERS['I']]\n"
+        "print(json.dumps([s.IMPLEMENTATION, s.describe(),\n"
+        "    {n: getattr(s, n).__module__ for n in names},\n"
+        "    sorted({getattr(f, '__module__', None) or 'C' for f in used})]))\n"
+    )
+
+    def choice(pure: bool) -> Any:
+        import json
+
+        env = {k: v for k, v in os.environ.items() if k != "APPLIER_PURE_PYTHON"}
+        if pure:
+            env["APPLIER_PURE_PYTHON"] = "1"
+        proc = subprocess.run(
+            [sys.executable, "-c", probe],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout)
+
+    impl, why, modules, used = choice(pure=True)
+    assert (impl, why) == ("python", "pure Python (APPLIER_PURE_PYTHON is set)")
+    assert all(m.startswith("applier.speedups.") for m in modules.values()), modules
+    assert "applier.speedups._speedups" not in modules.values()
+    assert all(m.startswith("applier.") for m in used), used
+    if native is not None:
+        impl, why, modules, used = choice(pure=False)
+        assert (impl, why) == ("C", "C speedups")
+        c_made = {n for n, m in modules.items() if m == "applier.speedups._speedups"}
+        # row_decoders and tuple_reader are Python functions around the C ones.
+        assert c_made == set(modules) - {"row_decoders", "tuple_reader"}, modules
+        assert set(used) <= {"C", "applier.speedups._speedups"}, used

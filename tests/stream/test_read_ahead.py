@@ -15,9 +15,12 @@ import time
 import pytest
 from streamkit import SMALL_WORK_MEM, emit_marker, open_stream, read_until_marker
 
+from applier import speedups
 from applier.errors import ConnectionLost
 from applier.localpg import LocalCluster
-from applier.protocol import Message, speedups
+from applier.protocol import Message
+from applier.speedups import readahead as py_readahead
+from applier.speedups import takeloop as py_takeloop
 from applier.stream import LogicalStream, ReplicationConnection, client, readahead, takeloop
 
 Items = list[tuple[object, object]]
@@ -84,11 +87,11 @@ def test_what_is_read_ahead_is_read_as_from_libpq(
 ) -> None:
     """Small batches stop the reader inside a fill: the next read goes on from
     the message after the last one taken, in C and in the Python loop alike."""
-    if loop == "c" and speedups.take_xlog is None:
+    if loop == "c" and speedups.IMPLEMENTATION != "C":
         pytest.skip("pure Python (APPLIER_PURE_PYTHON, or the speedups not built)")
     if loop == "python":  # both loops: the reader's and the fill's
-        monkeypatch.setattr(takeloop, "_take_xlog", None)
-        monkeypatch.setattr(readahead, "_fill_copy", None)
+        monkeypatch.setattr(takeloop, "take_xlog", py_takeloop.take_xlog)
+        monkeypatch.setattr(readahead, "fill_copy", py_readahead.fill_copy)
     if batch is not None:
         monkeypatch.setattr(client, "MAX_BATCH", batch)
     cluster, db = publisher
@@ -116,11 +119,11 @@ def test_what_is_read_ahead_is_read_as_from_libpq(
 
 
 def _fill_loop(loop: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The fill's loop: "c" (fill_copy) or "python" (ReadAhead._fill_py)."""
-    if loop == "c" and speedups.fill_copy is None:
+    """The fill's loop: "c" (fill_copy) or "python" (its Python twin)."""
+    if loop == "c" and speedups.IMPLEMENTATION != "C":
         pytest.skip("pure Python (APPLIER_PURE_PYTHON, or the speedups not built)")
     if loop == "python":
-        monkeypatch.setattr(readahead, "_fill_copy", None)
+        monkeypatch.setattr(readahead, "fill_copy", py_readahead.fill_copy)
 
 
 @pytest.mark.parametrize("publisher", [15], indirect=True)

@@ -7,7 +7,7 @@ costs several microseconds of Python. Once the ordinary path has put a row of
 a table into a COPY in text format (:mod:`applier.apply.batching.copyrun`), every
 following INSERT of that table can go the same way from its pgoutput bytes:
 the tuple's text values, escaped for COPY, are the row's line
-(:func:`~applier.apply.batching.copyrun.tuple_text_line`).
+(``tuple_text_line`` of :mod:`applier.speedups`).
 
 The lane is opened only after a row took the ordinary path to the same place,
 so it never decides anything the handlers did not: the same table and
@@ -30,9 +30,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from applier.apply.batching.copyrun import CHUNK, TEXT, Run, tuple_text_line, tuple_text_lines
+from applier.apply.batching.copyrun import CHUNK, TEXT, Run
 from applier.apply.batching.paths import paths_of
 from applier.lsn import Lsn
+from applier.speedups import tuple_text_line, tuple_text_lines
 
 if TYPE_CHECKING:
     from applier.apply.batching.host import LaneHost

@@ -21,7 +21,7 @@ Values are the protocol's bytes: text values are escaped for COPY's text format
 (``[apply] binary``) go into COPY's binary format as they are, since both are
 what the type's input or receive function reads. A row mixing text and binary
 values cannot be copied and is applied with INSERT. The framing of a row runs
-in C when the speedups are built (:mod:`applier.protocol.speedups`).
+by :mod:`applier.speedups` (C when built, else the Python twins there).
 
 An error in a COPY names its line; :class:`Run` keeps each row's source LSN and
 xid (not the row) so the error still names the change that failed.
@@ -32,14 +32,12 @@ from __future__ import annotations
 import re
 import struct
 from array import array
-from collections.abc import Sequence
 from itertools import chain
 
 from applier.apply.sql.planner import Formats, Params, Stmt
-from applier.errors import DecodeError
 from applier.lsn import Lsn
-from applier.protocol import speedups
-from applier.protocol.tuples import decode_tuple as _tuple  # this module's name: tests swap it
+from applier.speedups import copy_binary_row as binary_row
+from applier.speedups import copy_text_row as text_row
 
 TEXT, BINARY, NO_COPY = 0, 1, -1
 
@@ -50,10 +48,6 @@ WEIGH_EVERY = 16
 
 BINARY_HEADER = b"PGCOPY\n\xff\r\n\x00" + struct.pack(">ii", 0, 0)
 BINARY_TRAILER = struct.pack(">h", -1)
-_NULL_TEXT = b"\\N"
-_NULL_BINARY = struct.pack(">i", -1)
-_INT16 = struct.Struct(">h")
-_INT32 = struct.Struct(">i")
 _LINE = re.compile(r"\bline (\d+)")
 
 
@@ -64,90 +58,6 @@ def row_format(params: Params, fmts: Formats) -> int:
     # NULLs are always format 0: all non-NULL values are binary exactly when the
     # zero formats are the NULLs.
     return BINARY if fmts.count(0) == params.count(None) else NO_COPY
-
-
-def _escape(v: bytes | memoryview) -> bytes:
-    if type(v) is memoryview:  # `in` would compare its ints, and find nothing
-        v = v.tobytes()
-    if b"\\" in v:
-        v = v.replace(b"\\", b"\\\\")
-    if b"\t" in v:
-        v = v.replace(b"\t", b"\\t")
-    if b"\n" in v:
-        v = v.replace(b"\n", b"\\n")
-    if b"\r" in v:
-        v = v.replace(b"\r", b"\\r")
-    return v
-
-
-def _text_row_py(params: Sequence[bytes | None]) -> bytes:
-    """One line of COPY text format."""
-    if None not in params:
-        line = b"\t".join(params)  # type: ignore[arg-type]
-        # Fast path: no value holds a tab, newline, CR or backslash.
-        if (
-            line.count(b"\t") == len(params) - 1
-            and b"\\" not in line
-            and b"\n" not in line
-            and b"\r" not in line
-        ):
-            return line + b"\n"
-    return b"\t".join([_NULL_TEXT if v is None else _escape(v) for v in params]) + b"\n"
-
-
-def _tuple_text_line_py(data: bytes, pos: int) -> tuple[bytes | None, int]:
-    """The COPY text line of the TupleData at ``pos`` (ending ``data``) and its width;
-    ``(None, -1)`` when a value is binary or an unchanged TOAST value, or the bytes
-    are malformed (the decoder then says what is wrong)."""
-    try:
-        tup, end = _tuple(data, pos, "I")
-    except DecodeError:
-        return None, -1
-    kinds = tup.kinds
-    if end != len(data) or b"b" in kinds or b"u" in kinds:
-        return None, -1
-    return text_row(tup.values), len(kinds)
-
-
-def _tuple_text_lines_py(
-    datas: list[bytes], start: int, pos: int, width: int, limit: int
-) -> tuple[bytes, int]:
-    """The lines of ``datas[start]``, ``datas[start + 1]``, ... joined, up to the first
-    that makes no line or is not ``width`` wide, and none once ``limit`` bytes are
-    reached; and how many."""
-    if not 0 <= start <= len(datas):
-        raise IndexError("tuple_text_lines: start out of range")
-    lines: list[bytes] = []
-    size = 0
-    for data in datas[start:]:
-        if size >= limit:
-            break
-        line, n = tuple_text_line(data, pos)
-        if line is None or n != width:
-            break
-        lines.append(line)
-        size += len(line)
-    return b"".join(lines), len(lines)
-
-
-def _binary_row_py(params: Sequence[bytes | None]) -> bytes:
-    """One tuple of COPY binary format."""
-    parts = [_INT16.pack(len(params))]
-    for v in params:
-        if v is None:
-            parts.append(_NULL_BINARY)
-        else:
-            parts.append(_INT32.pack(len(v)))
-            parts.append(v)
-    return b"".join(parts)
-
-
-# The same bytes from C when applier.protocol._speedups is built (checked equal
-# in tests/protocol/test_speedups.py); the pure-Python twins above otherwise.
-text_row = speedups.copy_text_row or _text_row_py
-binary_row = speedups.copy_binary_row or _binary_row_py
-tuple_text_line = speedups.tuple_text_line or _tuple_text_line_py
-tuple_text_lines = speedups.tuple_text_lines or _tuple_text_lines_py
 
 
 def copy_query(stmt: Stmt, fmt: int) -> bytes:

@@ -2,7 +2,7 @@
 
 A transaction that is not streamed reaches the worker message by message, and a
 bulk INSERT's rows each took the handlers' whole way: decoded into an Insert,
-:meth:`~applier.apply.handlers.changes.RowChanges._target`, ``on_insert``, the planner and
+:meth:`~applier.apply.handlers.changes.Changes._target`, ``on_insert``, the planner and
 the session's run (about 6 µs of Python per row). The stream hands consecutive
 Inserts into one relation over as one :class:`~applier.protocol.InsertRun`
 (``group_streamed``). Its first row takes the ordinary path; the following rows
@@ -38,10 +38,8 @@ from applier.lsn import Lsn
 from applier.protocol import Insert, TupleData, read_tuple
 
 if TYPE_CHECKING:
-    from applier.apply.batching.host import LaneHost
     from applier.apply.handlers.states import Txn
     from applier.apply.sql.mapping import RelMap
-    from applier.apply.target.session import TargetSession
     from applier.protocol import InsertRun
 
 #: Where an Insert's TupleData starts: after ``'I'``, the relation and ``'N'``.
@@ -61,7 +59,7 @@ class InsertCtx(LaneCtx):
     decode: Any = staticmethod(_insert_of)
 
 
-def offer_insert_run(applier: LaneHost, m: InsertRun, i: int) -> int:
+def offer_insert_run(applier: Any, m: InsertRun, i: int) -> int:
     """Put ``m``'s rows from ``i`` on into the session's run; return how many
     (0: ``m.datas[i]`` takes the ordinary path). The caller asked once for the
     run whether its INSERTs may take the lane (``Paths.insert_lane``):
@@ -92,7 +90,7 @@ def offer_insert_run(applier: LaneHost, m: InsertRun, i: int) -> int:
     return n
 
 
-def _hold(session: TargetSession, run: Run, rm: RelMap, txn: Txn, m: InsertRun, i: int) -> int:
+def _hold(session: Any, run: Run, rm: RelMap, txn: Txn, m: InsertRun, i: int) -> int:
     """Hold rows back in ``run`` as the session's ``insert`` does, up to its threshold."""
     pending = run.pending
     threshold = session.copy_threshold
@@ -120,5 +118,5 @@ def _hold(session: TargetSession, run: Run, rm: RelMap, txn: Txn, m: InsertRun, 
     # becomes a COPY (checked once per run of rows: at most one read of the stream,
     # client.MAX_BATCH_BYTES, past the bound).
     if took and (len(pending) >= threshold or run.held >= MAX_HELD_BYTES):
-        session.copy_begin(run)
+        session.runs.copy_begin(run)
     return took

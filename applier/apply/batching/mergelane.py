@@ -32,17 +32,15 @@ ordinary path has held one of its table.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from applier.apply.batching.merge import _U, MAX_HELD, HeldDeletes, HeldUpdates
 from applier.apply.batching.paths import paths_of
 from applier.apply.handlers.states import LaneCtx
 from applier.apply.sql.planner import MAX_HELD_BYTES
 from applier.lsn import Lsn
-from applier.protocol import Delete, Update, read_tuple, speedups
-
-#: Key columns :func:`hold_rows` holds at most (PostgreSQL's default INDEX_MAX_KEYS).
-MAX_KEY = 32
+from applier.protocol import Delete, Update, read_tuple
+from applier.speedups import hold_rows
 
 if TYPE_CHECKING:
     from applier.apply.batching.fullident import FullHold
@@ -170,67 +168,6 @@ class MergeLane:
             applier.send_held(oid)
         return took
 
-
-def _hold_rows_py(
-    datas: list[bytes],
-    lsns: list[int],
-    start: int,
-    width: int,
-    key: tuple[int, ...],
-    rows: Any,
-    keys: set[Any] | None,
-    txn: Txn,
-    no: int,
-    size: int,
-    max_rows: int,
-    max_bytes: int,
-) -> tuple[int, int]:
-    """Hold ``datas[start:]`` in the merger's ``rows`` (with ``keys``: a DELETE
-    holder's list and key set; without: an UPDATE holder's dict, newest values by
-    key) until a row this cannot hold plainly, or after the row that brings the
-    rows to ``max_rows`` or ``size`` to ``max_bytes``; how many, and the new size.
-
-    Each row is ``(values, kinds, (lsn, data, no, txn))``, ``no`` counting on.
-    Left to the caller: a malformed row or one not ``width`` wide, any unchanged
-    TOAST value (``u``), a DELETE of a key held already, and every row of a key
-    of more than :data:`MAX_KEY` columns. ``datas`` holds bytes (the stream's
-    payloads): another type is a TypeError. The C twin (``hold_rows`` in
-    _holdrun.c) computes exactly this.
-    """
-    if len(key) > MAX_KEY:
-        return 0, size
-    if start < 0 or not all(0 <= c < width for c in key):  # as the C twin, row or not
-        raise ValueError("hold_rows: start < 0, or a key column outside the width")
-    k0 = key[0] if len(key) == 1 else -1
-    j, n = start, len(datas)
-    while j < n:
-        data = datas[j]
-        if type(data) is not bytes:  # as the C twin: a memoryview's rows were held
-            raise TypeError("hold_rows: datas must hold bytes")
-        got = read_tuple(data, 10)
-        if got is None:
-            break
-        kinds, values, end = got
-        if end != len(data) or len(kinds) != width or _U in kinds:
-            break
-        k = values[k0] if k0 >= 0 else tuple([values[c] for c in key])
-        ref = (lsns[j], data, no, txn)
-        if keys is None:
-            rows[k] = (values, kinds, ref)
-            size += len(data)
-        else:
-            if k in keys:
-                break
-            keys.add(k)
-            rows.append((values, kinds, ref))
-        no += 1
-        j += 1
-        if len(rows) >= max_rows or size >= max_bytes:
-            break
-    return j - start, size
-
-
-hold_rows = speedups.hold_rows or _hold_rows_py
 
 #: What :func:`hold_update` returns: not held (the ordinary path takes the change),
 #: held, or held and the table's rows are to be sent now.

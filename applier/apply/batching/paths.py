@@ -55,9 +55,9 @@ mapping (a Relation message replanning the table, an eviction). So the
 decision runs once per mapping and generation, and, with nothing changing,
 not once per transaction.
 
-The C side (``_holdrun.c``, ``_dispatch.c``, ``_readloop.c``) reads none of
-these inputs: it reads the dispatch state, the live transaction, ``stopping``
-and the decoder's table, and holds the rows it is handed.
+The C side (``applier/speedups``: mergelane.c, dispatch.c, takeloop.c) reads
+none of these inputs: it is handed the dispatch state (a callable), the stop
+flag and the decoder's handlers, and holds the rows it is handed.
 """
 
 from __future__ import annotations

@@ -329,3 +329,13 @@ def connect(
     dog.attach(conn)
     conn.watchdog = dog
     return conn
+
+
+def session_settings(synchronous_commit: str) -> list[tuple[str, str]]:
+    """The apply session's own settings (applier.apply.target.session, "Target
+    session"); the formats, search_path, timeouts and isolation come with every
+    connection (pgconn)."""
+    return [
+        ("session_replication_role", "replica"),
+        ("synchronous_commit", synchronous_commit),
+    ]

@@ -13,8 +13,8 @@ UPDATE/DELETE that hit no row is attributed to its change (LSN, table, key)
 without a round trip per row. The queue is bounded so a huge transaction
 cannot run away with memory when the target is slower than the stream.
 
-The first error is kept (:attr:`Pipeline._failure`, with the context of the
-item that failed) and raised by :meth:`Pipeline._raise` as an
+The first error is kept (:attr:`Pipeline.failure`, with the context of the
+item that failed) and raised by :meth:`Pipeline.raise_failure` as an
 :class:`ApplyError`, or a :class:`ConnectionLost` for the SQLSTATEs that mean
 "the connection is gone, not the change is bad".
 
@@ -106,7 +106,7 @@ class Pipeline:
         self._sel = selectors.DefaultSelector()
         self._sel.register(self.pg.socket, selectors.EVENT_READ)
         self._pipeline = False
-        self._failure: tuple[pq.abc.PGresult, Any] | None = None
+        self.failure: tuple[pq.abc.PGresult, Any] | None = None
         #: The failure was found while earlier commits were in flight: its context may
         #: name a later transaction than the one that failed.
         self.failed_inflight = False
@@ -152,24 +152,24 @@ class Pipeline:
         self._q.append((_CTL, what))
         self._after_send()
 
-    def _collect(self, first: pq.abc.PGresult | None) -> pq.abc.PGresult | None:
+    def collect(self, first: pq.abc.PGresult | None) -> pq.abc.PGresult | None:
         """Read results until libpq has no more; return the first error."""
         error = first if first is not None and first.status == ExecStatus.FATAL_ERROR else None
-        while (res := self._next_result()) is not None:
+        while (res := self.next_result()) is not None:
             if error is None and res.status == ExecStatus.FATAL_ERROR:
                 error = res
         return error
 
-    def _next_result(self) -> pq.abc.PGresult | None:
+    def next_result(self) -> pq.abc.PGresult | None:
         pg = self.pg
         while True:
             pending = pg.flush()
             pg.consume_input()
             if not pg.is_busy():
                 return pg.get_result()
-            self._wait_socket(write=bool(pending))
+            self.wait_socket(write=bool(pending))
 
-    def _wait_socket(self, write: bool) -> None:
+    def wait_socket(self, write: bool) -> None:
         pg = self.pg
         for _key, events in self._select(write):
             if events & selectors.EVENT_READ:
@@ -224,7 +224,7 @@ class Pipeline:
             return False
         return True
 
-    def _reenter_pipeline(self) -> None:
+    def reenter_pipeline(self) -> None:
         try:
             self._enter_pipeline()
         except psycopg.OperationalError as e:
@@ -238,8 +238,8 @@ class Pipeline:
         self._sent += 1
         if self._sent % PUMP_EVERY == 0:
             self._pump(until_empty=False)
-            if self._failure is not None:
-                self._raise()
+            if self.failure is not None:
+                self.raise_failure()
 
     def _pump(self, until_empty: bool) -> None:
         """Send what libpq holds and read what results have come, waiting only if needed."""
@@ -266,8 +266,8 @@ class Pipeline:
         except psycopg.OperationalError as e:
             raise lost(e) from None
         self._pump(until_empty)
-        if self._failure is not None:
-            self._raise()
+        if self.failure is not None:
+            self.raise_failure()
 
     def _drain(self) -> None:
         pg = self.pg
@@ -287,14 +287,14 @@ class Pipeline:
             if status == ExecStatus.PIPELINE_SYNC:
                 q.popleft()
                 # A commit's Sync: (callback, guard id, waited, end_lsn).
-                if ctx is not None and self._failure is None:
+                if ctx is not None and self.failure is None:
                     self._guard_committed = ctx[1]
                     self.committed = ctx[3]
                     ctx[0](self._local_lsn)
             elif status == ExecStatus.FATAL_ERROR:
                 self._parse_failed(kind, ctx)
-                if self._failure is None:
-                    self._failure = (res, ctx)
+                if self.failure is None:
+                    self.failure = (res, ctx)
                     self.failed_inflight = self._failed_in_pipelined_commit()
             elif status == ExecStatus.PIPELINE_ABORTED:
                 # Skipped after an error: no row count to judge, and a Parse skipped
@@ -329,17 +329,17 @@ class Pipeline:
         pg = self.pg
         try:
             pg.send_flush_request()  # the server holds results back until a Sync or Flush
-            while self._checks and self._failure is None:
+            while self._checks and self.failure is None:
                 pending = pg.flush()
                 pg.consume_input()
                 self._drain()
-                if not self._checks or self._failure is not None:
+                if not self._checks or self.failure is not None:
                     break
                 self._select(bool(pending))
         except psycopg.OperationalError as e:
             raise lost(e) from None
-        if self._failure is not None:
-            self._raise()
+        if self.failure is not None:
+            self.raise_failure()
 
     def _parse_failed(self, kind: int, ctx: Any) -> None:
         if kind == _CTL and isinstance(ctx, tuple) and ctx[0] == "prepare":
@@ -353,7 +353,7 @@ class Pipeline:
                 return not ctx[2]
         return False
 
-    def _sync(self) -> None:
+    def sync_pipeline(self) -> None:
         """Sync the pipeline, wait for everything, leave pipeline mode."""
         try:
             self.pg.pipeline_sync()
@@ -367,9 +367,9 @@ class Pipeline:
         except psycopg.OperationalError as e:
             raise lost(e) from None
 
-    def _raise(self) -> None:
-        assert self._failure is not None
-        res, ctx = self._failure
+    def raise_failure(self) -> None:
+        assert self.failure is not None
+        res, ctx = self.failure
         state, msg = error_fields(res)
         detail_b = res.error_field(pq.DiagnosticField.MESSAGE_DETAIL)
         if detail_b:

@@ -74,10 +74,9 @@ from typing import Any
 import psycopg
 from psycopg import pq
 
-from applier.apply.batching.copyrun import Run
 from applier.apply.batching.insertruns import InsertRuns
 from applier.apply.sql.planner import Formats, Params, Stmt
-from applier.apply.target.connection import DEFAULT_TIMEOUT, connect, pin
+from applier.apply.target.connection import DEFAULT_TIMEOUT, connect, pin, session_settings
 from applier.apply.target.pipeline import (
     _CHECK,
     _CHECKS,
@@ -92,6 +91,7 @@ from applier.apply.target.pipeline import (
     MAX_INFLIGHT,
     MAX_INFLIGHT_BYTES,
     PUMP_EVERY,
+    Pipeline,
     is_transient_sqlstate,
     lost,
 )
@@ -99,7 +99,7 @@ from applier.apply.target.stamp import PREPARE_STAMP, STAMP, check_stamp, litera
 from applier.lsn import Lsn, pg_timestamp
 from applier.pgconn import close_quietly
 
-__all__ = ["TargetSession", "connect", "is_transient_sqlstate", "session_settings"]
+__all__ = ["TargetSession", "connect", "is_transient_sqlstate"]
 
 log = logging.getLogger("applier.apply")
 
@@ -119,17 +119,12 @@ LOCAL_LSNS = (
 )
 
 
-def session_settings(synchronous_commit: str) -> list[tuple[str, str]]:
-    """The apply session's own settings (see "Target session"); the formats,
-    search_path, timeouts and isolation come with every connection (pgconn)."""
-    return [
-        ("session_replication_role", "replica"),
-        ("synchronous_commit", synchronous_commit),
-    ]
+class TargetSession(Pipeline):
+    """The apply connection; one open target transaction at most.
 
-
-class TargetSession(InsertRuns):
-    """The apply connection; one open target transaction at most."""
+    Its runs of INSERTs are a part it owns (:attr:`runs`,
+    :class:`~applier.apply.batching.insertruns.InsertRuns`), whose entry points it
+    offers as its own (bound once: they run per row)."""
 
     def __init__(
         self,
@@ -140,13 +135,14 @@ class TargetSession(InsertRuns):
         timeout: float = DEFAULT_TIMEOUT,
     ) -> None:
         self.origin = origin
-        #: Runs of at least this many INSERTs go out as COPY (0: never).
-        self.copy_threshold = copy_threshold
-        self._run: Run | None = None
-        #: A run shorter than that goes as multi-row INSERTs (else one by one, so
-        #: an error names its row: the worker's replay after a failure).
-        self.multi_row = True
-        self._multi: dict[tuple[bytes, int], Stmt] = {}
+        #: Runs of INSERTs (COPY, multi-row, checked): a part of this session.
+        self.runs = runs = InsertRuns(self, copy_threshold)
+        self.insert = runs.insert
+        self.insert_checked = runs.insert_checked
+        self.copy_line = runs.copy_line
+        self.copy_lines = runs.copy_lines
+        self.run_in_hand = runs.run_in_hand
+        self.copy_in_hand = runs.copy_in_hand
         conn = connect(conninfo, "applier apply", timeout)
         assert conn.watchdog is not None
         super().__init__(conn, conn.watchdog)
@@ -170,13 +166,27 @@ class TargetSession(InsertRuns):
         self._txn_seq = 0
         self._guard_expect: bytes | None = None
 
+    @property
+    def copy_threshold(self) -> int:
+        """Runs of at least this many INSERTs go out as COPY (0: never)."""
+        return self.runs.copy_threshold
+
+    @property
+    def multi_row(self) -> bool:
+        """Runs shorter than that go as multi-row INSERTs (else one by one)."""
+        return self.runs.multi_row
+
+    @multi_row.setter
+    def multi_row(self, on: bool) -> None:
+        self.runs.multi_row = on
+
     # -- pipeline ----------------------------------------------------------------------
 
     def begin(self) -> None:
         """Open a target transaction (pipeline mode, BEGIN and the guard queued)."""
         assert not self.in_txn
-        if self._failure is not None:
-            self._raise()
+        if self.failure is not None:
+            self.raise_failure()
         try:
             if not self._pipeline:
                 self._enter_pipeline()
@@ -204,8 +214,8 @@ class TargetSession(InsertRuns):
         says which of the rows in ``ctx.ctxs`` it found. ``checked``: a statement of
         :mod:`applier.apply.rules.conflicts`, whose result ``ctx.check(ctx, result)`` reads.
         """
-        if self._run is not None:
-            self._end_run()
+        if self.runs.run is not None:
+            self.runs.end_run()
         pg = self.pg
         try:
             if stmt.name not in self._prepared:
@@ -237,13 +247,13 @@ class TargetSession(InsertRuns):
         self._sent += 1
         if self._sent % PUMP_EVERY == 0:
             self._pump(until_empty=False)
-            if self._failure is not None:
-                self._raise()
+            if self.failure is not None:
+                self.raise_failure()
 
     def execute_sql(self, query: bytes, ctx: Any) -> None:
         """Queue one unprepared statement without parameters (TRUNCATE)."""
-        if self._run is not None:
-            self._end_run()
+        if self.runs.run is not None:
+            self.runs.end_run()
         try:
             self.pg.send_query_params(query, None)
         except psycopg.OperationalError as e:
@@ -253,8 +263,8 @@ class TargetSession(InsertRuns):
 
     def flush_checks(self) -> None:
         """Send the run in hand and read every result that may report a conflict."""
-        if self._checks or self._run is not None:
-            self._end_run()
+        if self._checks or self.runs.run is not None:
+            self.runs.end_run()
             self.read_checks()
 
     # -- careful replay (see applier.apply.handlers.dispatch, "Careful replay") ----------------
@@ -268,12 +278,12 @@ class TargetSession(InsertRuns):
         raised as usual.
         """
         assert self.in_txn
-        self._end_run()
+        self.runs.end_run()
         self._send_ctl(b"SAVEPOINT applier_change", "SAVEPOINT")
         send()
-        self._end_run()
-        self._sync()
-        failure, self._failure = self._failure, None
+        self.runs.end_run()
+        self.sync_pipeline()
+        failure, self.failure = self.failure, None
         self.failed_inflight = False
         taken = True
         try:
@@ -285,10 +295,10 @@ class TargetSession(InsertRuns):
             raise self._error(e, "rolling back to a savepoint") from None
         if not taken:
             assert failure is not None
-            self._failure = failure
-            self._reenter_pipeline()
-            self._raise()
-        self._reenter_pipeline()
+            self.failure = failure
+            self.reenter_pipeline()
+            self.raise_failure()
+        self.reenter_pipeline()
 
     # -- transaction end -------------------------------------------------------------
 
@@ -305,7 +315,7 @@ class TargetSession(InsertRuns):
         target WAL position to wait for, 0 when durable already).
         """
         assert self.in_txn
-        self._end_run()
+        self.runs.end_run()
         self._stamp(end_lsn, commit_ts)
         self._send_ctl(b"COMMIT", "COMMIT")
         try:
@@ -321,13 +331,13 @@ class TargetSession(InsertRuns):
             self.settle()
         else:
             self._pump(until_empty=False)
-            if self._failure is not None:
-                self._raise()
+            if self.failure is not None:
+                self.raise_failure()
 
     def prepare(self, gid: str, end_lsn: Lsn, prepare_ts: int) -> Lsn:
         """Stamp the origin and PREPARE TRANSACTION ``gid``."""
         assert self.in_txn
-        self._end_run()
+        self.runs.end_run()
         self._send_ctl(PREPARE_STAMP, "origin stamp", stamp_params(end_lsn, prepare_ts))
         self._send_ctl(b"PREPARE TRANSACTION " + literal(gid), "PREPARE TRANSACTION")
         if self.flush_wait:
@@ -351,11 +361,11 @@ class TargetSession(InsertRuns):
         self._guard_expect = self._guard_committed = None if value is None else value.encode()
 
     def _finish(self) -> None:
-        self._sync()
+        self.sync_pipeline()
         self.in_txn = False
-        if self._failure is not None:
+        if self.failure is not None:
             self._reset_after_error()
-            self._raise()
+            self.raise_failure()
 
     def finish_prepared(self, gid: str, commit: bool, end_lsn: Lsn, ts: int) -> Lsn:
         """COMMIT/ROLLBACK PREPARED with the origin stamped (outside any transaction)."""
@@ -389,8 +399,8 @@ class TargetSession(InsertRuns):
         if not self.in_txn:
             return
         try:
-            self._end_run(abort=True)
-            self._sync()
+            self.runs.end_run(abort=True)
+            self.sync_pipeline()
         finally:
             self.in_txn = False
         self._reset_after_error()
@@ -403,17 +413,17 @@ class TargetSession(InsertRuns):
         """Wait for the commits in flight (their callbacks run); raise if one failed."""
         if self.in_txn or not self._pipeline:
             return
-        self._sync()
-        if self._failure is not None:
+        self.sync_pipeline()
+        if self.failure is not None:
             self._reset_after_error()
-            self._raise()
+            self.raise_failure()
 
     def poll(self) -> None:
         """Take the results that have come, without waiting; raise if one failed."""
         if self._pipeline and self._q:
             self._pump(until_empty=False)
-        if self._failure is not None:
-            self._raise()
+        if self.failure is not None:
+            self.raise_failure()
 
     def _reset_after_error(self) -> None:
         try:
@@ -483,10 +493,7 @@ class TargetSession(InsertRuns):
         fails first, the statement merely stays until the session ends), else at once.
         """
         doomed = set(names)
-        for key in [k for k in self._multi if k[0] in doomed]:
-            doomed.add(self._multi.pop(key).name)
-        if self._run is not None and self._run.stmt.name in doomed:
-            self._end_run()
+        self.runs.forget(doomed)
         doomed &= self._prepared
         if not doomed:
             return

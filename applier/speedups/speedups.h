@@ -1,6 +1,6 @@
 /*
- * What the source files of applier.protocol._speedups share (one extension
- * module built from several files: see _speedups.c for the list of functions
+ * What the source files of applier.speedups._speedups share (one extension
+ * module built from several files: see module.c for the list of functions
  * and which file holds each).
  *
  * Across files, names carry the spd_ prefix (they are not static); helpers
@@ -70,7 +70,7 @@ spd_bytes_close(SpdBytes *b)
 #pragma GCC visibility push(hidden)
 #endif
 
-/* _tuples.c: TupleData reading. */
+/* tuples.c: TupleData reading. */
 int spd_data_pos_args(PyObject *const *args, Py_ssize_t nargs, const char *name, SpdBytes *data,
                       Py_ssize_t *pos);
 PyObject *spd_tuple_data(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
@@ -78,26 +78,28 @@ int spd_read_tuple(const unsigned char *buf, Py_ssize_t size, Py_ssize_t pos, Py
                    PyObject **values, Py_ssize_t *end);
 int spd_tuples_init(void);
 
-/* _copyframe.c: COPY framing. */
+/* copyrun.c: COPY framing. */
 PyObject *spd_copy_text_row(PyObject *module, PyObject *values);
 PyObject *spd_copy_binary_row(PyObject *module, PyObject *values);
 PyObject *spd_tuple_text_line(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *spd_tuple_text_lines(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 int spd_copyframe_init(void);
 
-/* _readloop.c: the stream client's read loop. */
+/* takeloop.c: the stream client's read loop. */
 PyObject *spd_take_xlog(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
-PyObject *spd_fill_copy(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
-int spd_readloop_init(void);
 
-/* _dispatch.c: the apply worker's loop over a batch. */
+/* readahead.c: the read-ahead's fill. */
+PyObject *spd_fill_copy(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+
+/* dispatch.c: the apply worker's loop over a batch. */
 PyObject *spd_dispatch_batch(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+extern PyTypeObject spd_flag_type;
 int spd_dispatch_init(void);
 
-/* _holdrun.c: the merge lane's loop. */
+/* mergelane.c: the merge lane's loop. */
 PyObject *spd_hold_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 
-/* _rowmsgs.c: transaction and row messages outside stream blocks. */
+/* decoder.c: transaction and row messages outside stream blocks. */
 PyObject *spd_bind_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *spd_decode_begin(PyObject *module, PyObject *data);
 PyObject *spd_decode_commit(PyObject *module, PyObject *data);

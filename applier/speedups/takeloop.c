@@ -1,18 +1,18 @@
 /*
- * The stream client's read loops for applier.protocol._speedups (see
- * _speedups.c): take_xlog, the C twin of LogicalStream._take_py, and
- * fill_copy, the C twin of ReadAhead._fill_py.
+ * The stream's read loop for applier.speedups._speedups (see module.c):
+ * take_xlog, the C twin of takeloop.py's (used by applier/stream/takeloop.py).
  */
-#include "_speedups.h"
+#include "copydata.h"
 
-/* take_xlog(get, decoder, out, room, lsn_type, state) -> status
+/* take_xlog(get, table, decode, out, room, lsn_type, state[, group]) -> status
  *
  * Calls get() (psycopg's PGconn.get_copy_data with async=1 bound; or reads a
  * fill of the stream's read-ahead in place, see Chunk) while it returns a message and
  * fewer than `room` XLogData went into `out`; each XLogData goes in as
- * (lsn_type(wal_start), decoder._table[payload[0]](payload)), or through
- * decoder.decode(payload) when the table cannot index it (an empty payload).
- * The table is read per message: the handlers of Stream Start/Stop swap it.
+ * (lsn_type(wal_start), table[payload[0]](payload)), or through decode(payload)
+ * when the table cannot index it (an empty payload). `table` is the decoder's
+ * list of handlers by tag (PgOutputDecoder.handlers), indexed per message: the
+ * handlers of Stream Start/Stop rewrite it in place.
  *
  * `state` is [count, nbytes, last, failed_lsn, other, sent], carried across
  * calls and written back on every return, errors included: messages and bytes
@@ -38,11 +38,8 @@
  * datas and lsns those of the Inserts after it. The first's bytes are not
  * kept (its Insert holds its values): a lone Insert costs what it did.
  */
-#define XLOG_HEADER 25
 #define GROUP_HEAD 10
 #define PLAIN_HEAD 6
-
-static PyObject *table_name;
 
 static int
 put_state(PyObject *state, Py_ssize_t count, Py_ssize_t nbytes, unsigned long long last,
@@ -60,32 +57,18 @@ put_state(PyObject *state, Py_ssize_t count, Py_ssize_t nbytes, unsigned long lo
     return 0;
 }
 
-static inline unsigned long long
-read_u64(const unsigned char *p)
-{
-    return (unsigned long long)read_u32(p) << 32 | read_u32(p + 4);
-}
-
-/* decoder's handler for `payload`, a new reference (NULL with an exception). */
+/* The handler for `payload`: table[tag], or `decode` when the table has no
+ * entry for it (an empty payload). A new reference. */
 static PyObject *
-handler_for(PyObject *decoder, PyObject *payload)
+handler_for(PyObject *table, PyObject *decode, PyObject *payload)
 {
     Py_ssize_t size = PyBytes_GET_SIZE(payload);
-    PyObject *table = PyObject_GetAttr(decoder, table_name);
-    if (table == NULL)
-        return NULL;
-    PyObject *handler = NULL;
-    if (size > 0 && PyList_Check(table)) {
+    if (size > 0) {
         unsigned char tag = (unsigned char)PyBytes_AS_STRING(payload)[0];
-        if (tag < PyList_GET_SIZE(table)) {
-            handler = PyList_GET_ITEM(table, tag);
-            Py_INCREF(handler);
-        }
+        if (tag < PyList_GET_SIZE(table))
+            return Py_NewRef(PyList_GET_ITEM(table, tag));
     }
-    Py_DECREF(table);
-    if (handler == NULL)
-        handler = PyObject_GetAttrString(decoder, "decode");
-    return handler;
+    return Py_NewRef(decode);
 }
 
 /* A streamed row change that may start a run: an Insert, Update or Delete with
@@ -246,26 +229,30 @@ chunk_close(Chunk *c)
 PyObject *
 spd_take_xlog(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 6 && nargs != 7) {
+    if (nargs != 7 && nargs != 8) {
         PyErr_SetString(PyExc_TypeError,
-                        "take_xlog(get, decoder, out, room, lsn_type, state[, group]) "
-                        "takes 6 or 7 arguments");
+                        "take_xlog(get, table, decode, out, room, lsn_type, state[, group]) "
+                        "takes 7 or 8 arguments");
         return NULL;
     }
-    PyObject *get = args[0], *decoder = args[1], *out = args[2], *lsn_type = args[4];
-    PyObject *state = args[5];
+    PyObject *get = args[0], *table = args[1], *decode = args[2], *out = args[3];
+    PyObject *lsn_type = args[5], *state = args[6];
     PyObject *change_type = NULL, *run_type = NULL, *insert_type = NULL, *insert_run = NULL;
-    if (nargs == 7 && args[6] != Py_None) {
-        if (!PyTuple_Check(args[6]) || PyTuple_GET_SIZE(args[6]) != 4) {
+    if (!PyList_Check(table)) {
+        PyErr_SetString(PyExc_TypeError, "take_xlog: table must be a list");
+        return NULL;
+    }
+    if (nargs == 8 && args[7] != Py_None) {
+        if (!PyTuple_Check(args[7]) || PyTuple_GET_SIZE(args[7]) != 4) {
             PyErr_SetString(PyExc_TypeError,
                             "take_xlog: group must be (StreamedChange, StreamedRun, Insert, "
                             "InsertRun)");
             return NULL;
         }
-        change_type = PyTuple_GET_ITEM(args[6], 0);
-        run_type = PyTuple_GET_ITEM(args[6], 1);
-        insert_type = PyTuple_GET_ITEM(args[6], 2);
-        insert_run = PyTuple_GET_ITEM(args[6], 3);
+        change_type = PyTuple_GET_ITEM(args[7], 0);
+        run_type = PyTuple_GET_ITEM(args[7], 1);
+        insert_type = PyTuple_GET_ITEM(args[7], 2);
+        insert_run = PyTuple_GET_ITEM(args[7], 3);
     }
     /* The lists of the run being gathered (our references: see start_run). */
     PyObject *run_datas = NULL, *run_lsns = NULL;
@@ -279,7 +266,7 @@ spd_take_xlog(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "take_xlog: out must be a list, state a list of 6");
         return NULL;
     }
-    Py_ssize_t room = PyLong_AsSsize_t(args[3]);
+    Py_ssize_t room = PyLong_AsSsize_t(args[4]);
     if (room == -1 && PyErr_Occurred())
         return NULL;
     unsigned long long last = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(state, 2));
@@ -335,7 +322,8 @@ spd_take_xlog(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         }
         count += 1;
         nbytes += n;
-        if (len < XLOG_HEADER || buf[0] != 'w') {
+        XLogHeader h;
+        if (!xlog_header(buf, len, &h)) {
             PyObject *data;
             if (got != NULL) {
                 PyBuffer_Release(&view);
@@ -350,8 +338,8 @@ spd_take_xlog(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             status = 2;
             break;
         }
-        unsigned long long start = read_u64(buf + 1), end = read_u64(buf + 9);
-        sent = (long long)read_u64(buf + 17);
+        unsigned long long start = h.wal_start, end = h.wal_end;
+        sent = h.send_time;
         PyObject *payload = PyBytes_FromStringAndSize((const char *)buf + XLOG_HEADER,
                                                       len - XLOG_HEADER);
         if (got != NULL) {
@@ -396,13 +384,15 @@ spd_take_xlog(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             }
         }
         lone_insert = 0;
-        PyObject *handler = handler_for(decoder, payload);
-        PyObject *msg = handler == NULL ? NULL : PyObject_CallOneArg(handler, payload);
-        Py_XDECREF(handler);
+        PyObject *handler = handler_for(table, decode, payload);
+        PyObject *msg = PyObject_CallOneArg(handler, payload);
+        Py_DECREF(handler);
         if (msg != NULL && run_type != NULL) {
             if (Py_TYPE(msg) == (PyTypeObject *)change_type && groupable(payload)) {
                 head_len = GROUP_HEAD;
-                PyObject *xid = PyObject_GetAttrString(msg, "xid");
+                /* The StreamedChange's xid, read where its handler read it. */
+                PyObject *xid = PyLong_FromUnsignedLong(
+                    read_u32((const unsigned char *)PyBytes_AS_STRING(payload) + 1));
                 Py_DECREF(msg);
                 msg = start_run(xid, payload, start, run_type, &run_datas, &run_lsns, run_head,
                                 head_len);
@@ -456,102 +446,4 @@ error:
         PyErr_Restore(exc_type, exc_value, exc_tb);
     }
     return NULL;
-}
-
-/* Append `n` bytes at `p` to the bytearray `ba` (which grows as list does). */
-static int
-bytearray_append(PyObject *ba, const void *p, Py_ssize_t n)
-{
-    Py_ssize_t size = PyByteArray_GET_SIZE(ba);
-    if (PyByteArray_Resize(ba, size + n) < 0)
-        return -1;
-    memcpy(PyByteArray_AS_STRING(ba) + size, p, (size_t)n);
-    return 0;
-}
-
-/* get()'s next message into data and lens: 1 taken, 0 none buffered, 2 the COPY
- * ended, -1 with an exception. */
-static int
-fill_one(PyObject *get, PyObject *data, PyObject *lens)
-{
-    PyObject *r = PyObject_CallNoArgs(get);
-    if (r == NULL)
-        return -1;
-    if (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) != 2) {
-        Py_DECREF(r);
-        PyErr_SetString(PyExc_TypeError, "fill_copy: get() must return (n, data)");
-        return -1;
-    }
-    long long n = PyLong_AsLongLong(PyTuple_GET_ITEM(r, 0));
-    int status = n > 0 ? 1 : n == 0 ? 0 : 2;
-    if (n == -1 && PyErr_Occurred())
-        status = -1;
-    else if (status == 1) {
-        Py_buffer b;
-        if (PyObject_GetBuffer(PyTuple_GET_ITEM(r, 1), &b, PyBUF_SIMPLE) < 0)
-            status = -1;
-        else {
-            long long len = (long long)b.len;
-            if (bytearray_append(data, b.buf, b.len) < 0 ||
-                bytearray_append(lens, &len, (Py_ssize_t)sizeof len) < 0)
-                status = -1;
-            PyBuffer_Release(&b);
-        }
-    }
-    Py_DECREF(r);
-    return status;
-}
-
-/* fill_copy(consume, get, data, lens, room) -> status
- *
- * The read-ahead's fill (applier.stream.readahead): calls consume()
- * (PGconn.consume_input), then get() (get_copy_data with async=1 bound) while
- * it gives a message, each message's bytes appended to the bytearray `data`
- * and its length (8 bytes, native order: an array('q') once read back) to the
- * bytearray `lens`; consume() again once get() has nothing (one consume_input
- * reads what fits libpq's buffer, not what the socket holds), until a
- * consume() brings no message or `data` holds `room` bytes. Status 0: that;
- * 1: get() returned -1 (the COPY ended). An exception of consume() or get()
- * propagates, with what was taken before it left in `data` and `lens`.
- */
-PyObject *
-spd_fill_copy(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
-{
-    if (nargs != 5 || !PyByteArray_Check(args[2]) || !PyByteArray_Check(args[3])) {
-        PyErr_SetString(PyExc_TypeError,
-                        "fill_copy(consume, get, data: bytearray, lens: bytearray, room)");
-        return NULL;
-    }
-    PyObject *consume = args[0], *get = args[1], *data = args[2], *lens = args[3];
-    Py_ssize_t room = PyLong_AsSsize_t(args[4]);
-    if (room == -1 && PyErr_Occurred())
-        return NULL;
-    while (PyByteArray_GET_SIZE(data) < room) {
-        PyObject *r = PyObject_CallNoArgs(consume);
-        if (r == NULL)
-            return NULL;
-        Py_DECREF(r);
-        int took = 0, status = 1;
-        while (status == 1 && PyByteArray_GET_SIZE(data) < room) {
-            status = fill_one(get, data, lens);
-            took |= status == 1;
-        }
-        if (status < 0)
-            return NULL;
-        if (status == 2)
-            return PyLong_FromLong(1);
-        if (!took)
-            break;
-    }
-    return PyLong_FromLong(0);
-}
-
-/* The interned "_table" that handler_for looks up per message, made once when
- * the module is imported: 0, or -1 with an exception set. */
-int
-spd_readloop_init(void)
-{
-    if (table_name == NULL && (table_name = PyUnicode_InternFromString("_table")) == NULL)
-        return -1;
-    return 0;
 }

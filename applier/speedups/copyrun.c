@@ -1,10 +1,10 @@
 /*
- * COPY framing for applier.protocol._speedups (see _speedups.c): rows of
+ * COPY framing for applier.speedups._speedups (see module.c): rows of
  * values to COPY text and binary (copy_text_row, copy_binary_row), and an
  * INSERT's TupleData straight to its COPY text line, alone or for a run of
  * messages (tuple_text_line, tuple_text_lines).
  */
-#include "_speedups.h"
+#include "speedups.h"
 
 /* ------------------------------------------------------------------ COPY rows */
 
@@ -342,7 +342,7 @@ spd_tuple_text_line(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
  * text lines of datas[start], datas[start + 1], ... (each a message whose
  * TupleData is at pos) joined, up to the first that makes no line or whose width
  * is not `width`, and no further once `limit` bytes are reached
- * (copyrun._tuple_text_lines_py's twin: the copy lane's run of rows). */
+ * (copyrun.py's tuple_text_lines's twin: the copy lane's run of rows). */
 PyObject *
 spd_tuple_text_lines(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {

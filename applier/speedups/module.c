@@ -1,55 +1,55 @@
 /*
- * applier.protocol._speedups: the per-row hot functions of the decoder and of
- * COPY framing, in C.
+ * applier.speedups._speedups: the hot loops of the protocol, the stream and the
+ * apply worker, in C, each file beside the Python twin it is named after.
  *
  * One module built from several files (hatch_build.py compiles them all into
- * the one extension), split along these seams; _speedups.h declares what they
+ * the one extension), split along these seams; speedups.h declares what they
  * share. This file holds only the module definition.
  *
  * Each function computes exactly what its pure-Python twin computes, takes
  * the argument types it takes (data: bytes, bytearray or memoryview) and
  * raises the exception types it raises (the twins stay the reference and the
- * fallback; applier/protocol/speedups.py chooses, tests/protocol/test_speedups.py
+ * fallback; applier/speedups/__init__.py chooses, tests/protocol/test_speedups.py
  * checks them equal, on random and malformed input):
  *
- * _tuples.c, TupleData reading:
+ * tuples.c, TupleData reading:
  *
- *   tuple_data(data, pos)   tuples._tuple_py without the error reporting:
+ *   tuple_data(data, pos)   tuples.py's: a TupleData without the error reporting:
  *                           (kinds, values, end), or None when the TupleData
  *                           is malformed (the caller then walks it again with
  *                           tuples._tuple_error for the precise DecodeError).
  *
- * _copyframe.c, COPY framing:
+ * copyrun.c, COPY framing:
  *
- *   copy_text_row(values)   copyrun._text_row_py: one line of COPY text.
- *   copy_binary_row(values) copyrun._binary_row_py: one tuple of COPY binary.
+ *   copy_text_row(values)   copyrun.py's: one line of COPY text.
+ *   copy_binary_row(values) copyrun.py's: one tuple of COPY binary.
  *   tuple_text_line(data, pos)
- *                           copyrun._tuple_text_line_py: an INSERT's TupleData
+ *                           copyrun.py's tuple_text_line: an INSERT's TupleData
  *                           straight to its COPY text line (the copy lane).
  *   tuple_text_lines(datas, start, pos, width, limit)
- *                           copyrun._tuple_text_lines_py: the same for a run
+ *                           copyrun.py's tuple_text_lines: the same for a run
  *                           of such messages, joined.
  *
- * _readloop.c, the stream client's read loops:
+ * takeloop.c and readahead.c, the stream client's read loops:
  *
- *   take_xlog(get, decoder, out, room, lsn_type, state[, group])
+ *   take_xlog(get, table, decode, out, room, lsn_type, state[, group])
  *                           the stream client's loop over the CopyData libpq
- *                           has buffered (LogicalStream._take_py):
+ *                           has buffered (takeloop.py's):
  *                           XLogData decoded into out, anything else handed
  *                           back to the caller; with `group`, runs of streamed
  *                           row changes of one head as one item.
  *   fill_copy(consume, get, data, lens, room)
- *                           readahead.ReadAhead._fill_py: what libpq can
+ *                           readahead.py's: what libpq can
  *                           read from the socket, packed into two bytearrays.
  *
- * _holdrun.c, the merge lane's loop:
+ * mergelane.c, the merge lane's loop:
  *
  *   hold_rows(datas, lsns, start, width, key, rows, keys, txn, no, size,
  *             max_rows, max_bytes)
- *                           mergelane._hold_rows_py: a run of streamed UPDATEs
+ *                           mergelane.py's: a run of streamed UPDATEs
  *                           or DELETEs held by key until one it leaves.
  *
- * _rowmsgs.c, transaction and row messages outside stream blocks:
+ * decoder.c, transaction and row messages outside stream blocks:
  *
  *   bind_rows(Begin, Commit, Insert, Update, Delete, TupleData, Lsn, twins)
  *                           once, by the decoder: the classes to build and the
@@ -58,17 +58,17 @@
  *   decode_update(data), decode_delete(data)
  *                           decoder._begin, _commit, _insert, _update, _delete.
  *
- * _dispatch.c, the apply worker's loop over a batch:
+ * dispatch.c, the apply worker's loop over a batch:
  *
- *   dispatch_batch(batch, handlers, applier, fallback, worker)
- *                           worker.Worker._dispatch_py with the common path of
+ *   dispatch_batch(batch, handlers, open_state, fallback, stop)
+ *                           dispatch.py's: Worker._dispatch's loop with the common path of
  *                           handlers.Applier.dispatch (the rest: fallback).
  *
  * Only the stable C API is used and nothing is kept between calls but the
- * shared all-text kinds objects, interned attribute names, struct.error and
+ * shared all-text kinds objects, struct.error and
  * what bind_rows gave, set once at import, so there is no state to reason about.
  */
-#include "_speedups.h"
+#include "speedups.h"
 
 static PyMethodDef methods[] = {
     {"tuple_data", (PyCFunction)(void (*)(void))spd_tuple_data, METH_FASTCALL,
@@ -79,9 +79,10 @@ static PyMethodDef methods[] = {
     {"copy_binary_row", spd_copy_binary_row, METH_O,
      "copy_binary_row(values) -> one COPY binary tuple"},
     {"take_xlog", (PyCFunction)(void (*)(void))spd_take_xlog, METH_FASTCALL,
-     "take_xlog(get, decoder, out, room, lsn_type, state[, group]) -> status (see the source)"},
+     "take_xlog(get, table, decode, out, room, lsn_type, state[, group]) -> status (see "
+     "takeloop.c)"},
     {"dispatch_batch", (PyCFunction)(void (*)(void))spd_dispatch_batch, METH_FASTCALL,
-     "dispatch_batch(batch, handlers, applier, fallback, worker) -> None (see the source)"},
+     "dispatch_batch(batch, handlers, open_state, fallback, stop) -> None (see dispatch.c)"},
     {"fill_copy", (PyCFunction)(void (*)(void))spd_fill_copy, METH_FASTCALL,
      "fill_copy(consume, get, data, lens, room) -> status (see the source)"},
     {"tuple_text_lines", (PyCFunction)(void (*)(void))spd_tuple_text_lines, METH_FASTCALL,
@@ -101,7 +102,7 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module_def = {
     PyModuleDef_HEAD_INIT,
-    "applier.protocol._speedups",
+    "applier.speedups._speedups",
     "C versions of the decoder's and COPY framing's per-row functions.",
     -1,
     methods,
@@ -114,8 +115,16 @@ static struct PyModuleDef module_def = {
 PyMODINIT_FUNC
 PyInit__speedups(void)
 {
-    if (spd_tuples_init() < 0 || spd_copyframe_init() < 0 || spd_readloop_init() < 0 ||
-        spd_dispatch_init() < 0)
+    if (spd_tuples_init() < 0 || spd_copyframe_init() < 0 || spd_dispatch_init() < 0)
         return NULL;
-    return PyModule_Create(&module_def);
+    PyObject *module = PyModule_Create(&module_def);
+    if (module == NULL)
+        return NULL;
+    Py_INCREF(&spd_flag_type);
+    if (PyModule_AddObject(module, "Flag", (PyObject *)&spd_flag_type) < 0) {
+        Py_DECREF(&spd_flag_type);
+        Py_DECREF(module);
+        return NULL;
+    }
+    return module;
 }

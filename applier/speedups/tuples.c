@@ -1,10 +1,10 @@
 /*
- * TupleData reading for applier.protocol._speedups (see _speedups.c):
- * tuple_data, the C twin of tuples._tuple_py, its reader spd_read_tuple (which
- * _holdrun.c shares), and the (data, pos) argument parsing it shares with
- * _copyframe.c's tuple_text_line.
+ * TupleData reading for applier.speedups._speedups (see module.c):
+ * tuple_data, the C twin of tuples.py's tuple_data, its reader spd_read_tuple (which
+ * mergelane.c shares), and the (data, pos) argument parsing it shares with
+ * copyrun.c's tuple_text_line.
  */
-#include "_speedups.h"
+#include "speedups.h"
 
 /* b"t" * n for n < ALL_TEXT_MAX: rows that are all text share one kinds object,
  * as the Python reader's tuples._ALL_TEXT does (millions of rows, one object). */

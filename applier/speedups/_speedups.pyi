@@ -1,5 +1,5 @@
-# Types of the C module built from _speedups.c (see applier/protocol/speedups.py).
-from collections.abc import Sequence
+# Types of the C module built from module.c and the files it lists (applier/speedups/__init__.py).
+from collections.abc import Callable, Sequence
 
 _Data = bytes | bytearray | memoryview
 
@@ -12,7 +12,8 @@ def tuple_text_lines(
 ) -> tuple[bytes, int]: ...
 def take_xlog(
     get: object,
-    decoder: object,
+    table: list[Callable[[bytes], object]],
+    decode: Callable[[bytes], object],
     out: list[object],
     room: int,
     lsn_type: object,
@@ -20,6 +21,28 @@ def take_xlog(
     group: object = ...,
     /,
 ) -> int: ...
+def fill_copy(
+    consume: Callable[[], object],
+    get: Callable[[], tuple[int, object]],
+    data: bytearray,
+    lens: bytearray,
+    room: int,
+    /,
+) -> int: ...
+def dispatch_batch(
+    batch: list[object],
+    handlers: dict[type, object],
+    open_state: Callable[[], object],
+    fallback: Callable[[object, object], object],
+    stop: Flag,
+    /,
+) -> None: ...
+
+class Flag:
+    def set(self) -> None: ...
+    def clear(self) -> None: ...
+    def __bool__(self) -> bool: ...
+
 def hold_rows(
     datas: list[bytes],
     lsns: list[int],

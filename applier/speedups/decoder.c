@@ -1,6 +1,6 @@
 /*
  * The decoder's transaction and row messages outside stream blocks, in C for
- * applier.protocol._speedups (see _speedups.c): decode_begin, decode_commit,
+ * applier.speedups._speedups (see module.c): decode_begin, decode_commit,
  * decode_insert, decode_update, decode_delete, the twins of decoder._begin,
  * _commit, _insert, _update and _delete.
  *
@@ -16,7 +16,7 @@
  * worded in one place. bind_rows() gives the message classes, Lsn and the
  * twins once, at the decoder's import.
  */
-#include "_speedups.h"
+#include "speedups.h"
 
 enum { K_BEGIN, K_COMMIT, K_INSERT, K_UPDATE, K_DELETE, K_TUPLE, K_COUNT };
 #define MAX_FIELDS 5
@@ -154,7 +154,7 @@ static int
 unbound(void)
 {
     if (!bound)
-        PyErr_SetString(PyExc_RuntimeError, "applier.protocol._speedups: bind_rows() first");
+        PyErr_SetString(PyExc_RuntimeError, "applier.speedups._speedups: bind_rows() first");
     return !bound;
 }
 

@@ -1,8 +1,8 @@
 /*
- * The merge lane's loop for applier.protocol._speedups (see _speedups.c):
- * hold_rows, the C twin of applier.apply.batching.mergelane._hold_rows_py.
+ * The merge lane's loop for applier.speedups._speedups (see module.c):
+ * hold_rows, the C twin of mergelane.py's (used by applier/apply/batching/mergelane.py).
  */
-#include "_speedups.h"
+#include "speedups.h"
 
 /* What a streamed UPDATE's or DELETE's TupleData follows: 'U'|'D', the xid,
  * the relation and the tuple's kind. */
@@ -104,7 +104,7 @@ hold_one(PyObject *data, PyObject *lsns, Py_ssize_t j, Py_ssize_t width, const P
 }
 
 /* hold_rows(datas, lsns, start, width, key, rows, keys, txn, no, size, max_rows,
- * max_bytes) -> (count, size): see _hold_rows_py, whose every check this makes
+ * max_bytes) -> (count, size): see mergelane.py's hold_rows, whose every check this makes
  * in the same order. */
 PyObject *
 spd_hold_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
