@@ -293,7 +293,7 @@ class ApplyConfig(_Section, frozen=True):
     #: transaction (applier/apply/batching/merge.py).
     merge_updates: bool = True
     #: Runs of this many INSERTs into one table use COPY; 0 = off. See
-    #: applier/apply/batching/copyrun.py: a run this long pays for leaving the pipeline
+    #: applier/apply/sql/copyrun.py: a run this long pays for leaving the pipeline
     #: (bench/README-apply.md: 1000-row transactions, 4096 against 1000: 3.4 s vs 4.2 s).
     copy_threshold: Annotated[int, Meta(ge=0)] = 4096
 
@@ -395,7 +395,7 @@ def parse_listen(value: str) -> tuple[str, int]:
 
 
 class MetricsConfig(_Section, frozen=True):
-    """``[metrics]``: the Prometheus endpoint of ``applier run`` (applier.metrics)."""
+    """``[metrics]``: the Prometheus endpoint of ``applier run`` (applier.apply.metrics)."""
 
     #: None: no endpoint.
     listen: str | None = None

@@ -11,7 +11,7 @@ As PostgreSQL's ``pg_stat_replication`` counts it for a standby, in two units:
   origin's progress), or had nothing for us (another database's WAL, a
   checkpoint, a transaction of tables we do not apply: the position the
   worker confirms to the slot once nothing is in hand, see
-  :mod:`applier.apply.target.confirm`). The source's position is
+  :mod:`applier.apply.confirm`). The source's position is
   ``pg_current_wal_lsn()`` where a command asks the source (``status``,
   ``cutover``, the metrics' probe), and the walsender's last reported WAL end
   (XLogData and keepalives) inside the worker.
@@ -47,7 +47,7 @@ Inside the worker, :class:`PendingCommits` keeps the received-but-unfinished
 commits (the apply handlers note each one) and :func:`measure` turns them and
 the positions into a :class:`Lag`. A thread of the worker writes it every
 ``status_interval`` into ``applier.worker_status`` (``lag_at``,
-``pending_since``), logs it and tells systemd (:mod:`applier.apply.target.beat`), so
+``pending_since``), logs it and tells systemd (:mod:`applier.apply.beat`), so
 it keeps being told while the apply loop is blocked. ``applier status`` reads
 the source and that row and calls :func:`measure` too (:mod:`applier.status.report`);
 ``cutover`` reports what ``status`` says at its start. Without a running

@@ -10,7 +10,7 @@ The watchdog: systemd sets ``$WATCHDOG_USEC`` (from ``WatchdogSec=``) and
 ``$WATCHDOG_PID``; it is ours only if that pid is ours (sd_watchdog_enabled(3)).
 :meth:`Notifier.watchdog` sends ``WATCHDOG=1`` at most every half interval,
 as sd_watchdog_enabled(3) recommends; *who* calls it, and when, decides what
-"alive" means (see :mod:`applier.apply.target.beat`).
+"alive" means (see :mod:`applier.apply.beat`).
 
 A send never raises: a service manager that went away must not stop the
 replication; the failure is logged once at debug level.

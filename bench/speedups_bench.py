@@ -12,7 +12,7 @@ that :func:`~applier.protocol.decoder.decode_streamed` reads at replay. Each
 run is a fresh process, with ``APPLIER_PURE_PYTHON=1`` for the pure-Python
 one; C and Python runs alternate so the shared machine's noise hits both.
 Reported: the median microseconds per row of decoding alone, framing alone
-(:func:`~applier.apply.batching.copyrun.text_row` of the row's values, as
+(:func:`~applier.apply.sql.copyrun.text_row` of the row's values, as
 ``Run.add`` does), and both, and the Python/C ratio.
 """
 
@@ -50,7 +50,7 @@ def messages(rows: int) -> list[bytes]:
 
 def measure(rows: int) -> dict[str, float]:
     """Time this process's implementation (the one speedups chose) over ``rows`` rows."""
-    from applier.apply.batching.copyrun import text_row
+    from applier.apply.sql.copyrun import text_row
     from applier.protocol.decoder import decode_streamed
     from applier.speedups import describe
 

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 from applier.speedups import Flag, dispatch_batch
 
 if TYPE_CHECKING:
+    from applier.apply.core.states import State
     from applier.apply.handlers.dispatch import Applier
-    from applier.apply.handlers.states import State
     from applier.apply.handlers.until import Until
     from applier.lsn import Lsn
 

@@ -109,7 +109,10 @@ import psycopg
 from applier.apply.backoff import HEALTHY_AFTER, Retry
 from applier.apply.batchdispatch import BatchDispatch
 from applier.apply.batching.paths import refresh as refresh_paths
+from applier.apply.beat import Beat, Reporter
+from applier.apply.confirm import Confirmer
 from applier.apply.connect import new_stream, open_status, our_origin, take_origin
+from applier.apply.core.tally import Tally, count_fault
 from applier.apply.gcsched import collect_garbage_on_schedule
 from applier.apply.handlers.dispatch import Applier
 from applier.apply.handlers.spool import SpoolSet, check_spool_dir, default_spool_dir
@@ -119,9 +122,6 @@ from applier.apply.rules.skiprules import REFRESH_INTERVAL, SkipRules
 from applier.apply.rules.tablesync import TableSyncs
 from applier.apply.sql.mapping import Catalog
 from applier.apply.sql.replan import Replan
-from applier.apply.tally import Tally, count_fault
-from applier.apply.target.beat import Beat, Reporter
-from applier.apply.target.confirm import Confirmer
 from applier.apply.target.origin import ensure_origin, origin_progress
 from applier.apply.target.session import TargetSession, connect
 from applier.config import Config
@@ -164,8 +164,8 @@ class Worker:
         self.status: WorkerState | None = None
         self.sessions = 0
         # Counters that survive reconnects.
-        self._applied = 0
-        self._skipped = 0
+        self.applied_txns = 0
+        self.skipped_changes = 0
         #: Rows that skipped the handlers (the lanes), over every session: logged at the end.
         self._lane_rows = 0
         #: Bytes of the stream read ahead while the target was waited on, over every session.
@@ -179,14 +179,14 @@ class Worker:
         self._rules_read = 0.0
         #: Tables sync-tables copies (applier.apply.rules.tablesync).
         self.syncs = TableSyncs(cfg)
-        # Read by applier.metrics at scrape time (from its thread, never waited for).
+        # Read by applier.apply.metrics at scrape time (from its thread, never waited for).
         self.stream: LogicalStream | None = None
         self.tally = Tally()
         self.reconnects: dict[str, int] = {}
         self.apply_errors = 0
         #: Commits received and not applied yet, over every session (applier.lag).
         self.pending = PendingCommits()
-        #: What the worker does, for STATUS= (applier.apply.target.beat.Reporter).
+        #: What the worker does, for STATUS= (applier.apply.beat.Reporter).
         self.phase = "starting"
         #: time.monotonic() when the apply loop last came round.
         self.loop_at = time.monotonic()
@@ -271,8 +271,8 @@ class Worker:
             "applier run stopped",
             extra={
                 "ctx": {
-                    "applied_txns": self._applied,
-                    "skipped_changes": self._skipped,
+                    "applied_txns": self.applied_txns,
+                    "skipped_changes": self.skipped_changes,
                     "lane_rows": self._lane_rows,
                     "read_ahead_bytes": self._read_ahead,
                 }
@@ -342,7 +342,7 @@ class Worker:
                 our_origin_id,
                 self.replan.no_live,
             )
-            applier.applied_txns, applier.skipped_changes = self._applied, self._skipped
+            applier.applied_txns, applier.skipped_changes = self.applied_txns, self.skipped_changes
             applier.lane_rows = self._lane_rows
             applier.tally = self.tally
             applier.pending = self.pending
@@ -371,7 +371,10 @@ class Worker:
                 except (ApplierError, psycopg.Error) as e:
                     log.debug("rollback on the way out failed: %s", e)
             if applier is not None:
-                self._applied, self._skipped = applier.applied_txns, applier.skipped_changes
+                self.applied_txns, self.skipped_changes = (
+                    applier.applied_txns,
+                    applier.skipped_changes,
+                )
                 self._lane_rows = applier.lane_rows
             if stream is not None:
                 if applier is not None:
@@ -499,7 +502,7 @@ def run_worker(cfg: Config, log_level: str | None = None, until: Lsn | None = No
     worker = Worker(cfg, log_level)
     worker.until = None if until is None else Until(until)
     if cfg.metrics.listen is not None:
-        from applier.metrics import serve  # prometheus_client only when asked for
+        from applier.apply.metrics import serve  # prometheus_client only when asked for
 
         serve(cfg, worker)  # before connecting: a port in use fails first
     if threading.current_thread() is threading.main_thread():

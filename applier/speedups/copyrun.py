@@ -3,7 +3,7 @@
 Rows of protocol values to COPY's text and binary formats, and an INSERT's
 TupleData straight to its COPY text line, alone or for a run of messages (the
 copy lane). What the formats are and why is in
-:mod:`applier.apply.batching.copyrun`, which uses the chosen functions.
+:mod:`applier.apply.sql.copyrun`, which uses the chosen functions.
 """
 
 from __future__ import annotations

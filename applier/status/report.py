@@ -265,7 +265,7 @@ def _derive_lag(st: Status, cfg: Config) -> None:
 
 def _worker_reports(worker: dict[str, Any] | None, cfg: Config) -> bool:
     """A worker runs and its reporter wrote the lag lately (the apply loop may be blocked:
-    the reporter is a thread of its own, see applier.apply.target.beat)."""
+    the reporter is a thread of its own, see applier.apply.beat)."""
     if not worker or worker.get("state") != "running":
         return False
     age = worker.get("lag_age_s")

@@ -24,7 +24,7 @@ worker runs (:class:`~applier.errors.AnotherWorker`) not at all: the row is
 that worker's.
 
 Two threads write it: the apply loop (heartbeat) and the reporter (the lag,
-:mod:`applier.apply.target.beat`); a lock takes their statements one at a time. The
+:mod:`applier.apply.beat`); a lock takes their statements one at a time. The
 reporter writes only once the row is claimed.
 """
 

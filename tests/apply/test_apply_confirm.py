@@ -1,5 +1,5 @@
 """The slot is confirmed from the target's flush position without a round trip per
-batch while applying (applier.apply.target.confirm).
+batch while applying (applier.apply.confirm).
 
 Each pipelined commit's result carries the target's WAL flush position; while
 batches keep coming, the confirmer releases commits with it, and asks the target
@@ -18,8 +18,8 @@ import psycopg
 import pytest
 from conftest import Pair
 
-from applier.apply.handlers.states import State
-from applier.apply.target.confirm import Confirmer
+from applier.apply.confirm import Confirmer
+from applier.apply.core.states import State
 from applier.apply.target.origin import FlushTracker
 from applier.apply.target.session import TargetSession
 from applier.lsn import Lsn, now_pg_timestamp
@@ -86,7 +86,7 @@ def test_busy_confirm_still_asks_the_target_once_a_second(
 ) -> None:
     """A long transaction in hand makes no commits: its predecessors' positions are
     released by asking, at the busy interval."""
-    from applier.apply.target import confirm
+    from applier.apply import confirm
 
     locals_: list[Lsn] = []
     _commit(session, 0x5000000, 1, locals_)

@@ -6,7 +6,7 @@ import pytest
 from applykit import Runner, origin_lsn, wait_equal, wait_for
 from conftest import Pair
 
-from applier.apply.batching.copyrun import text_row
+from applier.apply.sql.copyrun import text_row
 
 # Every byte COPY's text format treats specially, NULLs, and text that looks
 # like COPY syntax ('\N', '\.').

@@ -33,7 +33,7 @@ END;
 """
 
 # bulk: one transaction in ten also inserts 80 rows at once, which the worker
-# sends as a COPY run (applier/apply/batching/copyrun.py; COPY_AT sets the threshold
+# sends as a COPY run (applier/apply/sql/copyrun.py; COPY_AT sets the threshold
 # below the default so it does); its key catches duplicates.
 COPY_AT = {"copy_threshold": 64}
 TABLES = ["pgbench_accounts", "pgbench_branches", "pgbench_tellers", "txlog", "bulk"]

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from applier.apply.batching.merge import MAX_HELD, UpdateMerger, chunks
+from applier.apply.batching.merge import UpdateMerger
 from applier.apply.sql.mapping import RelMap, TargetColumn, TargetTable, build
 from applier.apply.sql.planner import Planner, insert_rows, max_rows
+from applier.apply.sql.stmt import MAX_HELD, chunks
 from applier.protocol import Column, Insert, Relation, TupleData, Update
 
 

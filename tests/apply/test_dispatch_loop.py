@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 
 from applier import speedups
 from applier.apply.batchdispatch import open_state_of
+from applier.apply.core.states import IDLE, STREAM, TXN, State
 from applier.apply.handlers.dispatch import Applier
-from applier.apply.handlers.states import IDLE, STREAM, TXN, State
 from applier.errors import ProtocolError
 from applier.lsn import Lsn
 from applier.protocol import Begin

@@ -1,4 +1,4 @@
-"""The session's state moves only as the one transition table allows (handlers/states.py)."""
+"""The session's state moves only as the one transition table allows (core/states.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,7 @@ from typing import Any
 
 import pytest
 
-from applier.apply.handlers.dispatch import Applier
-from applier.apply.handlers.states import (
+from applier.apply.core.states import (
     IDLE,
     PREPARE,
     STREAM,
@@ -19,6 +18,7 @@ from applier.apply.handlers.states import (
     State,
     check_move,
 )
+from applier.apply.handlers.dispatch import Applier
 from applier.config import config_from_dict
 from applier.errors import ProtocolError
 from applier.lsn import Lsn

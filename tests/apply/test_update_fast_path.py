@@ -23,8 +23,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from applier.apply.batching import merge, mergelane
-from applier.apply.batching.merge import MergedCtx
 from applier.apply.batching.paths import refresh as refresh_paths
+from applier.apply.core.states import MergedCtx
 from applier.apply.handlers import changes, groupcommit
 from applier.apply.handlers.dispatch import Applier
 from applier.apply.rules.skiprules import Rule

@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from applier import __version__, speedups
-from applier.apply.batching import copyrun
+from applier.apply.sql import copyrun
 from applier.errors import DecodeError
 from applier.protocol import TupleData, decoder, encode_tuple
 from applier.protocol import tuples as reader
@@ -1069,7 +1069,8 @@ def test_the_chooser_honours_the_switch_in_a_fresh_process() -> None:
         "import json\n"
         "from applier import speedups as s\n"
         "from applier.protocol import decoder, tuples\n"
-        "from applier.apply.batching import copyrun, mergelane\n"
+        "from applier.apply.batching import mergelane\n"
+        "from applier.apply.sql import copyrun\n"
         "from applier.stream import readahead, takeloop\n"
         "from applier.apply import batchdispatch\n"
         "names = [n for n in s.__all__ if callable(getattr(s, n)) and n not in\n"

@@ -100,7 +100,7 @@ def test_no_ready_while_the_source_is_unreachable_but_alive_and_saying_so(
     dead = make_conninfo(pair.pub_dsn, port=str(_free_port()), connect_timeout="2")
     cfg = pair.write_config(source={"dsn": dead})
     runner = Runner(pair, cfg, env=notify.env(watchdog_usec=1_000_000)).start()
-    # Retrying is alive (documented in applier.apply.target.beat): keepalives, and STATUS says why.
+    # Retrying is alive (documented in applier.apply.beat): keepalives, and STATUS says why.
     notify.wait(lambda n: "reconnecting" in n.fields.get("STATUS", ""), 30, alive=runner.alive)
     start = time.monotonic()
     time.sleep(3)

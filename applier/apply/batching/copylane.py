@@ -4,7 +4,7 @@ A big streamed transaction is mostly long runs of INSERTs into one table, and
 each row's way through the handlers (decode into an Insert, the checks of
 :meth:`~applier.apply.handlers.changes.RowChanges._target`, the planner, the session's run)
 costs several microseconds of Python. Once the ordinary path has put a row of
-a table into a COPY in text format (:mod:`applier.apply.batching.copyrun`), every
+a table into a COPY in text format (:mod:`applier.apply.sql.copyrun`), every
 following INSERT of that table can go the same way from its pgoutput bytes:
 the tuple's text values, escaped for COPY, are the row's line
 (``tuple_text_line`` of :mod:`applier.speedups`).
@@ -30,14 +30,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from applier.apply.batching.copyrun import CHUNK, TEXT, Run
 from applier.apply.batching.paths import paths_of
+from applier.apply.sql.copyrun import CHUNK, TEXT, Run
 from applier.lsn import Lsn
 from applier.speedups import tuple_text_line, tuple_text_lines
 
 if TYPE_CHECKING:
     from applier.apply.batching.host import LaneHost
-    from applier.apply.handlers.states import Txn
+    from applier.apply.core.states import Txn
     from applier.apply.sql.mapping import RelMap
     from applier.protocol import InsertRun, StreamedRun
 

@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from applier.apply.batching.merge import UpdateMerger
     from applier.apply.batching.paths import Paths
-    from applier.apply.handlers.states import Txn
+    from applier.apply.core.states import Txn
+    from applier.apply.core.tally import Tally
     from applier.apply.rules.skiprules import SkipRules
     from applier.apply.rules.tablesync import TableSyncs
     from applier.apply.sql.mapping import RelMap
     from applier.apply.sql.planner import Planner
-    from applier.apply.tally import Tally
     from applier.apply.target.session import TargetSession
 
 

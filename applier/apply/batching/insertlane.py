@@ -6,7 +6,7 @@ bulk INSERT's rows each took the handlers' whole way: decoded into an Insert,
 the session's run (about 6 µs of Python per row). The stream hands consecutive
 Inserts into one relation over as one :class:`~applier.protocol.InsertRun`
 (``group_streamed``). Its first row takes the ordinary path; the following rows
-may then join the run the session holds (:mod:`applier.apply.batching.insertruns`) from
+may then join the run the session holds (:mod:`applier.apply.target.insertruns`) from
 their bytes: each TupleData read once (C when built), its values the
 statement's parameters while the run holds rows back for its COPY-or-INSERTs
 decision (``copy_threshold``, ``MAX_HELD_BYTES``, checked as the session does),
@@ -31,14 +31,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from applier.apply.batching.copylane import copy_rows
-from applier.apply.batching.copyrun import TEXT, Run
-from applier.apply.handlers.states import LaneCtx
+from applier.apply.core.states import LaneCtx
+from applier.apply.sql.copyrun import TEXT, Run
 from applier.apply.sql.planner import MAX_HELD_BYTES
 from applier.lsn import Lsn
 from applier.protocol import Insert, TupleData, read_tuple
 
 if TYPE_CHECKING:
-    from applier.apply.handlers.states import Txn
+    from applier.apply.core.states import Txn
     from applier.apply.sql.mapping import RelMap
     from applier.protocol import InsertRun
 

@@ -63,7 +63,7 @@ from operator import itemgetter
 from typing import Any
 
 from applier.apply.batching.fullident import FullHold
-from applier.apply.handlers.states import lane_ctx
+from applier.apply.core.states import MergedCtx
 from applier.apply.sql.mapping import RelMap
 from applier.apply.sql.planner import (
     MAX_HELD_BYTES,
@@ -74,52 +74,13 @@ from applier.apply.sql.planner import (
     max_rows,
     param_formats,
 )
-from applier.lsn import Lsn
+from applier.apply.sql.stmt import MAX_HELD, chunks
 from applier.protocol import Delete, Update
 
-#: Keys held per table before they are sent (also the largest chunk).
-MAX_HELD = 256
 #: What ``add``/``add_delete`` return when the table holds another kind of change
 #: (or the change cannot join what it holds): send the table's held rows, then add again.
 AGAIN = -1
 _U = ord("u")
-
-
-class MergedCtx:
-    """What identifies a multi-row statement's rows: one change context per row, in order.
-
-    Also for the multi-row INSERTs of :class:`~applier.apply.target.session.TargetSession`.
-    A row the merge lane held has a :data:`~applier.apply.handlers.states.LaneRef` in place
-    of its context until :attr:`ctxs` is first read (a row not found, an error):
-    most statements find all their rows, and never make one.
-    """
-
-    __slots__ = ("_ctxs", "_lazy", "rm")
-
-    def __init__(self, ctxs: list[Any], rm: RelMap | None = None, lazy: bool = False) -> None:
-        self._ctxs = ctxs
-        #: Some items are LaneRefs of rows of ``rm``.
-        self._lazy = lazy
-        self.rm: RelMap = ctxs[0].rm if rm is None else rm
-
-    def __len__(self) -> int:
-        return len(self._ctxs)
-
-    @property
-    def ctxs(self) -> list[Any]:
-        if self._lazy:
-            rm = self.rm
-            self._ctxs = [lane_ctx(c, rm) if type(c) is tuple else c for c in self._ctxs]
-            self._lazy = False
-        return self._ctxs
-
-    def describe(self) -> dict[str, Any]:
-        lsns = [c.lsn for c in self.ctxs]
-        return {
-            "lsn": f"{Lsn(min(lsns))}..{Lsn(max(lsns))}",
-            "table": self.ctxs[0].rm.qualname,
-            "merged_changes": len(self.ctxs),
-        }
 
 
 #: A held row: its values, their kinds, and its context (or the lane's LaneRef).
@@ -347,19 +308,3 @@ def _params(
     if b"b" in b"".join(kinds):
         fmts = b"".join([param_formats(k, cols) for k in kinds])
     return params, fmts, MergedCtx([held[2] for held in rows], rm, lazy=True)
-
-
-def chunks(n: int, limit: int) -> list[int]:
-    """``n`` as a sum of powers of two, largest first, each at most ``limit`` (a power of two).
-
-    Statements are prepared per row count: a few sizes keep their number small.
-    """
-    out = [limit] * (n // limit)
-    rest = n % limit
-    bit = limit
-    while rest:
-        if rest & bit:
-            out.append(bit)
-            rest -= bit
-        bit >>= 1
-    return out

@@ -34,10 +34,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from applier.apply.batching.merge import _U, MAX_HELD, HeldDeletes, HeldUpdates
+from applier.apply.batching.merge import _U, HeldDeletes, HeldUpdates
 from applier.apply.batching.paths import paths_of
-from applier.apply.handlers.states import LaneCtx
+from applier.apply.core.states import LaneCtx
 from applier.apply.sql.planner import MAX_HELD_BYTES
+from applier.apply.sql.stmt import MAX_HELD
 from applier.lsn import Lsn
 from applier.protocol import Delete, Update, read_tuple
 from applier.speedups import hold_rows
@@ -45,7 +46,7 @@ from applier.speedups import hold_rows
 if TYPE_CHECKING:
     from applier.apply.batching.fullident import FullHold
     from applier.apply.batching.host import LaneHost
-    from applier.apply.handlers.states import Txn
+    from applier.apply.core.states import Txn
     from applier.apply.sql.mapping import RelMap
     from applier.protocol import StreamedRun
 
@@ -114,7 +115,7 @@ class MergeLane:
         One head check and one pass of :meth:`offer`'s other checks hold for the
         run's changes up to the next send of held rows, after which this returns
         (the caller offers the rest again). The plain rows are held by
-        :func:`hold_rows` (C when built) with a :data:`~applier.apply.handlers.states.LaneRef`
+        :func:`hold_rows` (C when built) with a :data:`~applier.apply.core.states.LaneRef`
         for a context; the first it leaves (an unchanged TOAST value, a DELETE of a
         key held already, a row that does not fit) goes through :meth:`offer`, which
         holds it as the handlers would or hands it to them.
@@ -186,7 +187,7 @@ def hold_update(applier: LaneHost, lsn: Lsn, m: Update) -> int:
     every change they would treat otherwise to them (an old key, an unchanged
     TOAST value, a width that is not the mapping's, and every change
     :mod:`applier.apply.batching.paths` keeps from the lanes). The row's
-    context is a :data:`~applier.apply.handlers.states.LaneRef` holding the message.
+    context is a :data:`~applier.apply.core.states.LaneRef` holding the message.
 
     1.85 -> 1.2 us an UPDATE. A C twin was measured at 0.95 us and not kept: 3.11's
     specialised attribute loads are about as fast as the C API's generic ones.

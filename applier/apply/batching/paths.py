@@ -5,7 +5,7 @@ Why
 
 A row change reaches the target by one of several paths: row by row through
 the handlers (:mod:`applier.apply.handlers.changes`), held in a run of INSERTs sent as
-one multi-row INSERT or a COPY (:mod:`applier.apply.batching.insertruns`), held per key
+one multi-row INSERT or a COPY (:mod:`applier.apply.target.insertruns`), held per key
 and sent as one merged UPDATE or DELETE (:mod:`applier.apply.batching.merge`), held as a
 FULL identity batch (:mod:`applier.apply.batching.fullident`), or straight from its
 pgoutput bytes past the handlers by a lane (:mod:`applier.apply.batching.copylane`,
@@ -68,7 +68,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from applier.apply.batching.host import PathsHost
-    from applier.apply.handlers.states import Txn
+    from applier.apply.core.states import Txn
     from applier.apply.sql.mapping import RelMap
 
 

@@ -10,10 +10,8 @@
 * :mod:`.twophase` - PREPARE / COMMIT PREPARED / ROLLBACK PREPARED.
 * :mod:`.relations` - Relation and Type messages: the source's catalog as it streams.
 * :mod:`.until` - ``applier run --until``: where a run stops.
-* :mod:`.states` - the transaction and session states, and the one table of the
-  moves between them.
 * :mod:`.spool` - streamed transactions kept on disk until their end.
 
-May import: ``batching``, ``rules``, ``sql``, ``target`` and the layers below
-``apply`` (``protocol``, ``lsn``, ``errors``); never the worker loop above it.
+May import: ``rules``, ``batching``, ``target``, ``core``, ``sql`` and the layers
+below ``apply`` (``protocol``, ``lsn``, ``errors``); never the worker loop above it.
 """

@@ -23,14 +23,15 @@ import psycopg
 
 from applier.apply.batching.host import LaneHost
 from applier.apply.batching.insertlane import offer_insert_run
-from applier.apply.batching.merge import AGAIN, MAX_HELD, UpdateMerger
+from applier.apply.batching.merge import AGAIN, UpdateMerger
 from applier.apply.batching.mergelane import SEND, hold_update
 from applier.apply.batching.paths import paths_of
+from applier.apply.core.states import ChangeCtx, Txn
 from applier.apply.handlers.ports import Resolution
-from applier.apply.handlers.states import ChangeCtx, Txn
 from applier.apply.rules.conflicts import CheckedRows, ConflictPlanner
 from applier.apply.sql.mapping import Catalog, RelMap
 from applier.apply.sql.planner import Planner
+from applier.apply.sql.stmt import MAX_HELD
 from applier.apply.target.session import TargetSession
 from applier.errors import ApplyError, ProtocolError, TransientError
 from applier.lsn import Lsn
@@ -118,7 +119,7 @@ class RowChanges:
                 self.host.tally.skip(rm.qualname, "table_rule")
                 self.resolution.keep(ctx, skips.by_op[op])
                 return None
-        counts, k = self.host.tally.changes, (oid, op)  # per table and op: applier.apply.tally
+        counts, k = self.host.tally.changes, (oid, op)  # per table and op: applier.apply.core.tally
         counts[k] = counts.get(k, 0) + 1
         if txn.seen is not None:
             txn.seen.append(ctx)

@@ -14,7 +14,7 @@ Stop. Stream Commit/Abort/Prepare, Commit/Rollback Prepared arrive in
 ``IDLE``. A spooled transaction is replayed at its Stream Commit through the
 same handlers in state ``TXN``. The dispatch table says which message may come
 in which state; a handler moves the state only by :meth:`Applier.move`, checked
-against the one table of moves (:data:`~applier.apply.handlers.states.TRANSITIONS`).
+against the one table of moves (:data:`~applier.apply.core.states.TRANSITIONS`).
 
 Parts
 =====
@@ -82,11 +82,12 @@ from typing import Any
 from applier.apply.batching.merge import UpdateMerger
 from applier.apply.batching.paths import Paths
 from applier.apply.batching.paths import refresh as refresh_paths
+from applier.apply.core.states import State, Txn, check_move
+from applier.apply.core.tally import Tally
 from applier.apply.handlers.changes import RowChanges
 from applier.apply.handlers.groupcommit import max_age
 from applier.apply.handlers.relations import RelationCache
 from applier.apply.handlers.spool import SpoolSet
-from applier.apply.handlers.states import State, Txn, check_move
 from applier.apply.handlers.streamed import Live, StreamedTxns
 from applier.apply.handlers.twophase import TwoPhaseTxns
 from applier.apply.rules.conflicts import ConflictPlanner
@@ -96,7 +97,6 @@ from applier.apply.rules.skiprules import SkipRules
 from applier.apply.rules.tablesync import NO_SYNCS, TableSyncs
 from applier.apply.sql.mapping import Catalog, RelMap
 from applier.apply.sql.planner import Planner
-from applier.apply.tally import Tally
 from applier.apply.target.origin import FLUSHED, FlushTracker
 from applier.apply.target.session import TargetSession
 from applier.config import Config
@@ -197,7 +197,7 @@ class Applier:
         self.applied_txns = 0
         self.skipped_changes = 0
         self.skipped_txns = 0
-        #: Changes by table and operation, of committed transactions (applier.metrics).
+        #: Changes by table and operation, of committed transactions (applier.apply.metrics).
         self.tally = Tally()
         self.last_commit_lsn: Lsn | None = None
         self.last_commit_ts: int | None = None

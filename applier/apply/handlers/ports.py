@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from psycopg import pq
 
+    from applier.apply.core.states import ChangeCtx, State, Txn
     from applier.apply.handlers.spool import SpoolSet
-    from applier.apply.handlers.states import ChangeCtx, State, Txn
     from applier.apply.rules.skiprules import Rule
     from applier.apply.target.origin import FlushTracker
     from applier.apply.target.session import TargetSession
@@ -98,7 +98,7 @@ class TxnFlow(Protocol):
     def spools(self) -> SpoolSet: ...
 
     def move(self, to: State) -> None:
-        """Move the session to state ``to`` (applier.apply.handlers.states.TRANSITIONS)."""
+        """Move the session to state ``to`` (applier.apply.core.states.TRANSITIONS)."""
 
     def commit_group(self) -> None:
         """Commit the open group (if any)."""

@@ -75,13 +75,13 @@ from applier.apply.batching.copylane import CopyLane, open_lane
 from applier.apply.batching.host import LaneHost
 from applier.apply.batching.merge import UpdateMerger
 from applier.apply.batching.mergelane import MergeLane, open_merge_lane
+from applier.apply.core.states import IDLE, STREAM, TXN, Txn
+from applier.apply.core.tally import Tally
 from applier.apply.handlers.ports import Records, TxnFlow
 from applier.apply.handlers.relations import same_relation
 from applier.apply.handlers.spool import Spool
-from applier.apply.handlers.states import IDLE, STREAM, TXN, Txn
 from applier.apply.rules.skiprules import SkipRules
 from applier.apply.rules.tablesync import TableSyncs
-from applier.apply.tally import Tally
 from applier.apply.target.origin import FLUSHED
 from applier.errors import ApplyError, ProtocolError, SchemaMismatch
 from applier.lsn import Lsn

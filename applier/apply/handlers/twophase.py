@@ -38,8 +38,8 @@ from __future__ import annotations
 import logging
 from typing import Protocol
 
+from applier.apply.core.states import IDLE, PREPARE
 from applier.apply.handlers.ports import Held, Records, Replay, TxnFlow
-from applier.apply.handlers.states import IDLE, PREPARE
 from applier.apply.rules.originfilter import OriginFilter
 from applier.apply.target.origin import FLUSHED
 from applier.errors import ApplyError

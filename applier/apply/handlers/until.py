@@ -66,7 +66,7 @@ from typing import Protocol
 import psycopg
 
 from applier import pgconn
-from applier.apply.handlers.states import IDLE, State
+from applier.apply.core.states import IDLE, State
 from applier.config import Config
 from applier.errors import SourceError
 from applier.lsn import Lsn

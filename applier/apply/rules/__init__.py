@@ -9,5 +9,5 @@
 * :mod:`.originfilter` - changes that came from an origin we do not apply.
 * :mod:`.tablesync` - tables still being copied by ``sync-tables``.
 
-May import: ``sql``, ``target``, ``handlers.states`` and the layers below ``apply``.
+May import: ``batching``, ``target``, ``core``, ``sql`` and the layers below ``apply``.
 """

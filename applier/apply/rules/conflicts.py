@@ -55,7 +55,7 @@ from typing import Any
 
 from psycopg import sql
 
-from applier.apply.batching.merge import MergedCtx
+from applier.apply.core.states import MergedCtx
 from applier.apply.rules.policies import (
     DELETE_ORIGIN,
     INSERT_EXISTS,

@@ -42,7 +42,8 @@ from typing import Any, Protocol
 import psycopg
 from psycopg import pq, sql
 
-from applier.apply.handlers.states import ChangeCtx, Txn, op_of
+from applier.apply.core.states import ChangeCtx, Txn, op_of
+from applier.apply.core.tally import Tally
 from applier.apply.rules.conflictlog import (
     LOG_CONFLICT,
     Conflict,
@@ -67,7 +68,6 @@ from applier.apply.rules.skiprules import Kept, Rule, SkipRules
 from applier.apply.sql.mapping import RelMap
 from applier.apply.sql.planner import Stmt
 from applier.apply.sql.stmt import changed_relation
-from applier.apply.tally import Tally
 from applier.apply.target.pipeline import error_fields
 from applier.apply.target.session import TargetSession
 from applier.config import Config
@@ -142,7 +142,7 @@ class Resolver:
         self.our_origin_id = our_origin_id
         #: Conflicts of the open target transaction, written before its commit.
         self.conflicts: list[Conflict] = []
-        #: UPDATEs and DELETEs that found no row (applier.apply.target.beat logs them).
+        #: UPDATEs and DELETEs that found no row (applier.apply.beat logs them).
         self.missing_rows = 0
 
     def discard(self) -> None:

@@ -51,7 +51,7 @@ from applier.errors import SchemaMismatch
 from applier.lsn import Lsn
 
 if TYPE_CHECKING:
-    from applier.apply.handlers.states import State
+    from applier.apply.core.states import State
 
 log = logging.getLogger("applier.apply")
 
@@ -479,7 +479,7 @@ class TableSyncs:
 
 def _at_boundary(applier: SyncHost) -> bool:
     """Between transactions, with nothing of one in hand (its changes all dispatched)."""
-    from applier.apply.handlers.states import State
+    from applier.apply.core.states import State
 
     return (
         applier.state is State.IDLE

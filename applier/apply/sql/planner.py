@@ -33,7 +33,7 @@ source's output text: no round trip through Python types), in text format
   not reach a child's row with the same key, nor the child row at the same
   ctid (each inheritance child has its own changes in the stream).
 * Multi-row INSERTs (:func:`insert_rows`): the rows of a run of INSERTs too
-  short for COPY (:mod:`applier.apply.batching.copyrun`), in one VALUES list. Neither
+  short for COPY (:mod:`applier.apply.sql.copyrun`), in one VALUES list. Neither
   COPY nor multi-row INSERTs (nor merged UPDATEs, see
   :func:`~applier.apply.sql.mapping._mergeable`) for a target table with an
   enabled ALWAYS/REPLICA trigger or rule (:attr:`TargetTable.observed`): its

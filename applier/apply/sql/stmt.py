@@ -41,7 +41,7 @@ class Stmt:
     #: Whether every column is used in order (insert fast path).
     all_new: bool
     #: INSERT only: ``COPY ... FROM STDIN`` for the same columns (b"" when the
-    #: target cannot take COPY); see :mod:`applier.apply.batching.copyrun`.
+    #: target cannot take COPY); see :mod:`applier.apply.sql.copyrun`.
     copy: bytes = b""
     #: INSERT only: the query up to VALUES, for the multi-row form (:func:`insert_rows`).
     head: bytes = b""
@@ -150,4 +150,24 @@ def key_of(rm: RelMap, change: Any) -> dict[str, str | None] | None:
         else:
             text = v.decode("utf-8", "replace")
             out[cols[i].name] = text if len(text) <= 200 else text[:200] + "..."
+    return out
+
+
+#: Keys held per table before they are sent (also the largest chunk).
+MAX_HELD = 256
+
+
+def chunks(n: int, limit: int) -> list[int]:
+    """``n`` as a sum of powers of two, largest first, each at most ``limit`` (a power of two).
+
+    Statements are prepared per row count: a few sizes keep their number small.
+    """
+    out = [limit] * (n // limit)
+    rest = n % limit
+    bit = limit
+    while rest:
+        if rest & bit:
+            out.append(bit)
+            rest -= bit
+        bit >>= 1
     return out

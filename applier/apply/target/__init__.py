@@ -5,10 +5,9 @@
 * :mod:`.pipeline` - libpq pipeline mode, results matched to the changes that sent them.
 * :mod:`.origin` - the replication origin: progress recorded in the same transaction.
 * :mod:`.stamp` - the origin stamp on rows (``last_update_wins``).
-* :mod:`.confirm` - the flush position reported to the source.
-* :mod:`.beat` - the worker's heartbeat and status row writes.
+* :mod:`.insertruns` - the session's runs of INSERTs: multi-row INSERT or COPY.
 * :mod:`.holder` - which worker holds the origin (one at a time).
 * :mod:`.preflight` - checks before streaming: bootstrap done, source identity, slot.
 
-May import: ``sql`` and the layers below ``apply``.
+May import: ``core``, ``sql`` and the layers below ``apply``.
 """

@@ -24,7 +24,7 @@ the results and attributes errors to their change. Nothing waits for the
 server until the commit's Sync.
 
 Runs of INSERTs into one table leave the pipeline for ``COPY ... FROM STDIN``
-(:mod:`applier.apply.batching.insertruns`, rows encoded by :mod:`applier.apply.batching.copyrun`);
+(:mod:`applier.apply.target.insertruns`, rows encoded by :mod:`applier.apply.sql.copyrun`);
 every other call ends the run in hand first, so statements reach the target in
 source order.
 
@@ -74,9 +74,9 @@ from typing import Any
 import psycopg
 from psycopg import pq
 
-from applier.apply.batching.insertruns import InsertRuns
 from applier.apply.sql.planner import Formats, Params, Stmt
 from applier.apply.target.connection import DEFAULT_TIMEOUT, connect, pin, session_settings
+from applier.apply.target.insertruns import InsertRuns
 from applier.apply.target.pipeline import (
     _CHECK,
     _CHECKS,
@@ -123,7 +123,7 @@ class TargetSession(Pipeline):
     """The apply connection; one open target transaction at most.
 
     Its runs of INSERTs are a part it owns (:attr:`runs`,
-    :class:`~applier.apply.batching.insertruns.InsertRuns`), whose entry points it
+    :class:`~applier.apply.target.insertruns.InsertRuns`), whose entry points it
     offers as its own (bound once: they run per row)."""
 
     def __init__(

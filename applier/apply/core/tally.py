@@ -1,4 +1,4 @@
-"""Counts of what the apply engine did, for the metrics endpoint (:mod:`applier.metrics`).
+"""Counts of what the apply engine did, for the metrics endpoint (:mod:`applier.apply.metrics`).
 
 The handlers count each change of the open target transaction in plain dicts
 (:attr:`Tally.changes` and friends: one dict update per change, no locks, no

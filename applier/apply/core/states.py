@@ -184,3 +184,40 @@ _OPS = {"Insert": "insert", "Update": "update", "Delete": "delete", "Truncate": 
 def op_of(change: Any) -> str:
     """The operation of a change as skip rules and records name it."""
     return _OPS.get(type(change).__name__, "change")
+
+
+class MergedCtx:
+    """What identifies a multi-row statement's rows: one change context per row, in order.
+
+    Also for the multi-row INSERTs of :class:`~applier.apply.target.session.TargetSession`.
+    A row the merge lane held has a :data:`~applier.apply.core.states.LaneRef` in place
+    of its context until :attr:`ctxs` is first read (a row not found, an error):
+    most statements find all their rows, and never make one.
+    """
+
+    __slots__ = ("_ctxs", "_lazy", "rm")
+
+    def __init__(self, ctxs: list[Any], rm: RelMap | None = None, lazy: bool = False) -> None:
+        self._ctxs = ctxs
+        #: Some items are LaneRefs of rows of ``rm``.
+        self._lazy = lazy
+        self.rm: RelMap = ctxs[0].rm if rm is None else rm
+
+    def __len__(self) -> int:
+        return len(self._ctxs)
+
+    @property
+    def ctxs(self) -> list[Any]:
+        if self._lazy:
+            rm = self.rm
+            self._ctxs = [lane_ctx(c, rm) if type(c) is tuple else c for c in self._ctxs]
+            self._lazy = False
+        return self._ctxs
+
+    def describe(self) -> dict[str, Any]:
+        lsns = [c.lsn for c in self.ctxs]
+        return {
+            "lsn": f"{Lsn(min(lsns))}..{Lsn(max(lsns))}",
+            "table": self.ctxs[0].rm.qualname,
+            "merged_changes": len(self.ctxs),
+        }

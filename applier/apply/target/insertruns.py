@@ -1,6 +1,6 @@
 """Runs of INSERTs: held back, then sent as COPY or multi-row INSERTs (the session's half).
 
-:mod:`applier.apply.batching.copyrun` encodes the rows (no I/O); :class:`InsertRuns`,
+:mod:`applier.apply.sql.copyrun` encodes the rows (no I/O); :class:`InsertRuns`,
 a part that :class:`~applier.apply.target.session.TargetSession` owns, decides when a run starts and
 ends and talks to the server: a run that reaches ``copy_threshold`` rows (or
 :data:`~applier.apply.sql.planner.MAX_HELD_BYTES` of values) leaves the pipeline
@@ -26,7 +26,8 @@ from typing import Any, Protocol
 import psycopg
 from psycopg import pq
 
-from applier.apply.batching.copyrun import (
+from applier.apply.core.states import MergedCtx
+from applier.apply.sql.copyrun import (
     CHUNK,
     NO_COPY,
     WEIGH_EVERY,
@@ -35,8 +36,8 @@ from applier.apply.batching.copyrun import (
     error_line,
     row_format,
 )
-from applier.apply.batching.merge import MAX_HELD, MergedCtx, chunks
 from applier.apply.sql.planner import MAX_HELD_BYTES, Formats, Params, Stmt, insert_rows, max_rows
+from applier.apply.sql.stmt import MAX_HELD, chunks
 from applier.apply.target.pipeline import ExecStatus, lost
 from applier.errors import ConnectionLost
 

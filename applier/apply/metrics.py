@@ -5,9 +5,9 @@ threads of the worker process, with its own registry: the standard
 ``process_*``, ``python_*`` (and ``python_gc_*``) collectors, and
 :class:`WorkerCollector`, which builds every ``applier_*`` metric at scrape
 time from plain attributes the worker keeps anyway (positions, counters,
-:class:`~applier.apply.tally.Tally`). Nothing on the apply path calls the
+:class:`~applier.apply.core.tally.Tally`). Nothing on the apply path calls the
 metrics library or takes a lock for it: the apply thread only bumps ints and
-dict entries, and a scrape reads them (copies, see :mod:`applier.apply.tally`).
+dict entries, and a scrape reads them (copies, see :mod:`applier.apply.core.tally`).
 
 What the numbers mean
 =====================
@@ -75,17 +75,17 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from psycopg import sql
 
-from . import pgconn
-from .apply.tally import count_fault, fault_side
-from .config import Config
-from .errors import ConfigError
-from .lag import SOURCE_WAL_LSN
-from .lsn import Lsn
+from applier import pgconn
+from applier.apply.core.tally import count_fault, fault_side
+from applier.config import Config
+from applier.errors import ConfigError
+from applier.lag import SOURCE_WAL_LSN
+from applier.lsn import Lsn
 
 __all__ = ["WorkerCollector", "count_fault", "fault_side", "serve"]
 
 if TYPE_CHECKING:
-    from .apply.worker import Worker
+    from applier.apply.worker import Worker
 
 log = logging.getLogger("applier.metrics")
 
@@ -209,7 +209,7 @@ class WorkerCollector(Collector):
         yield CounterMetricFamily(
             "applier_applied_transactions",
             "Source transactions committed on the target",
-            value=applier.applied_txns if applier is not None else w._applied,
+            value=applier.applied_txns if applier is not None else w.applied_txns,
         )
         yield _counter(
             "applier_applied_changes",
