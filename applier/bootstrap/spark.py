@@ -330,19 +330,27 @@ def _cause(text: str) -> str:
 
 
 class SparkStarter:
-    """Builds the SparkContext in a thread once :meth:`start` is called.
+    """Builds the SparkContext in a thread once :meth:`start` is called: the one
+    background starter of bootstrap, sync-tables and verify.
 
-    :meth:`context` starts it if needed and waits for it; :meth:`stop` and
-    :meth:`abandon` may be called any number of times.
+    :meth:`context` starts it if needed and waits for it; :meth:`ready` says,
+    without waiting, whether it is up (verify hands Spark the ranges its driver
+    threads have not started then). With ``check_on_start`` a cluster's
+    executors are checked (:meth:`preflight`) in the same thread, as soon as
+    Spark is up. :meth:`stop` and :meth:`abandon` may be called any number of
+    times; a JVM still booting when it is abandoned is stopped by its thread once
+    up (or dies with this process: pyspark's JVM watches its stdin).
     """
 
-    def __init__(self, cfg: Config, job: str = "bootstrap") -> None:
+    def __init__(self, cfg: Config, job: str = "bootstrap", check_on_start: bool = False) -> None:
         self._cfg = cfg
         self._job = job
+        self._check_on_start = check_on_start
         self._checked = False
         self._sc: Any = None
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
         self._stopped = False
 
     def start(self) -> SparkStarter:
@@ -353,9 +361,24 @@ class SparkStarter:
 
     def _run(self) -> None:
         try:
-            self._sc = start_spark(self._cfg)
+            sc = start_spark(self._cfg)
         except BaseException as e:  # re-raised by context()
             self._error = e
+            return
+        with self._lock:
+            if self._stopped:  # abandoned while it booted
+                stop_spark(sc)
+                return
+            self._sc = sc
+        if self._check_on_start:
+            try:
+                self._check(sc)
+            except BaseException as e:  # re-raised by context()
+                self._error = e
+
+    def ready(self) -> bool:
+        """Up (or failed to start: :meth:`context` raises), without waiting."""
+        return self._thread is not None and not self._thread.is_alive()
 
     def context(self) -> Any:
         self.start()
@@ -371,29 +394,34 @@ class SparkStarter:
         Called before the command creates anything; a no-op on a local master,
         whose executors are this process's machine and Python, checked already.
         """
+        self._check(self.context(), psql_major)
+
+    def _check(self, sc: Any, psql_major: int = 0) -> None:
         from .executors import is_local, preflight
 
         if self._checked or is_local(self._cfg.bootstrap.spark_master):
             return
-        preflight(self.context(), self._cfg, self._job, psql_major)
+        preflight(sc, self._cfg, self._job, psql_major)
         self._checked = True
 
-    def stop(self) -> None:
-        if self._thread is None or self._stopped:
+    def stop(self, wait: bool = True) -> None:
+        """Stop Spark; without ``wait``, one still booting is stopped by its thread once up."""
+        if self._thread is None:
             return
-        self._thread.join()
-        self._stopped = True
-        if self._sc is not None:
-            stop_spark(self._sc)
+        if wait:
+            self._thread.join()
+        with self._lock:
+            if self._stopped:
+                return
+            self._stopped = True
+            sc, self._sc = self._sc, None
+        if sc is not None:
+            stop_spark(sc)
 
     def abandon(self) -> None:
-        """On an error: stop Spark if it is up, without waiting for a JVM still booting.
-
-        A JVM that pyspark launched exits by itself when this process does
-        (it watches its stdin), so a bad-input error is reported at once.
-        """
-        if self._thread is not None and not self._thread.is_alive():
-            self.stop()
+        """On an error: stop Spark if it is up, without waiting for a JVM still booting,
+        so a bad-input error is reported at once."""
+        self.stop(wait=False)
 
 
 def start_spark(cfg: Config) -> Any:

@@ -28,9 +28,8 @@ Everything heavy (pyspark, psycopg queries) is imported inside
 from __future__ import annotations
 
 import logging
-import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -97,7 +96,11 @@ def compare(
         raise ConfigError("--rounds must be at least 1")
     if chunk_rows is not None and chunk_rows < 100:
         raise ConfigError("--chunk-rows must be at least 100")
-    spark = _Spark(cfg)
+    from ..bootstrap.spark import SparkStarter
+
+    # Started while the driver plans and hashes (applier.verify.job); a cluster's
+    # executors are checked as soon as it is up.
+    spark = SparkStarter(cfg, "verify", check_on_start=True)
     try:
         report = verify(
             cfg,
@@ -120,70 +123,8 @@ def compare(
             hint="check the error; [verify] statement_timeout bounds every query",
         ) from None
     finally:
-        spark.stop()
+        spark.abandon()  # a verify that finished first never waits for a JVM booting
     return report
-
-
-class _Spark:
-    """The bootstrap's SparkContext, started in a thread while the driver plans and hashes.
-
-    :meth:`ready` says without waiting whether it is up (:mod:`.job` hands it
-    the ranges not yet started then); a verify that finished before it came
-    up never waits for it: :meth:`stop` leaves a JVM still booting to stop
-    itself once up (or to die with this process).
-    """
-
-    def __init__(self, cfg: Config) -> None:
-        self._cfg = cfg
-        self._sc: Any = None
-        self._error: BaseException | None = None
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-        self._stopped = False
-
-    def start(self) -> _Spark:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="spark-start", daemon=True)
-            self._thread.start()
-        return self
-
-    def _run(self) -> None:
-        from ..bootstrap.executors import preflight
-        from ..bootstrap.spark import start_spark, stop_spark
-
-        try:
-            sc = start_spark(self._cfg)
-            preflight(sc, self._cfg, "verify")  # a cluster's executors, checked
-        except BaseException as e:  # re-raised by context()
-            self._error = e
-            return
-        with self._lock:
-            self._sc = sc
-            if self._stopped:  # the verify ended while it booted
-                stop_spark(sc)
-
-    def ready(self) -> bool:
-        """Up (or failed to start: :meth:`context` raises), without waiting."""
-        return self._thread is not None and not self._thread.is_alive()
-
-    def context(self) -> Any:
-        self.start()
-        assert self._thread is not None
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        return self._sc
-
-    def stop(self) -> None:
-        from ..bootstrap.spark import stop_spark
-
-        with self._lock:
-            if self._stopped:
-                return
-            self._stopped = True
-            if self._sc is not None:
-                stop_spark(self._sc)
-                self._sc = None
 
 
 __all__ = ["compare", "run_verify"]

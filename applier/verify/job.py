@@ -65,7 +65,7 @@ Item = tuple[VTable, KeyRange]
 
 
 class SparkStarter(Protocol):
-    """A SparkContext being started in the background (``applier.verify._Spark``)."""
+    """A SparkContext being started in the background (``applier.bootstrap.spark.SparkStarter``)."""
 
     def start(self) -> Any: ...
     def ready(self) -> bool: ...
