@@ -52,11 +52,11 @@ applied and confirmed progress (or streamed for ``HEALTHY_AFTER`` s) ends the
 fault and resets the attempt count, so a fault after a healthy period
 reconnects within 0.5 s plus the connection set-up, however many faults the
 process has seen. The status row's connection is reopened as needed and
-shows the fault (:mod:`.state`). The origin held by *another worker* (a
+shows the fault (:mod:`applier.status.row`). The origin held by *another worker* (a
 second ``applier run`` on the same origin) is permanent (exit 3), naming it;
 only a backend abandoned by this process or this host's previous one is
-waited for (:mod:`.holder`). A missing or wrong slot, another source, an
-unfinished bootstrap (:mod:`.preflight`) are permanent (exit 3), never
+waited for (:mod:`.target.holder`). A missing or wrong slot, another source, an
+unfinished bootstrap (:mod:`.target.preflight`) are permanent (exit 3), never
 retried. Anything
 else the target refuses is an :class:`ApplyError` naming the source LSN, xid,
 table, key and SQLSTATE: the worker rolls back, records it in

@@ -42,7 +42,7 @@ Matching
   in source order. Any other change of the table sends them too
   (:mod:`applier.apply.batching.merge`, "Order").
 
-Only tables where nothing can tell the order (:func:`~.mapping.full_batchable`:
+Only tables where nothing can tell the order (:func:`~applier.apply.sql.mapping.full_batchable`:
 no trigger or rule firing for replication, no unique index or exclusion
 constraint, a plain table) and whose columns all have ``=`` (a ``json`` or
 ``point`` column keeps the statement per change, comparing ``::text``). Rows

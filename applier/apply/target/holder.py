@@ -11,13 +11,13 @@ set up. Two very different holders answer so:
 * **an abandoned backend**: one whose client is gone but which has not
   noticed yet (busy in a statement or a lock wait, or its socket half-open
   until the keepalives expire). Either an earlier session of this process
-  (closed after a stall; :mod:`.targetconn` ends those it can), or the
+  (closed after a stall; :mod:`.connection` ends those it can), or the
   previous process on this host, killed or crashed and restarted by systemd.
   It ends by itself, so the worker waits: a :class:`TransientError`, retried.
 
 The worker's row in ``applier.worker_status`` says which (its running worker
 writes ``host``, ``pid`` and ``heartbeat_at``, and only a worker that owns
-the origin writes them, see :mod:`.state`). The row names another worker
+the origin writes them, see :mod:`applier.status.row`). The row names another worker
 when its state is ``running``, it is not this very process, and
 
 * on this host: its process still runs and is an applier (a pid reused by
