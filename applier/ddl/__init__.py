@@ -1,0 +1,12 @@
+"""Schema changes captured on the source and replayed on the target (issue 33).
+
+PostgreSQL's logical decoding carries rows, not DDL. applier carries DDL the
+way it carries rows: inside the source transaction, at its position, as a
+*transactional* logical decoding message (``pg_logical_emit_message(true,
+'applier.ddl', ...)``), so the worker runs it in the same target transaction as
+the changes around it and the replication origin's progress makes it
+exactly-once with the data.
+
+* :mod:`.message` - the message's one format (JSON), written by the source's
+  event trigger and by ``applier ddl run``, read by the worker.
+"""

@@ -1,0 +1,38 @@
+"""The applier.ddl message format: what the writers encode, the worker decodes."""
+
+from __future__ import annotations
+
+import pytest
+
+from applier.ddl.message import DdlMessage, DdlObject, decode
+from applier.errors import ProtocolError
+
+
+def test_round_trip_keeps_every_field() -> None:
+    m = DdlMessage(
+        tag="ALTER TABLE",
+        statement='ALTER TABLE t ADD COLUMN "é" int DEFAULT 1; -- ünïcode',
+        search_path='"$user", public',
+        objects=(
+            DdlObject("table", "public", "public.t"),
+            DdlObject("table column", "public", "public.t.x", dropped=True),
+        ),
+        via="run",
+    )
+    assert decode(m.encode()) == m
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        (b"not json", "unreadable applier.ddl message"),
+        (b'{"v": 2, "tag": "X", "statement": "", "search_path": ""}', "format version 2"),
+        (b'{"v": 1, "statement": "", "search_path": ""}', "'tag' missing"),
+        (b'{"v": 1, "tag": "X", "statement": "", "search_path": "", "via": "x"}', "via 'x'"),
+        (b'{"v": 1, "tag": "X", "statement": "", "search_path": "", "objects": [1]}', "object"),
+    ],
+)
+def test_malformed_content_is_a_clear_error(content: bytes, says: str) -> None:
+    with pytest.raises(ProtocolError, match=says) as e:
+        decode(content, lsn="0/16B3748")
+    assert "skip add --ddl-lsn 0/16B3748" in str(e.value)
