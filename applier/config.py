@@ -432,6 +432,15 @@ class VerifyConfig(_Section, frozen=True):
     catchup_timeout: Annotated[float, Meta(ge=0)] = 60.0
 
 
+class DdlConfig(_Section, frozen=True):
+    """``[ddl]``: how the worker replays DDL captured on the source (applier.ddl.classify)."""
+
+    #: Replay a statement a function or DO block ran (its message carries the
+    #: client's call, e.g. ``SELECT migrate()``, which then runs on the target as
+    #: written and must exist there); refused (the worker stops) by default.
+    allow_from_functions: bool = False
+
+
 class Config(_Section, frozen=True):
     source: SourceConfig
     target: TargetConfig
@@ -443,6 +452,7 @@ class Config(_Section, frozen=True):
     status: StatusConfig = msgspec.field(default_factory=StatusConfig)
     metrics: MetricsConfig = msgspec.field(default_factory=MetricsConfig)
     verify: VerifyConfig = msgspec.field(default_factory=VerifyConfig)
+    ddl: DdlConfig = msgspec.field(default_factory=DdlConfig)
     #: The file it came from (set by load_config; not a key of the file).
     path: Path | None = None
 
