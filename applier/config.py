@@ -6,7 +6,8 @@ sections mirror the product: ``[source]`` and ``[target]`` connections,
 ``[tables]`` include/exclude patterns, ``[apply]`` for the worker,
 ``[bootstrap]`` for the Spark copy, ``[logging]``, ``[status]`` for the health
 thresholds of ``applier status``, ``[metrics]`` for the Prometheus endpoint,
-``[verify]`` for the load of ``applier verify``.
+``[verify]`` for the load of ``applier verify``, ``[schema]`` for schema changes
+the stream shows.
 
 Every key may also come from an ``APPLIER_*`` environment variable, which
 wins over the file (:mod:`applier.configenv`).
@@ -441,6 +442,16 @@ class DdlConfig(_Section, frozen=True):
     allow_from_functions: bool = False
 
 
+class SchemaConfig(_Section, frozen=True):
+    """``[schema]``: what the worker does when the stream shows the source's schema
+    changed (issue 33; applier/apply/handlers/follow.py)."""
+
+    #: A column a Relation message names and the target lacks is added on the
+    #: target (and a type widened in place), in the target transaction of the first
+    #: change needing it; False: the worker stops with the ALTER TABLE to run.
+    follow: bool = True
+
+
 class Config(_Section, frozen=True):
     source: SourceConfig
     target: TargetConfig
@@ -453,6 +464,7 @@ class Config(_Section, frozen=True):
     metrics: MetricsConfig = msgspec.field(default_factory=MetricsConfig)
     verify: VerifyConfig = msgspec.field(default_factory=VerifyConfig)
     ddl: DdlConfig = msgspec.field(default_factory=DdlConfig)
+    schema: SchemaConfig = msgspec.field(default_factory=SchemaConfig)
     #: The file it came from (set by load_config; not a key of the file).
     path: Path | None = None
 

@@ -257,6 +257,11 @@ class Catalog:
         self._casts: dict[tuple[int, int], bool] = {}
         self._binary_doubt: dict[int, bool] = {}
 
+    def forget_cached(self) -> None:
+        """Drop what was learnt of types and casts (the target's schema changed)."""
+        for cache in (self._types, self._eq, self._casts, self._binary_doubt):
+            cache.clear()
+
     def table(self, schema: str, name: str) -> TargetTable | None:
         rows = self.conn.execute(
             """
