@@ -102,7 +102,8 @@ def test_0012_ddl_skips_down_and_up_again(pair: Pair) -> None:
 
     upgrade_target(pair.sub_dsn)
     pair.sub_exec(
-        "INSERT INTO applier.skip_rules (origin, kind, lsn, dump) VALUES ('o', 'ddl', '0/10', 'skipped');"
+        "INSERT INTO applier.skip_rules (origin, kind, lsn, dump) "
+        "VALUES ('o', 'ddl', '0/10', 'skipped');"
         "INSERT INTO applier.skipped_changes (origin, change_no, op, skipped, statement) "
         "VALUES ('o', 0, 'ddl', true, 'ALTER TABLE t ADD c int')"
     )
