@@ -35,7 +35,7 @@ def emit(conn: Any, statement: str, tag: str, *objects: DdlObject, path: str = "
 def txn(pair: Pair, *steps: str | tuple[str, str, tuple[DdlObject, ...]], ran: str = "") -> None:
     """One source transaction: SQL strings run as they are; (statement, tag, objects)
     run ``ran`` or the statement itself, then its message."""
-    with pair.pub_conn() as conn:
+    with pair.pub_conn(autocommit=False) as conn:
         for step in steps:
             if isinstance(step, str):
                 conn.execute(step)
@@ -125,7 +125,7 @@ def test_each_kind_replayed_in_place_among_rows(any_pair: Pair) -> None:
          (obj("table", "app.n", "app"),)),
         "INSERT INTO app.n VALUES (1, 'one'), (2, 'two')")  # fmt: skip
     # Temporary objects never stop the worker, nor are replayed.
-    with pair.pub_conn() as conn:
+    with pair.pub_conn(autocommit=False) as conn:
         conn.execute("CREATE TEMP TABLE tmp (x int)")
         emit(conn, "CREATE TEMP TABLE tmp (x int)", "CREATE TABLE")
         emit(conn, "DROP TABLE tmp", "DROP TABLE", obj("table", "pg_temp.tmp", "pg_temp_3"))
@@ -196,7 +196,7 @@ def test_a_kill_between_the_ddl_and_its_commit_runs_it_once(pair: Pair) -> None:
     pair.pub_exec("CREATE PUBLICATION pub FOR ALL TABLES")
     cfg = pair.write_config()
     runner = Runner(pair, cfg).start().ready()
-    with pair.sub_conn() as blocker:
+    with pair.sub_conn(autocommit=False) as blocker:
         blocker.execute("INSERT INTO u VALUES (1)")  # the worker's insert waits on it
         add = ("ALTER TABLE t ADD COLUMN b int", "ALTER TABLE", T)
         txn(pair, "INSERT INTO t VALUES (1)", add, "INSERT INTO u VALUES (1)")
@@ -229,7 +229,7 @@ def test_refused_and_failing_ddl_stop_with_their_skip_command(pair: Pair) -> Non
     cfg = pair.write_config(tables={"exclude": ["public.x_*"]})
     assert Runner(pair, cfg, "slot.log").start().ready().stop() == 0
     for i, (statement, tag, objects, _) in enumerate(REFUSED):
-        with pair.pub_conn() as conn:
+        with pair.pub_conn(autocommit=False) as conn:
             conn.execute("INSERT INTO t VALUES (%s)", (10 * i + 1,))
             emit(conn, statement, tag, *objects)
             conn.execute("INSERT INTO t VALUES (%s)", (10 * i + 2,))
