@@ -274,3 +274,34 @@ def test_a_non_transactional_message_stops_clearly(pair: Pair) -> None:
     assert runner.wait(60) == 3
     assert "a non-transactional applier.ddl message" in runner.log()
     assert "--ddl-lsn" in runner.log()
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("pair", ["15-18"], indirect=True)
+def test_a_table_added_to_the_publication_is_filled_by_sync_tables(pair: Pair) -> None:
+    """CREATE TABLE replayed while the table is not published (the target's copy stays
+    empty: its rows are in no stream), then ALTER PUBLICATION ADD TABLE: the worker
+    holds its changes and starts sync-tables itself, which copies and hands it over."""
+    pair.both("CREATE TABLE a (id int PRIMARY KEY)")
+    pair.pub_exec("CREATE PUBLICATION pub FOR TABLE a")
+    cfg = pair.write_config(apply={"timeout": 20.0})
+    runner = Runner(pair, cfg).start().ready()
+    new = (obj("table", "public.t_new"),)
+    txn(pair, "INSERT INTO a VALUES (1)",
+        ("CREATE TABLE t_new (id int PRIMARY KEY, v text)", "CREATE TABLE", new),
+        "INSERT INTO t_new SELECT g, md5(g::text) FROM generate_series(1, 500) g")  # fmt: skip
+    wait_recorded(pair, runner, 1)
+    member = (obj("publication relation", "public.t_new in publication pub", None),)
+    txn(pair, ("ALTER PUBLICATION pub ADD TABLE t_new", "ALTER PUBLICATION", member),
+        "INSERT INTO t_new VALUES (501, 'after')", "INSERT INTO a VALUES (2)")  # fmt: skip
+    txn(pair, "UPDATE t_new SET v = 'later' WHERE id <= 10", "INSERT INTO a VALUES (3)")
+    wait_for(lambda: "sync-tables started" in runner.log(), 60, "the worker to start sync-tables")
+    wait_equal(pair, ["a", "t_new"], timeout=300, runner=runner, order="id")
+    wait_for(lambda: "sync-tables done" in runner.log(), 120, "sync-tables to end")
+    assert pair.sub_exec("SELECT state FROM applier.table_sync WHERE table_name = 't_new'") in (
+        [("syncdone",)],
+        [("ready",)],
+    )
+    txn(pair, "INSERT INTO t_new VALUES (502, 'applied by the worker')")
+    wait_equal(pair, ["t_new"], runner=runner, order="id")
+    assert runner.stop() == 0

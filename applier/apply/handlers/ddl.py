@@ -37,9 +37,9 @@ Statements run on the apply session, whose replication origin is set up
 sees ``pg_replication_origin_session_is_setup()`` and does not emit them back.
 
 A table added to our publication (``ALTER PUBLICATION ... ADD TABLE``, which is
-itself never run on the target) is handed to :attr:`DdlReplay.published`: the
-worker starts ``applier sync-tables`` for it once the transaction committed
-(:mod:`applier.apply.tablefill`).
+itself never run on the target) is held (:mod:`applier.apply.rules.ddlsync`)
+and handed to :attr:`DdlReplay.fill`: the worker starts ``applier sync-tables``
+for it once the transaction committed (:mod:`applier.apply.handlers.tablefill`).
 
 With ``[ddl] allow_from_functions``, a function that runs several statements
 sends one message each, all carrying the caller's text: it runs once per
@@ -49,11 +49,11 @@ source transaction.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import Protocol
 
 from applier.apply.core.states import Txn
 from applier.apply.handlers.schema import SchemaChanges
+from applier.apply.handlers.tablefill import TableFill
 from applier.apply.rules.ddlsync import created, hold
 from applier.apply.rules.skiprules import KeptDdl, Rule, SkipRules
 from applier.apply.rules.tablesync import TableSyncs
@@ -87,13 +87,13 @@ class DdlReplay:
         host: DdlHost,
         cfg: Config,
         schema: SchemaChanges,
-        published: Callable[[tuple[tuple[str, str], ...], Lsn], None] | None = None,
+        fill: TableFill | None = None,
     ) -> None:
         self.host = host
         self.cfg = cfg
         self.schema = schema
         #: Told the included tables an ALTER PUBLICATION added (see the module doc).
-        self.published = published
+        self.fill = fill if fill is not None else TableFill(cfg)
         #: Statements run, skipped by a rule, ignored (not ours or temporary).
         self.ran = 0
         self.skipped = 0
@@ -122,8 +122,8 @@ class DdlReplay:
         ddl = _decode(m)
         verdict = classify(ddl, self.cfg)
         held = tuple(t for t in verdict.published if hold(self.host.syncs, t))
-        if held and self.published is not None:
-            self.published(held, txn.commit_lsn)
+        if held:
+            self.fill.request(held, txn.commit_lsn)
         if verdict.ignored is not None:
             self.ignored += 1
             log.info(

@@ -12,7 +12,7 @@ statements change that answer:
 * an ``ALTER PUBLICATION ... ADD TABLE`` naming an included table: its rows from
   before that moment are not in the stream, so it is held (``skipped``, unless a
   sync is under way already) until ``applier sync-tables`` copied it and handed
-  it over; the worker starts that command itself (:mod:`applier.apply.tablefill`).
+  it over; the worker starts that command itself (:mod:`applier.apply.handlers.tablefill`).
 
 The rows are written on the catalog connection (autocommit) before the target
 transaction commits: replayed again after a crash they are written again, to the
