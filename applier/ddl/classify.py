@@ -68,6 +68,9 @@ class Verdict:
     table: tuple[str, str] | None = None
     #: Included tables an ``ALTER PUBLICATION ... ADD/SET TABLE`` added to our publication.
     published: tuple[tuple[str, str], ...] = field(default=())
+    #: The text is a function's or DO block's caller (``allow_from_functions``): one
+    #: call sends a message per statement it ran, each with this text.
+    from_function: bool = False
 
     @property
     def runs(self) -> bool:
@@ -108,12 +111,17 @@ def classify(m: DdlMessage, cfg: Config) -> Verdict:
             + ")",
             table=main,
         )
-    if not matches_tag(stmts[0], tag) and not cfg.ddl.allow_from_functions:
+    from_function = not matches_tag(stmts[0], tag)
+    if from_function and not cfg.ddl.allow_from_functions:
         return Verdict(
             refusal=f"a function or DO block ran {tag} (the statement is the caller's)",
             table=main,
         )
-    return Verdict(statement=without_concurrently(m.statement, stmts[0], tag), table=main)
+    return Verdict(
+        statement=without_concurrently(m.statement, stmts[0], tag),
+        table=main,
+        from_function=from_function,
+    )
 
 
 def _temporary(o: DdlObject) -> bool:

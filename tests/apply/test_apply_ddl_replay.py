@@ -305,3 +305,27 @@ def test_a_table_added_to_the_publication_is_filled_by_sync_tables(pair: Pair) -
     txn(pair, "INSERT INTO t_new VALUES (502, 'applied by the worker')")
     wait_equal(pair, ["t_new"], runner=runner, order="id")
     assert runner.stop() == 0
+
+
+@pytest.mark.parametrize("pair", ["15-18"], indirect=True)
+def test_ddl_from_a_function_when_allowed_runs_the_call_once(pair: Pair) -> None:
+    pair.both(
+        "CREATE TABLE t (id int PRIMARY KEY); CREATE FUNCTION migrate() RETURNS void "
+        "LANGUAGE plpgsql AS $$BEGIN ALTER TABLE public.t ADD COLUMN b int; "
+        "ALTER TABLE public.t ADD COLUMN c int; END$$"
+    )
+    pair.pub_exec("CREATE PUBLICATION pub FOR ALL TABLES")
+    cfg = pair.write_config(ddl={"allow_from_functions": True})
+    runner = Runner(pair, cfg).start().ready()
+    call = ("SELECT public.migrate()", "ALTER TABLE", T)
+    with pair.pub_conn(autocommit=False) as conn:
+        conn.execute("INSERT INTO t VALUES (1)")
+        conn.execute("SELECT public.migrate()")
+        emit(conn, *call[:2], *T)  # one message per statement the function ran
+        emit(conn, *call[:2], *T)
+        conn.execute("INSERT INTO t VALUES (2, 2, 2)")
+        conn.commit()
+    wait_recorded(pair, runner, 1)
+    wait_equal(pair, ["t"], runner=runner, order="id")
+    assert columns(pair.sub_exec, "t") == columns(pair.pub_exec, "t")
+    assert runner.stop() == 0

@@ -80,6 +80,8 @@ def test_from_functions_when_allowed(tmp_path: Path) -> None:
     cfg = config(tmp_path, "[ddl]\nallow_from_functions = true\n")
     v = classify(msg("SELECT migrate()", T), cfg)
     assert v.runs and v.statement == "SELECT migrate()"
+    assert v.from_function
+    assert not classify(msg("ALTER TABLE t ADD c int", T), cfg).from_function
 
 
 @pytest.mark.parametrize(

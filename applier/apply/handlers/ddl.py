@@ -134,7 +134,7 @@ class DdlReplay:
             return
         if verdict.refusal is not None:
             raise self._stop(f"captured DDL refused: {verdict.refusal}", ddl, m, txn, verdict)
-        if self._repeated(txn, ddl):
+        if verdict.from_function and self._repeated(txn, ddl):
             return
         st = SchemaStatement(
             "ddl",
