@@ -13,7 +13,7 @@ PostgreSQL 15 to 18 let only a superuser create an event trigger):
 * ``applier_ddl.origin_is_setup()``: ``pg_replication_origin_session_is_setup()``
   as ``SECURITY DEFINER`` (only a superuser may call it; the function says
   nothing but whether the caller's own session has an origin);
-* ``applier_ddl.sql_drop()`` and ``applier_ddl.command_end(tag, search_path)``:
+* ``applier_ddl.sql_drop(tag)`` and ``applier_ddl.command_end(tag, search_path)``:
   the capture itself (``SET search_path = pg_catalog, pg_temp``: no object on
   the user's path is ever called);
 * two event triggers, ``applier_ddl_sql_drop`` (``sql_drop``) and
@@ -33,12 +33,13 @@ dropped objects, clears the setting and emits one transactional message
 position in its transaction. So a DROP that fires both triggers is one
 message, whose objects say ``dropped``.
 
-The objects: each one ``pg_event_trigger_ddl_commands()`` names (once, not
-those an extension's script creates), and of the dropped ones those the
+The objects: each one ``pg_event_trigger_ddl_commands()`` names (once), and
+of the dropped ones those the
 statement named, and those with a name of their own (tables, views, types,
 ...) that went with them through a normal dependency (``CASCADE``); not the
 row and array types, TOAST tables, indexes, defaults and constraints that go
-with every table (``object_name`` is null for the parts of a table).
+with every table (``object_name`` is null for the parts of a table), nor an
+extension's members (``DROP EXTENSION`` names the extension).
 
 What is never emitted
 =====================
@@ -48,6 +49,9 @@ What is never emitted
   those others.
 * applier's own: the ``applier`` schema (two-way setups have it on the
   source too) and ``applier_ddl``.
+* The statements of an extension's script: each fires the trigger, with
+  objects ``in_extension``; the ``CREATE`` (or ``ALTER``) ``EXTENSION``
+  that ran them is the one message.
 * DDL run by a session with a replication origin set up
   (``pg_replication_origin_session_is_setup()``): what a replication worker
   applied, applier's included, is not sent back (two-way setups). Sessions
@@ -137,16 +141,16 @@ CREATE FUNCTION {schema}.origin_is_setup() RETURNS boolean LANGUAGE sql STABLE
 SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 AS 'SELECT pg_catalog.pg_replication_origin_session_is_setup()';
 
--- The objects of a list to emit, and whether any was left out for being
--- temporary or applier's own.
+-- The objects of a list to emit, and whether any was left out (temporary, made by
+-- an extension's script, or applier's own).
 CREATE FUNCTION {schema}.keep(objs jsonb) RETURNS jsonb LANGUAGE sql IMMUTABLE
 SET search_path = pg_catalog, pg_temp
 AS $body$
 SELECT jsonb_build_object(
-  'objects', coalesce(jsonb_agg(o - 'temporary' ORDER BY n) FILTER (WHERE NOT skip), '[]'),
+  'objects', coalesce(jsonb_agg(o - 'skip' ORDER BY n) FILTER (WHERE NOT skip), '[]'),
   'skipped', coalesce(bool_or(skip), false))
 FROM (
-  SELECT o, n, coalesce((o ->> 'temporary')::boolean, false)
+  SELECT o, n, coalesce((o ->> 'skip')::boolean, false)
       OR coalesce(o ->> 'schema' = ANY ({own}), false)
       OR (o ->> 'schema' IS NULL AND o ->> 'kind' = 'schema' AND o ->> 'identity' = ANY ({own}))
       AS skip
@@ -154,7 +158,8 @@ FROM (
 ) y
 $body$;
 
-CREATE FUNCTION {schema}.sql_drop() RETURNS void LANGUAGE plpgsql
+-- An extension's members count as normal dependents: DROP EXTENSION names itself only.
+CREATE FUNCTION {schema}.sql_drop(tag text) RETURNS void LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $body$
 DECLARE
@@ -163,11 +168,11 @@ DECLARE
 BEGIN
   SELECT coalesce(jsonb_agg(jsonb_build_object(
       'kind', d.object_type, 'schema', d.schema_name, 'identity', d.object_identity,
-      'dropped', true, 'temporary', d.is_temporary OR {temp_dropped})
+      'dropped', true, 'skip', d.is_temporary OR {temp_dropped})
       ORDER BY d.ordinality), '[]')
     INTO these
     FROM pg_event_trigger_dropped_objects() WITH ORDINALITY AS d
-    WHERE (d.original OR (d.normal AND d.object_name IS NOT NULL))
+    WHERE (d.original OR (d.normal AND d.object_name IS NOT NULL AND tag <> 'DROP EXTENSION'))
       AND d.object_identity IS NOT NULL;
   PERFORM set_config({dropped}, (earlier || these)::text, true);
 END
@@ -191,10 +196,10 @@ BEGIN
     SELECT DISTINCT ON (c.object_type, c.object_identity)
       jsonb_build_object('kind', c.object_type, 'schema', c.schema_name,
         'identity', c.object_identity, 'dropped', false,
-        'temporary', {temp}) AS o,
+        'skip', c.in_extension OR {temp}) AS o,
       c.ordinality AS n
     FROM pg_event_trigger_ddl_commands() WITH ORDINALITY AS c
-    WHERE NOT c.in_extension AND c.object_identity IS NOT NULL
+    WHERE c.object_identity IS NOT NULL
     ORDER BY c.object_type, c.object_identity, c.ordinality) x;
   kept := {schema}.keep(made || dropped);
   IF mode = 'run' THEN
@@ -233,7 +238,7 @@ $body$;
 CREATE FUNCTION {schema}.on_sql_drop() RETURNS event_trigger LANGUAGE plpgsql
 AS $body$
 BEGIN
-  PERFORM {schema}.sql_drop();
+  PERFORM {schema}.sql_drop(tg_tag);
 EXCEPTION WHEN OTHERS THEN
   RAISE WARNING 'applier: what this % dropped was not captured for the target: %', tg_tag, sqlerrm;
 END

@@ -180,7 +180,7 @@ def _source_side(cfg: Config, st: Status) -> None:
         with _connect(cfg.source.conninfo(), "source") as conn:
             cur = conn.cursor(row_factory=dict_row)
             st.slot = cur.execute(SLOT_SQL, (cfg.source.slot,)).fetchone()
-            st.ddl_capture = capture.state(conn).as_dict()
+            st.ddl_capture = _ddl_capture(conn)
     except psycopg.Error as e:
         st.source_reachable = False
         st.errors.append(f"source unreachable ({redact_dsn(cfg.source.dsn)}): {_first_line(e)}")
@@ -190,6 +190,17 @@ def _source_side(cfg: Config, st: Status) -> None:
             f"slot {cfg.source.slot!r} does not exist on the source "
             "(applier bootstrap creates it; applier run only for an origin without progress)"
         )
+
+
+def _ddl_capture(conn: psycopg.Connection[Any]) -> dict[str, Any]:
+    """The capture's state; one the role cannot read (USAGE on ``applier_ddl`` revoked)
+    is said so, not taken for the source being down."""
+    try:
+        return capture.state(conn).as_dict()
+    except psycopg.Error as e:
+        if conn.closed or isinstance(e, psycopg.OperationalError):
+            raise
+        return {"installed": None, "summary": f"not known: {_first_line(e)}"}
 
 
 def _target_side(cfg: Config, st: Status) -> None:

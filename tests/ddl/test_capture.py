@@ -138,6 +138,18 @@ def test_temporary_objects_are_never_emitted(src: Source) -> None:
     ]
 
 
+def test_an_extension_is_one_message_not_one_per_statement_of_its_script(src: Source) -> None:
+    src.run("CREATE EXTENSION citext", "DROP EXTENSION citext")
+    assert src.messages() == [
+        msg("CREATE EXTENSION", "CREATE EXTENSION citext", DdlObject("extension", None, "citext")),
+        msg(
+            "DROP EXTENSION",
+            "DROP EXTENSION citext",
+            DdlObject("extension", None, "citext", dropped=True),
+        ),
+    ]
+
+
 def test_a_session_with_a_replication_origin_emits_nothing(src: Source) -> None:
     """Two-way setups: what a replication worker applied is not sent back (a non-superuser's
     session is asked too: the check is the capture's own SECURITY DEFINER function)."""
