@@ -10,12 +10,15 @@ PostgreSQL 15 to 18 let only a superuser create an event trigger):
   whoever runs the DDL, and calls its functions by name);
 * ``applier_ddl.version()``: the version of what is installed
   (:data:`CAPTURE_VERSION`), so that a later applier knows what it upgrades;
-* ``applier_ddl.origin_is_setup()``: ``pg_replication_origin_session_is_setup()``
-  as ``SECURITY DEFINER`` (only a superuser may call it; the function says
-  nothing but whether the caller's own session has an origin);
 * ``applier_ddl.sql_drop(tag)`` and ``applier_ddl.command_end(tag, search_path)``:
   the capture itself (``SET search_path = pg_catalog, pg_temp``: no object on
-  the user's path is ever called);
+  the user's path is ever called). ``command_end`` is ``SECURITY DEFINER``:
+  it asks ``pg_replication_origin_session_is_setup()`` (a superuser's) and
+  emits as its owner, so ``EXECUTE`` on ``pg_logical_emit_message`` may be
+  revoked from ``PUBLIC`` (see "Who may write a message") and DDL is still
+  captured. It takes no content: the statement is ``current_query()`` and the
+  objects are what the event trigger functions report, so calling it can only
+  emit the DDL being run;
 * two event triggers, ``applier_ddl_sql_drop`` (``sql_drop``) and
   ``applier_ddl_command_end`` (``ddl_command_end``), whose functions only call
   the two above and swallow any error.
@@ -83,6 +86,17 @@ capture writes an empty transactional message of its own prefix
 (:data:`PAD_PREFIX`, ignored by the worker, as is any prefix but
 ``applier.ddl``): that one may tie, the captured message no longer can.
 
+Who may write a message
+=======================
+
+The worker runs what an ``applier.ddl`` message says. Any role that may call
+``pg_logical_emit_message`` (``PUBLIC`` may, by default) can write one, with
+any statement in it; ``REVOKE EXECUTE ON FUNCTION`` both of them (``text``
+and ``bytea`` content) ``FROM PUBLIC`` leaves that to the capture (its
+owner's) and to the roles granted it (``applier ddl run``'s). What the
+capture emits is still what the source's users ran, replayed with the
+worker's privileges on the target.
+
 Never in the way of the user's DDL
 ==================================
 
@@ -137,10 +151,6 @@ _FUNCTIONS = """
 CREATE FUNCTION {schema}.version() RETURNS integer LANGUAGE sql IMMUTABLE
 AS 'SELECT {capture_version}';
 
-CREATE FUNCTION {schema}.origin_is_setup() RETURNS boolean LANGUAGE sql STABLE
-SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-AS 'SELECT pg_catalog.pg_replication_origin_session_is_setup()';
-
 -- The objects of a list to emit, and whether any was left out (temporary, made by
 -- an extension's script, or applier's own).
 CREATE FUNCTION {schema}.keep(objs jsonb) RETURNS jsonb LANGUAGE sql IMMUTABLE
@@ -179,7 +189,7 @@ END
 $body$;
 
 CREATE FUNCTION {schema}.command_end(tag text, path text) RETURNS void LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
+SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 AS $body$
 DECLARE
   dropped jsonb := coalesce(nullif(current_setting({dropped}, true), '')::jsonb, '[]');
@@ -189,7 +199,7 @@ DECLARE
   statement text := current_query();
 BEGIN
   PERFORM set_config({dropped}, '', true);
-  IF mode = 'off' OR {schema}.origin_is_setup() THEN
+  IF mode = 'off' OR pg_replication_origin_session_is_setup() THEN
     RETURN;
   END IF;
   SELECT coalesce(jsonb_agg(o ORDER BY n), '[]') INTO made FROM (

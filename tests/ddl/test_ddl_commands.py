@@ -57,7 +57,6 @@ def test_install_twice_then_uninstall_twice(src: Source) -> None:
         "function applier_ddl.keep(jsonb)",
         "function applier_ddl.on_ddl_command_end()",
         "function applier_ddl.on_sql_drop()",
-        "function applier_ddl.origin_is_setup()",
         "function applier_ddl.sql_drop(text)",
         "function applier_ddl.version()",
         "schema applier_ddl",
