@@ -37,9 +37,9 @@ position in its transaction. So a DROP that fires both triggers is one
 message, whose objects say ``dropped``.
 
 The objects: each one ``pg_event_trigger_ddl_commands()`` names (once), and
-of the dropped ones those the
-statement named, and those with a name of their own (tables, views, types,
-...) that went with them through a normal dependency (``CASCADE``); not the
+of the dropped ones those the statement named, and those with a name of their
+own (tables, views, types, ...) that went with them through a normal
+dependency (``CASCADE``); not the
 row and array types, TOAST tables, indexes, defaults and constraints that go
 with every table (``object_name`` is null for the parts of a table), nor an
 extension's members (``DROP EXTENSION`` names the extension).
@@ -80,8 +80,9 @@ subtransactions' lists, and queues a message at the LSN where its record
 the next record starts. The capture runs in a subtransaction (the
 ``EXCEPTION`` block below; the user's ``SAVEPOINT`` makes one too), so when the
 transaction's next change is the very next record, the two tie and the
-merge may send the change first (seen on 15: ``ALTER TABLE ... ADD COLUMN``
-then an ``INSERT`` decoded as INSERT, message). So right after it the
+merge may send the change first (seen on 15 and 18: ``ALTER TABLE ... ADD
+COLUMN`` then an ``INSERT`` decoded as INSERT, message;
+``tests/ddl/test_capture.py`` fails without the pad). So right after it the
 capture writes an empty transactional message of its own prefix
 (:data:`PAD_PREFIX`, ignored by the worker, as is any prefix but
 ``applier.ddl``): that one may tie, the captured message no longer can.
