@@ -10,6 +10,9 @@ Transactions are added in source commit order and numbered 1, 2, ... (``seq``).
   the other writes or reads) has *committed*, not merely applied: its statements
   must see those rows. A barrier may start when every earlier transaction has
   committed, and no later one starts before it has.
+* **Sessions** take ready transactions lowest seq first
+  (:meth:`Schedule.next_ready`), so the next one to commit is never left
+  without a session behind others waiting for their turn.
 * **Commit**: a transaction commits only after its predecessor committed, so
   the committed transactions are always a prefix of the source's order
   (:mod:`.origins` builds exactly-once on that).
@@ -128,16 +131,15 @@ class Schedule:
         """The transactions that may start now, lowest seq (next to commit) first."""
         return sorted(self._ready)
 
-    def start(self, seq: int) -> None:
-        """``seq`` was handed to a session."""
-        if seq not in self._ready:
-            raise ValueError(f"transaction {seq} may not start now")
-        self._ready.remove(seq)
-        heapq.heapify(self._ready)
-        self._started.add(seq)
-
     def next_ready(self) -> int | None:
-        """Take the lowest seq that may start (started from now on), or None."""
+        """Take the lowest seq that may start (started from now on), or None.
+
+        Only lowest first: a session holds its transaction until it commits, so
+        sessions given later transactions while the next one to commit waits for
+        a session would wait for a turn that never comes (the generated histories
+        found it: one session, T4 started while T3 was ready). Lowest first, the
+        next to commit is always ready and takes the next free session.
+        """
         if not self._ready:
             return None
         seq = heapq.heappop(self._ready)
