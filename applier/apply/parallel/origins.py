@@ -66,7 +66,7 @@ from typing import Any
 
 import psycopg
 
-from applier.apply.target.origin import ensure_origin, origin_progress
+from applier.apply.target.origin import ensure_origin
 from applier.errors import PermanentError
 from applier.lsn import Lsn
 
@@ -81,6 +81,12 @@ SELECT roname, pg_catalog.pg_replication_origin_progress(roname, true)::text
  WHERE pg_catalog.left(roname, %(n)s) = %(prefix)s
    AND pg_catalog.substr(roname, %(n)s + 1) ~ '^[0-9]+$'
  ORDER BY roname
+"""
+
+
+_PLAIN = """
+SELECT pg_catalog.pg_replication_origin_progress(roname, true)::text
+  FROM pg_catalog.pg_replication_origin WHERE roname = %(name)s
 """
 
 
@@ -110,8 +116,11 @@ def group_progress(conn: psycopg.Connection[Any], origin: str) -> dict[str, Lsn]
 
 
 def restart_point(conn: psycopg.Connection[Any], origin: str) -> Lsn:
-    """Where the stream restarts: the largest progress of ``origin`` and its group."""
-    return max([origin_progress(conn, origin), *group_progress(conn, origin).values()])
+    """Where the stream restarts: the largest progress of ``origin`` and its group
+    (``Lsn(0)`` when none of them exists or has progress)."""
+    row = conn.execute(_PLAIN, {"name": origin}).fetchone()
+    plain = Lsn(0) if row is None or row[0] is None else Lsn.parse(str(row[0]))
+    return max([plain, *group_progress(conn, origin).values()])
 
 
 def drop_group(conn: psycopg.Connection[Any], origin: str) -> list[str]:
