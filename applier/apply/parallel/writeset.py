@@ -90,21 +90,22 @@ class KeySpace:
 class KeyCols:
     """One key of a table: its number and the source columns that fill it."""
 
-    __slots__ = ("_get", "idx", "kid", "multi", "nulls_collide")
+    __slots__ = ("get", "idx", "kid", "multi", "nulls_collide")
 
     def __init__(self, kid: int, idx: tuple[int, ...], nulls_collide: bool = False) -> None:
         self.kid = kid
         self.idx = idx
         self.multi = len(idx) > 1
         self.nulls_collide = nulls_collide
-        self._get = itemgetter(*idx)
+        #: values -> the key's value (one column) or values (a tuple).
+        self.get = itemgetter(*idx)
 
     def key(self, tup: TupleData, unsent: bool) -> int | None:
         """The key of ``tup``'s values; None when NULLs make it collide with nothing;
         :data:`UNKNOWN` when a value was not sent (``unsent``: the tuple has some)."""
         if unsent and any(tup.kinds[i] == _U for i in self.idx):
             return UNKNOWN
-        v = self._get(tup.values)
+        v = self.get(tup.values)
         if not self.nulls_collide and (None in v if self.multi else v is None):
             return None
         return hash((self.kid, v))
@@ -134,6 +135,9 @@ class TableKeys:
     parent_tables: frozenset[int] = frozenset()
     #: Why a new row of this table is a barrier: a firing foreign key it cannot key.
     fk_barrier: str | None = None
+    #: The identity's key when it is the table's only key (no other unique index,
+    #: no foreign key, keyable): the common case, keyed without the general loop.
+    simple: KeyCols | None = None
 
     @classmethod
     def build(
@@ -173,9 +177,11 @@ class TableKeys:
         known = set(ident.idx) if ident is not None else set()
         partial_old = any(not set(s.idx) <= known for s in sets.values())
         parents, parent_tables, fk_barrier = _parents(rm, keys, space, src)
+        only = ident is not None and len(sets) == 1 and not wide and not parents
+        simple = ident if only and fk_barrier is None else None
         return cls(
             True, None, table, wide, tuple(sets.values()), ident, partial_old,
-            parents, parent_tables, fk_barrier,
+            parents, parent_tables, fk_barrier, simple,
         )  # fmt: skip
 
 
@@ -240,6 +246,12 @@ class Collector:
     # -- changes -------------------------------------------------------------------
 
     def insert(self, tk: TableKeys, change: Insert) -> None:
+        simple = tk.simple
+        if simple is not None:
+            # An identity is never NULL (a primary key, or a NOT NULL index).
+            self.writes.add(hash((simple.kid, simple.get(change.new.values))))
+            self.reads.add(tk.table)
+            return
         if not tk.included:
             return
         if tk.barrier is not None:
@@ -256,12 +268,20 @@ class Collector:
             self._parents(tk, new, False)
 
     def update(self, tk: TableKeys, change: Update) -> None:
+        simple = tk.simple
+        new, old = change.new, change.old
+        if simple is not None and _U not in new.kinds and (old is None or change.old_kind == "K"):
+            writes = self.writes
+            writes.add(hash((simple.kid, simple.get(new.values))))
+            if old is not None:
+                writes.add(hash((simple.kid, simple.get(old.values))))
+            self.reads.add(tk.table)
+            return
         if not tk.included:
             return
         if tk.barrier is not None:
             self.mark(tk.barrier)
             return
-        new, old = change.new, change.old
         unsent = _U in new.kinds
         wide = self._add(tk.sets, new, unsent) or tk.wide
         if old is None:
@@ -277,6 +297,11 @@ class Collector:
             self._parents(tk, new, unsent)
 
     def delete(self, tk: TableKeys, change: Delete) -> None:
+        simple = tk.simple
+        if simple is not None and change.old_kind == "K":
+            self.writes.add(hash((simple.kid, simple.get(change.old.values))))
+            self.reads.add(tk.table)
+            return
         if not tk.included:
             return
         if tk.barrier is not None:
