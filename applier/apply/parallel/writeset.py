@@ -55,7 +55,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from operator import itemgetter
-from typing import Any
 
 from applier.apply.parallel.tablekeys import TargetKeys
 from applier.apply.sql.mapping import RelMap
@@ -361,8 +360,3 @@ class Collector:
             if k is not None and k != UNKNOWN:
                 reads.add(k)
         reads.update(tk.parent_tables)
-
-
-def describe(ws: WriteSet) -> dict[str, Any]:
-    """A write set for logs and status: sizes, not the keys."""
-    return {"writes": len(ws.writes), "reads": len(ws.reads), "barrier": ws.barrier}
