@@ -7,13 +7,16 @@ creating, reading and dropping the group, a restart point after the members
 advanced unequally, and the proof's cases played with real target sessions
 committing in order through the in-COMMIT stamp: a session lost after its
 commit, and one lost before its commit reached the server while the other
-session holds the previous transaction's position. PostgreSQL 19's shared
+session holds the previous transaction's position; and an immediate stop of
+the target after ordered commits with synchronous_commit off keeping a prefix
+and its restart point. PostgreSQL 19's shared
 origin is not available on this machine: only its version switch is tested.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import psycopg
 import pytest
@@ -160,3 +163,36 @@ def test_a_session_lost_between_its_commit_and_its_successors(
         assert (rows, point) == ([1], e1)
         assert members == {member(origin, 1): Lsn(0), member(origin, 2): e1}
     assert e3 > point  # T3 is resent either way
+
+
+@pytest.mark.parametrize("version", [15, 18])
+def test_an_immediate_stop_keeps_a_prefix_and_its_restart_point(
+    make_pair: Callable[..., Pair], version: int
+) -> None:
+    """Two sessions commit T1..T200 in order, alternately, with synchronous_commit
+    off (a commit returns before its WAL is flushed), then the target stops
+    immediately: what survives is a prefix T1..Tm of the order (commit records
+    are in the WAL in commit order), and the group's restart point is E_m."""
+    pair = make_pair(15, version)
+    origin = f"o_{pair.pub_db}"
+    upgrade_target(pair.sub_dsn)
+    pair.sub_exec("CREATE TABLE t (id int PRIMARY KEY)")
+    with connect(pair.sub_dsn, side="target", purpose="applier test") as admin:
+        create_group(admin, origin, 2)
+    sessions = [TargetSession(pair.sub_dsn, member(origin, i), "off") for i in (1, 2)]
+    try:
+        for k in range(1, 201):
+            s = sessions[k % 2]
+            s.begin()
+            s.execute_sql(f"INSERT INTO public.t VALUES ({k})".encode(), "insert")
+            s.commit(Lsn(k << 20), now_pg_timestamp(), lambda local: None, wait=True)
+        pair.sub.stop("immediate")
+    finally:
+        for s in sessions:
+            s.close()
+    pair.sub.start()
+    rows = [r[0] for r in pair.sub_exec("SELECT id FROM t ORDER BY id")]
+    m = len(rows)
+    assert rows == list(range(1, m + 1))
+    with connect(pair.sub_dsn, side="target", purpose="applier test") as admin:
+        assert restart_point(admin, origin) == Lsn(m << 20)
