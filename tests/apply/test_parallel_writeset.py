@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from conftest import Pair
 
+from applier.apply.parallel.schedule import Schedule
 from applier.apply.parallel.tablekeys import ForeignKey, TargetKeys, UniqueIndex, load
 from applier.apply.parallel.writeset import Collector, KeySpace, TableKeys, WriteSet
 from applier.apply.sql.mapping import Catalog, RelMap, TargetColumn, TargetTable, build
@@ -144,6 +145,18 @@ def test_write_sets_from_a_real_stream(pair: Pair) -> None:
     assert sets[15].barrier is not None and "public.watched" in sets[15].barrier
     assert sets[16].barrier == "a schema change"
     assert conflict(18, 1) and not conflict(18, 2)
+    # Scheduled with a session per transaction: what may start before anything commits.
+    schedule = Schedule()
+    for ws in sets:
+        schedule.add(ws)
+    assert schedule.ready() == [1, 2, 6, 8, 11, 12]
+    started = [schedule.next_ready() for _ in range(6)]
+    assert schedule.commit(1) == [3]  # T3 waited for T1 only
+    for seq in range(2, 15):
+        while schedule.next_ready() is not None:
+            pass
+        schedule.commit(seq)
+    assert schedule.ready() == [15] and started == [1, 2, 6, 8, 11, 12]  # the TRUNCATE
 
 
 def test_table_keys_from_a_real_target(pair: Pair) -> None:
