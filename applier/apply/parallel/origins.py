@@ -51,8 +51,8 @@ E_k accordingly. No transaction is skipped, none applied twice.
 A group of another size (``workers`` changed between runs) reads the same way:
 an origin left from a larger group holds the end of a committed transaction
 too. A name clash with another worker's origin (``a`` with N sessions and a
-worker whose origin is ``a_2``) is refused when sessions start (the wiring's
-second-worker check reads the group).
+worker whose origin is ``a_2``) would mix two streams' positions: the wiring's
+second-worker check must read the group and refuse it (not built yet).
 
 On PostgreSQL 19+ the sessions share ``<origin>``; every commit advances it,
 and ordered commits make it monotone: the restart point is read as today.
