@@ -86,6 +86,7 @@ from applier.apply.batching.paths import refresh as refresh_paths
 from applier.apply.core.states import State, Txn, check_move
 from applier.apply.core.tally import Tally
 from applier.apply.handlers.changes import RowChanges
+from applier.apply.handlers.follow import Follower
 from applier.apply.handlers.groupcommit import max_age
 from applier.apply.handlers.relations import RelationCache
 from applier.apply.handlers.schema import SchemaChanges
@@ -102,9 +103,7 @@ from applier.apply.sql.planner import Planner
 from applier.apply.target.origin import FLUSHED, FlushTracker
 from applier.apply.target.session import TargetSession
 from applier.config import Config
-from applier.errors import (
-    ProtocolError,
-)
+from applier.errors import ProtocolError
 from applier.lag import PendingCommits
 from applier.lsn import Lsn
 from applier.protocol import (
@@ -248,6 +247,8 @@ class Applier:
         )
         #: The seam every schema change goes through (applier.apply.handlers.schema).
         self.schema = SchemaChanges(self, session, self.rels, catalog)
+        if cfg.schema.follow:  # applier.apply.handlers.follow
+            self.rels.follow = Follower(cfg.source.conninfo(), self.schema.query)
         self.twophase = TwoPhaseTxns(
             self,
             self.resolver,
