@@ -3,9 +3,6 @@ nothing installed on the source (issue 33 item 1; applier/apply/handlers/follow.
 
 from __future__ import annotations
 
-import re
-import time
-
 import pytest
 from applykit import Runner, origin_lsn, wait_equal, wait_for
 from conftest import Pair
@@ -122,7 +119,9 @@ def test_widening_follows_and_narrowing_stops(pair: Pair) -> None:
     runner = _start(pair, "CREATE TABLE t (id int PRIMARY KEY, s varchar(5), n numeric(6,2))")
     pair.pub_exec("INSERT INTO t VALUES (1, 'abc', 1.5)")
     wait_equal(pair, ["t"], runner=runner)
-    pair.pub_exec("ALTER TABLE t ALTER COLUMN s TYPE varchar(20), ALTER COLUMN n TYPE numeric(12,2)")
+    pair.pub_exec(
+        "ALTER TABLE t ALTER COLUMN s TYPE varchar(20), ALTER COLUMN n TYPE numeric(12,2)"
+    )
     pair.pub_exec("INSERT INTO t VALUES (2, 'a longer value', 1234567.25)")
     wait_equal(pair, ["t"], runner=runner)
     q = "SELECT format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = 't'::regclass AND attnum > 1 ORDER BY attnum"  # noqa: E501

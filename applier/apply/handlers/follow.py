@@ -173,11 +173,10 @@ def _retyped(
 
 
 def _same(default: str, missing: str | None) -> bool:
-    """Whether the default expression is the missing value itself (``9``, ``'x'::text``):
-    the column's DEFAULT clause gave it already."""
-    if missing is None:
-        return False
-    return default == missing or default.startswith(sql.Literal(missing).as_string(None) + "::")
+    """Whether the default expression is the missing value itself (``9``): the
+    column's DEFAULT clause gave it already, spelt the same. (A string's keeps its
+    own cast, ``'x'::character varying``: set again, so the two catalogs agree.)"""
+    return missing is not None and default == missing
 
 
 def _has_dropped(src: psycopg.Connection[Any], rel: Relation) -> bool:
