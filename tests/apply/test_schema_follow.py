@@ -172,3 +172,50 @@ def test_kill_between_the_alter_and_its_commit(pair: Pair) -> None:
         'ALTER TABLE "public"."t" ADD COLUMN "d" integer DEFAULT \'9\'::integer'
     ]
     assert runner.stop() == 0
+
+
+@pytest.mark.parametrize("pair", ["15-18"], indirect=True)
+def test_added_column_first_seen_in_a_live_streamed_transaction(pair: Pair) -> None:
+    """The first Relation message of a session arrives in a streamed transaction applied
+    live: the schema change waits for its commit (restreamed, replayed from its spool)."""
+    pair.pub.execute(f"ALTER DATABASE \"{pair.pub_db}\" SET logical_decoding_work_mem = '64kB'")
+    runner = _start(pair, "CREATE TABLE t (id int PRIMARY KEY, v text)")
+    pair.pub_exec("INSERT INTO t SELECT g, 'a' FROM generate_series(1, 100) g")
+    wait_equal(pair, ["t"], runner=runner)
+    assert runner.stop() == 0
+    pair.pub_exec("ALTER TABLE t ADD COLUMN k int DEFAULT 42")
+    runner = Runner(pair, runner.config, "applier2.log").start().ready()
+    pair.pub_exec("INSERT INTO t SELECT g, repeat('x', 50), g FROM generate_series(101, 9000) g")
+    wait_equal(pair, ["t"], runner=runner, timeout=120)
+    assert len(_recorded(pair)) == 1
+    assert "a schema change is applied at the transaction's commit" in runner.log()
+    assert runner.stop() == 0
+
+
+@pytest.mark.parametrize("pair", ["15-18"], indirect=True)
+def test_added_column_in_a_careful_replay(pair: Pair) -> None:
+    """A transaction replayed with a savepoint per change (a conflict policy takes its
+    failure) runs its schema change once, outside the changes' savepoints."""
+    pair.pub_exec("CREATE TABLE t (id int PRIMARY KEY, u int)")
+    pair.sub_exec("CREATE TABLE t (id int PRIMARY KEY, u int UNIQUE)")
+    pair.pub_exec("CREATE PUBLICATION pub FOR ALL TABLES")
+    cfg = pair.write_config()
+    cfg.write_text(cfg.read_text() + '\n[conflicts]\ndefault = { update_exists = "skip" }\n')
+    assert Runner(pair, cfg, "slot.log").start().ready().stop() == 0
+    pair.sub_exec("INSERT INTO t VALUES (100, 5)")
+    pair.pub_exec(
+        "INSERT INTO t VALUES (1, 1);"
+        "BEGIN; INSERT INTO t VALUES (6, 6); ALTER TABLE t ADD COLUMN c int DEFAULT 4;"
+        "UPDATE t SET u = 5 WHERE id = 1; INSERT INTO t VALUES (7, 7, 7); COMMIT;"
+        "INSERT INTO t VALUES (8, 8, 8);"
+    )
+    runner = Runner(pair, cfg).start().ready()
+    q = "SELECT to_jsonb(t) FROM t ORDER BY id"
+    want = [
+        {"id": 1, "u": 1, "c": 4}, {"id": 6, "u": 6, "c": 4}, {"id": 7, "u": 7, "c": 7},
+        {"id": 8, "u": 8, "c": 8}, {"id": 100, "u": 5, "c": 4},
+    ]  # fmt: skip
+    wait_for(lambda: [r[0] for r in pair.sub_exec(q)] == want, 30, "the rows")
+    assert "replaying with a savepoint per change" in runner.log()
+    assert len(_recorded(pair)) == 1
+    assert runner.stop() == 0
