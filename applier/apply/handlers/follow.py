@@ -31,11 +31,12 @@ says of them:
   that value as its default (PostgreSQL's own fast default: no rewrite), then
   given the source's current default (or none).
 * no missing value and no default now: the column was added without a default,
-  so those rows read NULL. (A column added with a volatile default whose
-  default was dropped since reads the same in the catalog; that one case is
-  taken as NULL.)
-* no missing value but a default now, or an identity: either added with a
-  volatile default (``clock_timestamp()``, ``nextval``: every row got its own
+  so those rows read NULL. (One history reads the same in the catalog and is
+  taken as NULL too: a default that gave rows their own values in a rewrite, a
+  volatile one or one followed by a rewrite, and was then dropped.)
+* no missing value but a default now, or an identity (or a generated column
+  a PostgreSQL 18 source publishes; the target gets a plain column): either
+  added with a volatile default (``clock_timestamp()``, ``nextval``: every row got its own
   value in a rewrite), or with a default and the table rewritten since, or
   without one and ``SET DEFAULT`` later (rows NULL). The three cannot be told
   apart, so unless the target table has no rows (then nothing can be wrong) the
@@ -91,7 +92,7 @@ _COLUMNS = """
 SELECT a.attname, a.atttypid, a.atttypmod,
        pg_catalog.format_type(a.atttypid, a.atttypmod), a.attnotnull, a.atthasmissing,
        (a.attmissingval::text::text[])[1], pg_catalog.pg_get_expr(d.adbin, d.adrelid),
-       a.attidentity <> '', cn.nspname, co.collname
+       a.attidentity <> '' OR a.attgenerated <> '', cn.nspname, co.collname
   FROM pg_catalog.pg_attribute a
   JOIN pg_catalog.pg_class c ON c.oid = a.attrelid
   JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
@@ -244,7 +245,7 @@ class _Plan:
             self._add_one(c, row)
 
     def _add_one(self, c: Column, row: tuple[Any, ...]) -> None:
-        _, oid, _, type_sql, notnull, hasmissing, missing, default, identity, cns, coll = row
+        _, oid, _, type_sql, notnull, hasmissing, missing, default, per_row, cns, coll = row
         if oid >= FIRST_NORMAL_OID:
             self._check_type(c, str(type_sql))
         col = sql.Identifier(c.name)
@@ -258,16 +259,16 @@ class _Plan:
             parts.append(sql.SQL("DEFAULT {}").format(value))
             filled = True
         else:
-            unknowable = default is not None or identity or (hasmissing and missing is None)
+            unknowable = default is not None or per_row or (hasmissing and missing is None)
             if unknowable and self.has_rows():
-                raise self._unknowable(c, str(type_sql), default, bool(identity))
-            filled = not self.has_rows()
-        if notnull and filled:
+                raise self._unknowable(c, str(type_sql), default, bool(per_row))
+            filled = False
+        if notnull and (filled or not self.has_rows()):
             parts.append(sql.SQL("NOT NULL"))
         self._stmt(sql.SQL(" ").join(parts))
         if hasmissing and missing is not None and default is None:
             self._alter(c.name, sql.SQL("DROP DEFAULT"))  # dropped on the source since
-        elif default is not None and not identity and not _same(default, missing):
+        elif default is not None and not per_row and not _same(default, missing):
             self._alter(c.name, sql.SQL("SET DEFAULT {}").format(sql.SQL(default)))
 
     def _check_type(self, c: Column, type_sql: str) -> None:
@@ -298,9 +299,9 @@ class _Plan:
         )
 
     def _unknowable(
-        self, c: Column, type_sql: str, default: str | None, identity: bool
+        self, c: Column, type_sql: str, default: str | None, per_row: bool
     ) -> SchemaMismatch:
-        how = "an identity" if identity else f"the default {default}"
+        how = "an identity or generation expression" if per_row else f"the default {default}"
         col = sql.Identifier(c.name).as_string(None)
         return SchemaMismatch(
             f"table {self.name}: column {c.name!r} was added on the source with {how} "
