@@ -219,3 +219,31 @@ def test_added_column_in_a_careful_replay(pair: Pair) -> None:
     assert "replaying with a savepoint per change" in runner.log()
     assert len(_recorded(pair)) == 1
     assert runner.stop() == 0
+
+
+@pytest.mark.parametrize("pair", ["15-18"], indirect=True)
+def test_a_statement_the_target_refuses_stops_and_leaves_nothing(pair: Pair) -> None:
+    """The seam's failure: exit 3 naming the statement, LSN, xid and table; the column
+    added before it in the same target transaction is rolled back with it."""
+    runner = _start(pair, "CREATE TABLE t (id int PRIMARY KEY)")
+    pair.pub_exec("INSERT INTO t VALUES (1)")
+    wait_equal(pair, ["t"], runner=runner)
+    before = origin_lsn(pair, pair.slot)
+    pair.pub_exec(
+        "CREATE FUNCTION seven() RETURNS int IMMUTABLE LANGUAGE sql AS 'SELECT 7';"
+        "ALTER TABLE t ADD COLUMN d int DEFAULT 5; ALTER TABLE t ALTER COLUMN d SET DEFAULT seven()"
+    )
+    pair.pub_exec("INSERT INTO t VALUES (2)")
+    assert runner.wait(60) == 3
+    line = _error_line(runner)
+    assert "refused a schema change" in line and "public.seven()" in line, line
+    assert "lsn=" in line and "xid=" in line and "table=public.t" in line, line
+    assert origin_lsn(pair, pair.slot) == before
+    assert pair.sub_exec("SELECT count(*) FROM pg_attribute WHERE attname = 'd'") == [(0,)]
+    assert _recorded(pair) == []
+    # Created on the target, the restarted worker runs both statements, once.
+    pair.sub_exec("CREATE FUNCTION seven() RETURNS int IMMUTABLE LANGUAGE sql AS 'SELECT 7'")
+    runner = Runner(pair, runner.config, "applier2.log").start().ready()
+    wait_equal(pair, ["t"], runner=runner)
+    assert len(_recorded(pair)) == 2
+    assert runner.stop() == 0
