@@ -6,7 +6,8 @@ sections mirror the product: ``[source]`` and ``[target]`` connections,
 ``[tables]`` include/exclude patterns, ``[apply]`` for the worker,
 ``[bootstrap]`` for the Spark copy, ``[logging]``, ``[status]`` for the health
 thresholds of ``applier status``, ``[metrics]`` for the Prometheus endpoint,
-``[verify]`` for the load of ``applier verify``.
+``[verify]`` for the load of ``applier verify``, ``[schema]`` for schema changes
+the stream shows.
 
 Every key may also come from an ``APPLIER_*`` environment variable, which
 wins over the file (:mod:`applier.configenv`).
@@ -432,6 +433,16 @@ class VerifyConfig(_Section, frozen=True):
     catchup_timeout: Annotated[float, Meta(ge=0)] = 60.0
 
 
+class SchemaConfig(_Section, frozen=True):
+    """``[schema]``: what the worker does when the stream shows the source's schema
+    changed (issue 33; applier/apply/handlers/follow.py)."""
+
+    #: A column a Relation message names and the target lacks is added on the
+    #: target (and a type widened in place), in the target transaction of the first
+    #: change needing it; False: the worker stops with the ALTER TABLE to run.
+    follow: bool = True
+
+
 class Config(_Section, frozen=True):
     source: SourceConfig
     target: TargetConfig
@@ -443,6 +454,7 @@ class Config(_Section, frozen=True):
     status: StatusConfig = msgspec.field(default_factory=StatusConfig)
     metrics: MetricsConfig = msgspec.field(default_factory=MetricsConfig)
     verify: VerifyConfig = msgspec.field(default_factory=VerifyConfig)
+    schema: SchemaConfig = msgspec.field(default_factory=SchemaConfig)
     #: The file it came from (set by load_config; not a key of the file).
     path: Path | None = None
 

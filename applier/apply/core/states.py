@@ -94,6 +94,9 @@ class Txn:
     seen: list[Any] | None = None
     #: Not applied for its replication origin (``[source] origin = "none"``).
     filtered: bool = False
+    #: It changed the target's schema (applier.apply.handlers.schema): it commits
+    #: alone, never grouped with the source transactions after it.
+    barrier: bool = False
 
 
 class ChangeCtx:

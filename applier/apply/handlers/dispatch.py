@@ -23,7 +23,8 @@ The Applier holds the session state (the C dispatch loop reads ``state`` and
 ``live``) and owns its parts, each given the Protocol of what it uses
 (:mod:`applier.apply.handlers.ports`): row changes (:mod:`applier.apply.handlers.changes`),
 conflicts and skip rules (:mod:`applier.apply.rules.resolve`), streamed transactions
-(:mod:`applier.apply.handlers.streamed`), two-phase (:mod:`applier.apply.handlers.twophase`).
+(:mod:`applier.apply.handlers.streamed`), two-phase (:mod:`applier.apply.handlers.twophase`),
+schema changes (:mod:`applier.apply.handlers.schema`, the seam they all go through).
 
 LSN tracking and feedback
 =========================
@@ -85,8 +86,10 @@ from applier.apply.batching.paths import refresh as refresh_paths
 from applier.apply.core.states import State, Txn, check_move
 from applier.apply.core.tally import Tally
 from applier.apply.handlers.changes import RowChanges
+from applier.apply.handlers.follow import Follower
 from applier.apply.handlers.groupcommit import max_age
 from applier.apply.handlers.relations import RelationCache
+from applier.apply.handlers.schema import SchemaChanges
 from applier.apply.handlers.spool import SpoolSet
 from applier.apply.handlers.streamed import Live, StreamedTxns
 from applier.apply.handlers.twophase import TwoPhaseTxns
@@ -100,9 +103,7 @@ from applier.apply.sql.planner import Planner
 from applier.apply.target.origin import FLUSHED, FlushTracker
 from applier.apply.target.session import TargetSession
 from applier.config import Config
-from applier.errors import (
-    ProtocolError,
-)
+from applier.errors import ProtocolError
 from applier.lag import PendingCommits
 from applier.lsn import Lsn
 from applier.protocol import (
@@ -244,6 +245,10 @@ class Applier:
         self.changes = RowChanges(
             self, self.resolver, session, self.planner, self.cplanner, self.merger, catalog
         )
+        #: The seam every schema change goes through (applier.apply.handlers.schema).
+        self.schema = SchemaChanges(self, session, self.rels, catalog)
+        if cfg.schema.follow:  # applier.apply.handlers.follow
+            self.rels.follow = Follower(cfg.source.conninfo(), self.schema.query)
         self.twophase = TwoPhaseTxns(
             self,
             self.resolver,
@@ -390,6 +395,7 @@ class Applier:
             # not be confirmed before the group's commit).
             if (
                 groupable
+                and not txn.barrier
                 and self.group_txns + 1 < self.group_limit
                 and end_lsn > self.no_group_until
             ):

@@ -4,7 +4,8 @@ The :class:`~applier.apply.handlers.dispatch.Applier` owns its parts
 (:class:`~applier.apply.handlers.changes.RowChanges`,
 :class:`~applier.apply.rules.resolve.Resolver`,
 :class:`~applier.apply.handlers.streamed.StreamedTxns`,
-:class:`~applier.apply.handlers.twophase.TwoPhaseTxns`) and holds the session state
+:class:`~applier.apply.handlers.twophase.TwoPhaseTxns`,
+:class:`~applier.apply.handlers.schema.SchemaChanges`) and holds the session state
 they share: the dispatch state and the live transaction (which the C dispatch loop
 reads by name), the transaction in hand, the progress, the counters. A part is
 given the Applier typed as the Protocol below that names what it uses, and the
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
 
     from applier.apply.core.states import ChangeCtx, State, Txn
     from applier.apply.handlers.spool import SpoolSet
+    from applier.apply.handlers.streamed import Live
     from applier.apply.rules.skiprules import Rule
     from applier.apply.target.origin import FlushTracker
     from applier.apply.target.session import TargetSession
@@ -78,6 +80,18 @@ class Replay(Protocol):
 
     def replay(self, xid: int, commit_lsn: Lsn, gid: str | None = None, ts: int = 0) -> None:
         """Apply a spooled transaction through the change handlers (state TXN)."""
+
+
+class SchemaHost(Protocol):
+    """What the schema part reads of the Applier (:mod:`applier.apply.handlers.schema`)."""
+
+    @property
+    def txn(self) -> Txn | None: ...
+    @property
+    def live(self) -> Live | None: ...
+
+    def send_held(self, oid: int | None = None) -> None:
+        """Send the merged rows held for one table (``oid``) or for all."""
 
 
 class TxnFlow(Protocol):

@@ -35,6 +35,18 @@ raised before anything of the transaction is committed.
 The target is looked up once per mapping: a target table changed while the
 worker runs (a trigger added, a column added to fix a mismatch) is seen when
 the source sends a changed Relation message or the worker restarts.
+
+Schema changes
+==============
+
+Two hooks the schema part (:mod:`applier.apply.handlers.schema`) sets: ``view``,
+the catalog a mapping is looked up in (the apply session's own, while its open
+transaction changed the schema, since the catalog connection sees only what is
+committed), and with ``[schema] follow`` ``follow``, which says what to run on
+the target for a relation it lags behind (:mod:`applier.apply.handlers.follow`);
+those statements go through ``apply_schema`` (the seam) and the table is looked
+up again. :meth:`RelationCache.forget_tables` drops the mappings a schema change
+made stale.
 """
 
 from __future__ import annotations
@@ -42,13 +54,15 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 
 import psycopg
 
 from applier.apply.rules.policies import Policies
 from applier.apply.sql import mapping
-from applier.apply.sql.mapping import Catalog, RelMap
+from applier.apply.sql.ddlplan import SchemaStatement
+from applier.apply.sql.mapping import Catalog, RelMap, TargetTable
 from applier.config import Config
 from applier.errors import ApplyError, ProtocolError, SchemaMismatch, TransientError
 from applier.lsn import Lsn
@@ -88,11 +102,22 @@ class RelationCache:
         #: Built mappings, oldest first.
         self.relmaps: OrderedDict[int, RelMap] = OrderedDict()
         self.types: dict[int, tuple[str, str]] = {}
+        #: The Relation message a changed one superseded (what a type was before).
+        self.previous: dict[int, Relation] = {}
+        #: The catalog mappings are looked up in (see "Schema changes").
+        self.view: Callable[[], AbstractContextManager[Catalog]] = lambda: nullcontext(catalog)
+        #: ``[schema] follow``: the statements that bring a target table up to a
+        #: Relation message (none: it is up to it), and the seam that runs them.
+        self.follow: Follow | None = None
+        self.apply_schema: Callable[[Lsn, Sequence[SchemaStatement]], None] = _no_seam
 
     def on_relation(self, m: Relation) -> bool:
         """Record a Relation message; False when it equals the one in hand (mapping kept)."""
         if same_relation(self.relations.get(m.oid), m):
             return False
+        known = self.relations.get(m.oid)
+        if known is not None:
+            self.previous[m.oid] = known
         self.relations[m.oid] = m
         old = self.relmaps.pop(m.oid, None)
         if old is not None:
@@ -129,7 +154,7 @@ class RelationCache:
             return mapping.skipped(rel)
         table = f"{rel.namespace}.{rel.name}"
         try:
-            rm = self._map(rel)
+            rm = self._looked_up(rel, lsn)
         except SchemaMismatch as e:
             e.context.update({"lsn": str(Lsn(lsn)), "xid": xid})
             raise
@@ -161,9 +186,31 @@ class RelationCache:
         )
         return rm
 
-    def _map(self, rel: Relation) -> RelMap:
-        catalog = self.catalog
-        target = catalog.table(rel.namespace, rel.name)
+    def _looked_up(self, rel: Relation, lsn: Lsn) -> RelMap:
+        """The mapping of ``rel``, after bringing its target table up to it (follow)."""
+        with self.view() as catalog:
+            target = catalog.table(rel.namespace, rel.name)
+            if self.follow is None or target is None:
+                return self._map(rel, catalog, target)
+        # Outside the view: follow and the seam use the session themselves.
+        changes = self.follow(rel, self.previous.get(rel.oid), target)
+        if changes:
+            self.apply_schema(lsn, changes)
+        with self.view() as catalog:
+            if changes:
+                target = catalog.table(rel.namespace, rel.name)
+            return self._map(rel, catalog, target)
+
+    def forget_tables(self, tables: set[tuple[str, str]] | None) -> None:
+        """Drop the mappings of ``tables`` (schema, name), or all: the next change of
+        each is mapped again, against the target's catalog as it is now."""
+        for oid, rm in list(self.relmaps.items()):
+            rel = rm.relation
+            if tables is None or (rel.namespace, rel.name) in tables:
+                del self.relmaps[oid]
+                self.forget(rm)
+
+    def _map(self, rel: Relation, catalog: Catalog, target: TargetTable | None) -> RelMap:
         accepts = None
         if target is not None:
             binary = self.cfg.apply.binary
@@ -196,6 +243,15 @@ class RelationCache:
         # Per-row decisions: COPY runs and multi-row INSERTs cannot make them, and merged
         # UPDATEs could not (see applier.apply.rules.policies); the statements are per change.
         return dataclasses.replace(rm, policy=policy, merge=rm.merge and policy.merge)
+
+
+#: What ``[schema] follow`` plugs in: the statements that bring ``target`` up to the
+#: Relation message (given the one it superseded, if known), or none.
+Follow = Callable[[Relation, Relation | None, TargetTable], Sequence[SchemaStatement]]
+
+
+def _no_seam(lsn: Lsn, changes: Sequence[SchemaStatement]) -> None:
+    raise AssertionError("internal error: a schema change without the schema part")
 
 
 def _refuse_binary_doubts(catalog: Catalog, rel: Relation, target: mapping.TargetTable) -> None:
