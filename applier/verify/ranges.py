@@ -58,6 +58,8 @@ class VTable:
     est_rows: int = 0
     #: hashtextextended (both servers hash alike) or md5 (see applier.verify.hashing).
     fast_hash: bool = False
+    #: hash_record_extended: every column hashed by value (see applier.verify.hashing).
+    record_hash: bool = False
 
     @property
     def name(self) -> str:

@@ -55,8 +55,9 @@ class UpSpark:
 
 
 def _table(name: str, key: tuple[str, ...], key_types: tuple[str, ...], cols: tuple[str, ...],
-           fast: bool = True) -> VTable:  # fmt: skip
-    return VTable(("public", name), ("public", name), cols, key, key_types, fast_hash=fast)
+           fast: bool = True, record: bool = False) -> VTable:  # fmt: skip
+    return VTable(("public", name), ("public", name), cols, key, key_types, fast_hash=fast,
+                  record_hash=record)  # fmt: skip
 
 
 @pytest.fixture
@@ -73,15 +74,20 @@ def _named(res: task.RangeResult) -> set[int]:
 
 
 @pytest.mark.parametrize("pair", ["15-18"], indirect=True)  # the hashes alike across versions
-@pytest.mark.parametrize("fast", [True, False], ids=["hashtextextended", "md5"])
-def test_differences_on_range_and_piece_bounds(pair: Pair, sides: Sides, fast: bool) -> None:
+@pytest.mark.parametrize(
+    ("fast", "record"), [(True, True), (True, False), (False, False)],
+    ids=["hash_record_extended", "hashtextextended", "md5"],
+)  # fmt: skip
+def test_differences_on_range_and_piece_bounds(
+    pair: Pair, sides: Sides, fast: bool, record: bool
+) -> None:
     pair.both("CREATE TABLE edges (id bigint PRIMARY KEY, v text)")
     pair.both("INSERT INTO edges SELECT g, 'v' || g FROM generate_series(1, 3000) g")
     # The range [1000, 2000) cut at 1250, 1500, 1750: its own bounds, both
     # sides of a cut, the last key below hi; 2000 (hi) belongs to the next range.
     edge = [1000, 1249, 1250, 1749, 1750, 1999, 2000]
     pair.sub_exec(f"UPDATE edges SET v = 'changed' WHERE id IN ({','.join(map(str, edge))})")
-    t = _table("edges", ("id",), ("bigint",), ("id", "v"), fast)
+    t = _table("edges", ("id",), ("bigint",), ("id", "v"), fast, record)
     cuts = (("1250",), ("1500",), ("1750",))
     rng = KeyRange(("1000",), ("2000",), cuts)
     res = task.run_range(sides, t, rng, 10, {"public.edges": 0})
