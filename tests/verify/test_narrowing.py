@@ -12,6 +12,7 @@ and compares.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,8 +20,8 @@ import pytest
 from conftest import Pair
 
 from applier.verify import job, task
-from applier.verify.hashing import Catchup, Sides
-from applier.verify.ranges import KeyRange, VTable
+from applier.verify.hashing import Catchup, Sides, connect
+from applier.verify.ranges import INT_PIECE_ROWS, KeyRange, VTable, first_ranges
 
 NO_WAIT = Catchup("none", "none", False, 0.0)
 
@@ -219,3 +220,39 @@ def test_spark_tasks_and_driver_threads_find_the_same_rows(pair: Pair, spark: An
         [1, 2999, 3000, 6000, 4500, 7000]
     )
     assert sorted((s, t) for _, s, t in found["driver"]["public.nokey"]) == [(30, 29), (30, 31)]
+
+
+@pytest.mark.parametrize("pair", ["15-15"], indirect=True)
+def test_integer_key_pieces_cut_evenly_in_its_values(pair: Pair) -> None:
+    # A one-column integer key is cut every `step` values (not at sampled keys):
+    # keys far outside the sample (the type's ends), gaps and negative keys must
+    # each still fall in exactly one piece, and be named when they differ.
+    pair.both("CREATE TABLE ints (id bigint PRIMARY KEY, v text)")
+    pair.both(
+        "INSERT INTO ints SELECT g, 'v' FROM generate_series(1, 20000) g;"
+        "INSERT INTO ints SELECT g * 1000, 'gap' FROM generate_series(30, 60) g;"
+        "INSERT INTO ints VALUES (-9223372036854775808, 'min'), (-5, 'neg'),"
+        " (9223372036854775807, 'max')"
+    )
+    pair.pub_exec("CREATE PUBLICATION pub FOR ALL TABLES; ANALYZE ints")
+    src = connect(pair.pub_dsn, "source", 60)
+    try:
+        t = _table("ints", ("id",), ("bigint",), ("id", "v"))
+        ranges = first_ranges(src, t, 5000)
+    finally:
+        src.close()
+    assert len(ranges) > 1 and ranges[0].lo is None and ranges[-1].hi is None
+    for a, b in itertools.pairwise(ranges):
+        assert a.hi == b.lo
+    for r in ranges:
+        bounds = [int(c[0]) for c in r.cuts]
+        assert bounds == sorted(set(bounds))
+        assert all((r.lo is None or int(r.lo[0]) < c) and (r.hi is None or c < int(r.hi[0]))
+                   for c in bounds)  # fmt: skip
+    assert sum(len(r.cuts) + 1 for r in ranges) >= 20000 // INT_PIECE_ROWS
+    edge = [-9223372036854775808, -5, 1, 20000, 45000, 9223372036854775807]
+    pair.sub_exec(f"UPDATE ints SET v = 'changed' WHERE id IN ({','.join(map(str, edge))})")
+    pair.sub_exec("DELETE FROM ints WHERE id = 10000; INSERT INTO ints VALUES (25000, 'x')")
+    report = job.verify(pair.config(), NoSpark(), patterns=None, chunk_rows=5000, rounds=1)
+    named = {int(d.ident[0]) for t in report.tables for d in t.differences}
+    assert named == {*edge, 10000, 25000}
