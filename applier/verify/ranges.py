@@ -19,9 +19,13 @@ range is about ``chunk_rows`` rows ([verify] chunk_rows, default 1M: one
 query a side for a million rows, several ranges at once); the sampled keys
 inside it are its *cuts*: the range's first hash is taken per
 piece between them, in the same single scan (``width_bucket``), so a
-difference is already located to a piece of about ``PIECE_ROWS`` rows. The
-differing pieces of a range are then narrowed by buckets of a hash of the
-key (:mod:`.task`), which need no cut.
+difference is already located to a piece of about ``PIECE_ROWS`` rows. A
+one-column integer key is cut instead every ``step`` values between the
+range's bounds (:func:`even_cuts`), for pieces of about ``INT_PIECE_ROWS``
+rows: more pieces than the sample has keys, and none of the sampled gaps'
+unevenness (a difference falls more often in a big piece than in a small
+one). The differing pieces of a range are then narrowed by buckets of a
+hash of the key (:mod:`.task`), which need no cut.
 
 Keys compare under each server's collation: a text key whose collations
 sort differently on the two servers could put one row in different ranges
