@@ -120,6 +120,19 @@ LARGE_OBJECT_OWNERS = Need(
     "has it)",
 )
 
+# DDL capture on the source (applier.ddl): event triggers are a superuser's alone
+# (checked on 15, 17 and 18: "Must be superuser to create an event trigger").
+SOURCE_SUPERUSER = Need(
+    "source",
+    "superuser",
+    "PostgreSQL (15 to 18) lets only a superuser create or drop an event trigger",
+)
+EMIT_MESSAGE = Need(
+    "source",
+    "emit_message",
+    "`EXECUTE` on `pg_logical_emit_message` (everyone has it unless it was revoked)",
+)
+
 _RUN_FUNCTIONS = (
     "pg_replication_origin_create(text)",
     "pg_replication_origin_session_setup(text)",
@@ -164,6 +177,9 @@ NEEDS: dict[str, tuple[Need, ...]] = {
         SOURCE_SCHEMAS, SOURCE_TABLES, SOURCE_LARGE_OBJECTS, TARGET_SELECT, TARGET_LARGE_OBJECTS,
         _origin_functions("pg_replication_origin_progress(text, boolean)"),
     ),
+    "ddl install": (SOURCE_SUPERUSER,),
+    "ddl uninstall": (SOURCE_SUPERUSER,),
+    "ddl run": (EMIT_MESSAGE,),
 }  # fmt: skip
 
 
@@ -316,10 +332,13 @@ def _probes(need: Need, scope: Scope, f: _Facts) -> list[Probe]:
         return [_large_object_select(f)] if scope.large_objects else []
     if need.key == "large_object_owners":
         return [_member(role, f) for role in scope.large_object_roles]
+    if need.key == "superuser":
+        return [_superuser(f)]
+    if need.key == "emit_message":
+        return [_emit_message(f)]
     if need.key == "replica_role":
         if f.server_version < 150000:  # no GRANT SET ON PARAMETER before 15: superuser only
-            return [Probe("(SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user)",
-                          (), "SUPERUSER", "ROLE", _ident(f.role))]  # fmt: skip
+            return [_superuser(f)]
         return [
             Probe(
                 "pg_catalog.has_parameter_privilege('session_replication_role', 'SET')",
@@ -327,6 +346,21 @@ def _probes(need: Need, scope: Scope, f: _Facts) -> list[Probe]:
             )
         ]  # fmt: skip
     raise AssertionError(f"unknown need {need.key}")
+
+
+def _superuser(f: _Facts) -> Probe:
+    return Probe(
+        "(SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user)",
+        (), "SUPERUSER", "ROLE", _ident(f.role),
+    )  # fmt: skip
+
+
+def _emit_message(f: _Facts) -> Probe:
+    # 17 added the ``flush`` argument (default false): the same function, a new signature.
+    flush = ", boolean" if f.server_version >= 170000 else ""
+    fn = f"pg_catalog.pg_logical_emit_message(boolean, text, bytea{flush})"
+    expr = "pg_catalog.has_function_privilege(%s, 'EXECUTE')"
+    return Probe(expr, (fn,), "EXECUTE", "FUNCTION", fn)
 
 
 #: Every large object readable: lo_compat_privileges, superuser, or SELECT through

@@ -188,6 +188,7 @@ def run_all(args: argparse.Namespace, base: Path) -> None:
             + (f"[verify]\nparallelism = {args.parallelism}\n" if args.parallelism else "")
         )
         results: dict[str, dict[str, list[float]]] = {}
+        loads: list[float] = []
         for phase in ("start-up", "equal", "100 differences"):
             if phase == "100 differences":
                 expected = scatter_differences(_On(sub, db), args.rows)
@@ -214,9 +215,12 @@ def run_all(args: argparse.Namespace, base: Path) -> None:
                         dt, equal = bench_pgcopydb(pgcopydb, pub, sub, on)
                     assert equal == (phase != "100 differences"), (name, phase)
                     times[name].append(dt)
-                    print(f"{phase}: run {i}: {name:12s} {dt:7.1f} s", flush=True)
+                    load1 = os.getloadavg()[0]  # shared machine: each run's load beside it
+                    loads.append(load1)
+                    print(f"{phase}: run {i}: {name:12s} {dt:7.1f} s  load {load1:.1f}", flush=True)
             results[phase] = times
     print()
+    print(f"load average (1 min) at the runs' ends: {min(loads):.1f}-{max(loads):.1f}")
     print("| phase | method | median s | runs | applier / method |")
     print("| --- | --- | --- | --- | --- |")
     for phase, times in results.items():

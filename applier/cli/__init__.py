@@ -5,7 +5,8 @@ applier.cli`` and the ``applier`` console script both run it) and one module per
 command group: :mod:`.run`, :mod:`.bootstrap` (bootstrap, spark-archive),
 :mod:`.decode`, :mod:`.status`, :mod:`.skip` (the skip rules' subcommands),
 :mod:`.verify`, :mod:`.synctables`, :mod:`.cutover` (cutover, sync-sequences),
-:mod:`.drop`, :mod:`.migrate`, :mod:`.demo`. What every command shares (the
+:mod:`.drop`, :mod:`.migrate`, :mod:`.demo`, :mod:`.ddl` (DDL capture on the
+source). What every command shares (the
 --config option, loading the config, errors to exit codes, LSN parameters) is
 in :mod:`.options`.
 
@@ -34,6 +35,7 @@ from .. import __version__
 from . import (
     bootstrap,
     cutover,
+    ddl,
     decode,
     demo,
     drop,
@@ -86,7 +88,7 @@ def cli() -> None:
 _COMMANDS = (
     run.run, bootstrap.bootstrap, bootstrap.spark_archive, decode.decode, status.status,
     skip.skip, verify.verify, synctables.sync_tables, cutover.cutover, cutover.sync_sequences,
-    drop.drop, migrate.migrate, demo.demo,
+    drop.drop, migrate.migrate, demo.demo, ddl.ddl,
 )  # fmt: skip
 for _command in _COMMANDS:
     cli.add_command(_command)

@@ -9,4 +9,10 @@ exactly-once with the data.
 
 * :mod:`.message` - the message's one format (JSON), written by the source's
   event trigger and by ``applier ddl run``, read by the worker.
+* :mod:`.capture` - the event trigger and its functions (SQL, versioned), what
+  of them a source has (``applier status``), install and uninstall.
+* :mod:`.source` - ``applier ddl install`` / ``uninstall``: the connection,
+  the superuser check, the line saying what was done.
+* :mod:`.run` - ``applier ddl run``: a statement and its message in one
+  source transaction.
 """

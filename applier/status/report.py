@@ -1,7 +1,9 @@
 """``applier status``: what an operator needs to see, answered at any time.
 
 It reads, never writes: the slot on the source (active, holder, confirmed
-position, WAL retained), the replication origin's progress on the target, the
+position, WAL retained), whether the source has applier's DDL capture
+(:mod:`applier.ddl.capture`: installed, its version, enabled), the
+replication origin's progress on the target, the
 worker's row in ``applier.worker_status`` (state, heartbeat, counters, the
 last error it stopped on), the conflicts recorded in ``applier.conflict_log``
 counted per table, type and resolution, and the number of active skip rules,
@@ -42,6 +44,7 @@ from psycopg.rows import dict_row
 
 from .. import pgconn
 from ..config import Config
+from ..ddl import capture
 from ..errors import ApplierError, describe_error_record
 from ..lag import SOURCE_WAL_LSN, Lag, format_bytes, measure, not_running
 from ..lsn import Lsn
@@ -124,6 +127,8 @@ class Status:
     skip_command: str | None = None
     #: The transaction rule that skips it, once one was added.
     skip_rule: int | None = None
+    #: The source's DDL capture (applier.ddl.capture.State.as_dict), None if unread.
+    ddl_capture: dict[str, Any] | None = None
     errors: list[str] = field(default_factory=list)
     source_reachable: bool = True
     target_reachable: bool = True
@@ -172,7 +177,10 @@ def _query(
 
 def _source_side(cfg: Config, st: Status) -> None:
     try:
-        st.slot = _query(cfg.source.conninfo(), "source", SLOT_SQL, cfg.source.slot)
+        with _connect(cfg.source.conninfo(), "source") as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            st.slot = cur.execute(SLOT_SQL, (cfg.source.slot,)).fetchone()
+            st.ddl_capture = _ddl_capture(conn)
     except psycopg.Error as e:
         st.source_reachable = False
         st.errors.append(f"source unreachable ({redact_dsn(cfg.source.dsn)}): {_first_line(e)}")
@@ -182,6 +190,17 @@ def _source_side(cfg: Config, st: Status) -> None:
             f"slot {cfg.source.slot!r} does not exist on the source "
             "(applier bootstrap creates it; applier run only for an origin without progress)"
         )
+
+
+def _ddl_capture(conn: psycopg.Connection[Any]) -> dict[str, Any]:
+    """The capture's state; one the role cannot read (USAGE on ``applier_ddl`` revoked)
+    is said so, not taken for the source being down."""
+    try:
+        return capture.state(conn).as_dict()
+    except psycopg.Error as e:
+        if conn.closed or isinstance(e, psycopg.OperationalError):
+            raise
+        return {"installed": None, "summary": f"not known: {_first_line(e)}"}
 
 
 def _target_side(cfg: Config, st: Status) -> None:
@@ -324,6 +343,7 @@ def render_text(st: Status, out: TextIO) -> None:
         ("last error", _last_error_at(w)),
         ("active skip rules", st.active_skip_rules),
         ("conflicts", sum(c["count"] for c in st.conflicts)),
+        ("ddl capture", (st.ddl_capture or {}).get("summary")),
     ]
     for k, v in rows:
         table.add_row(k, "-" if v is None else str(v))

@@ -1,13 +1,32 @@
 """The hashes ``applier verify`` computes inside the servers, and its snapshots.
 
-Row text
+Row hash
 --------
-A row is hashed as ``md5(ROW(c1, c2, ...)::text)``: the columns listed *by
-name* (the target may order them differently), the row in the record's
-output form, which prints each column with its type's output function (as
-COPY does; cheaper than a ``::text`` cast per column), a NULL as an empty
-field, an empty string as ``""`` (and any value with blanks, commas, quotes
-or parentheses quoted), so that NULL, ``''`` and ``'NULL'`` never hash alike.
+Two forms, the first where it is exact:
+
+* **By value** (``record_hash``): ``hash_record_extended(ROW(c1, c2, ...), 0)``
+  (PostgreSQL 14+), each column hashed by its type's own hash function on
+  its stored value, no text made: a third of the text form's CPU
+  (bench/README-verify.md). Only where equal hashes mean equal text, i.e.
+  for the types of :data:`VALUE_HASHED` (integers, text under a
+  deterministic collation, bytea, uuid, dates and times, bool), the same
+  type on both sides, and both servers computing it alike (checked at the
+  start). A numeric, a float, an interval, a jsonb, an array or an enum
+  hashes by *equality* (``1.0`` and ``1.00``, ``0`` and ``-0``, ``'1 day'``
+  and ``'24 hours'`` alike; an enum by its OID, which differs between
+  clusters): a table holding one is hashed by text. The record hash is a
+  linear mix of its columns' hashes, so summed over rows it would fall
+  apart into per-column sums (two rows swapping a value would go unseen):
+  it is hashed once more (``hashint8extended``) before the sum.
+* **By text**: ``hashtextextended(ROW(c1, c2, ...)::text, 0)`` when both
+  servers compute it alike (checked at start: it depends on byte order),
+  else the first 64 bits of ``md5``.
+
+The columns are listed *by name* (the target may order them differently).
+The text form is the record's output form, which prints each column with
+its type's output function (as COPY does), a NULL as an empty field, an
+empty string as ``""`` (and any value with blanks, commas, quotes or
+parentheses quoted), so that NULL, ``''`` and ``'NULL'`` never hash alike.
 The text forms depend on session settings, so every verify session pins
 those of the bootstrap and the stream, as every connection applier opens
 (:mod:`applier.pgconn`: UTF8, DateStyle ISO, IntervalStyle postgres,
@@ -16,7 +35,7 @@ PostgreSQL 15 and 18.
 
 Range hash
 ----------
-``count(*)`` and ``sum(first 64 bits of each row's md5 as a bigint)``. A sum
+``count(*)`` and ``sum(each row's 64-bit hash)``. A sum
 does not depend on the order the rows are read in, so a range is one scan
 (an index range scan or a sequential one, whatever the planner likes), with
 no sort, no ``string_agg`` of the whole range in memory, and it runs in
@@ -71,16 +90,21 @@ class VerifyError(PermanentError):
     """``applier verify`` could not complete (exit 3)."""
 
 
-def connect(conninfo: str, side: pgconn.Side, statement_timeout: float) -> Conn:
+def connect(
+    conninfo: str, side: pgconn.Side, statement_timeout: float, grouping: bool = False
+) -> Conn:
     """An autocommit session, pinned (:mod:`applier.pgconn`), with the verify's own
-    statement and lock timeouts."""
+    statement and lock timeouts; ``grouping``: for the hash queries (see :class:`Sides`)."""
     ms = str(int(statement_timeout * 1000))
+    extra = {"statement_timeout": ms, "lock_timeout": ms}
+    if grouping:
+        extra["enable_sort"] = "off"
     try:
         # No server-side prepared statements: a generic plan of a range query
         # does not know how narrow the range is and may scan the whole table.
         conn: Conn = pgconn.connect(
             conninfo, side=side, purpose="applier-verify", prepare_threshold=None,
-            extra={"statement_timeout": ms, "lock_timeout": ms},
+            extra=extra,
         )  # fmt: skip
     except psycopg.OperationalError as e:
         first = str(e).strip().splitlines()[-1] if str(e).strip() else "connection failed"
@@ -102,7 +126,11 @@ class RangeHash:
 
 
 def row_hash(t: VTable) -> sql.Composable:
-    """A row's 64-bit hash, as a bigint (see "Range hash")."""
+    """A row's 64-bit hash, as a bigint (see "Row hash")."""
+    if t.record_hash:
+        return sql.SQL("hashint8extended(hash_record_extended(ROW({}), 0), 0)").format(
+            sql.SQL(", ").join(sql.Identifier(c) for c in t.columns)
+        )
     if t.fast_hash:
         return sql.SQL("hashtextextended({}, 0)").format(row_text(t))
     return sql.SQL("('x' || substr(md5({}), 1, 16))::bit(64)::bigint").format(row_text(t))
@@ -118,6 +146,61 @@ def same_fast_hash(src: Conn, tgt: Conn) -> bool:
     return a is not None and a == b
 
 
+#: Types hashed by value (see "Row hash"): their hash function hashes the stored
+#: value, which prints one way only, and is the same on every PostgreSQL since 14
+#: (hash partitioning relies on it). text and varchar only under a deterministic
+#: collation (checked per column).
+VALUE_HASHED = {
+    "bigint", "integer", "smallint", "oid", "boolean", '"char"', "name", "text",
+    "character varying", "bytea", "uuid", "date", "time without time zone",
+    "timestamp without time zone", "timestamp with time zone",
+}  # fmt: skip
+
+#: One value of each type of VALUE_HASHED (and a NULL): both servers must hash it alike.
+_RECORD_PROBE = (
+    "SELECT hash_record_extended(ROW(1::bigint, 2::integer, 3::smallint, 4::oid, true, "
+    "'c'::\"char\", 'n'::name, 'a b'::text, 'v'::varchar, '\\x0102'::bytea, "
+    "'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11'::uuid, '2024-01-02'::date, '01:02:03.5'::time, "
+    "'2024-01-02 03:04:05.6'::timestamp, '2024-01-02 03:04:05.6+00'::timestamptz, "
+    "NULL::text), 0)::text"
+)
+
+
+def same_record_hash(src: Conn, tgt: Conn) -> bool:
+    """Whether both servers have hash_record_extended (14+) and hash alike with it."""
+    try:
+        a, b = src.execute(_RECORD_PROBE).fetchone(), tgt.execute(_RECORD_PROBE).fetchone()
+    except psycopg.Error:
+        return False
+    return a is not None and a == b
+
+
+def _column_kinds(conn: Conn, rel: tuple[str, str], columns: tuple[str, ...]) -> dict[str, Any]:
+    """(type, deterministic collation) of each of ``columns``."""
+    rows = conn.execute(
+        "SELECT a.attname, pg_catalog.format_type(a.atttypid, NULL), "
+        "  coalesce(co.collisdeterministic, true), t.typtype "
+        "FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_type t ON t.oid = a.atttypid "
+        "LEFT JOIN pg_catalog.pg_collation co ON co.oid = a.attcollation "
+        "WHERE a.attrelid = pg_catalog.format('%%I.%%I', %s::text, %s::text)::regclass "
+        "  AND a.attname = ANY(%s) AND a.attnum > 0 AND NOT a.attisdropped",
+        (rel[0], rel[1], list(columns)),
+    ).fetchall()
+    return {r[0]: (r[1], bool(r[2]), r[3]) for r in rows}
+
+
+def value_hashed(src: Conn, tgt: Conn, t: VTable) -> bool:
+    """Whether every column of ``t`` may be hashed by value: a type of VALUE_HASHED
+    (a base type, not a domain or enum), the same on both sides, a deterministic
+    collation on both."""
+    a, b = _column_kinds(src, t.src, t.columns), _column_kinds(tgt, t.dst, t.columns)
+    for col in t.columns:
+        ka, kb = a.get(col), b.get(col)
+        if ka is None or ka != kb or ka[0] not in VALUE_HASHED or not ka[1] or ka[2] != "b":
+            return False
+    return True
+
+
 def hash_query(t: VTable, side: str, rng: KeyRange) -> tuple[sql.Composed, list[Any]]:
     where, params = range_where(t, rng)
     q = sql.SQL("SELECT count(*), coalesce(sum({rh}), 0)::text FROM {rel} WHERE {where}").format(
@@ -129,22 +212,19 @@ def hash_query(t: VTable, side: str, rng: KeyRange) -> tuple[sql.Composed, list[
 def pieces_query(
     t: VTable, side: str, rng: KeyRange, cuts: list[Bound]
 ) -> tuple[sql.Composed, list[Any]]:
-    """The hash of each piece of ``rng`` cut at ``cuts``, in one scan.
+    """The hash of each piece of ``rng`` cut at ``cuts``, in one scan (grouped by
+    ``width_bucket``: a hash table of the pieces, see :class:`Sides` for why not a sort).
 
-    The piece is grouped on as the output of a function scan, not as the
-    ``width_bucket`` expression itself: the planner estimates an expression's
-    groups as its column's distinct values (every row, for a key), and so
-    planned a serial hash aggregate with spill partitions and full JIT; a
-    function scan's output has no statistics (a small default estimate), so
-    the server may split the scan among its parallel workers, each
-    aggregating its share (Partial HashAggregate under Gather), as it does
-    for ``pgcopydb compare data``'s single aggregate.
+    The previous form grouped on ``width_bucket`` through a ``LATERAL
+    unnest(ARRAY[...])`` (a function scan hides the expression's estimate, so
+    the planner used parallel workers); that function scan, run once a row,
+    cost more than the row's hash itself (2.5 against 1.0 us a row, one
+    backend, bench/README-verify.md).
     """
     bucket, b_params = bucket_of(t, cuts)
     where, params = range_where(t, rng)
     q = sql.SQL(
-        "SELECT applier_p.piece, count(*), coalesce(sum({rh}), 0)::text "
-        "FROM {rel}, LATERAL unnest(ARRAY[{b}]) AS applier_p(piece) WHERE {where} GROUP BY 1"
+        "SELECT {b}, count(*), coalesce(sum({rh}), 0)::text FROM {rel} WHERE {where} GROUP BY 1"
     ).format(b=bucket, rh=row_hash(t), rel=relation(t, side), where=where)
     return q, [*b_params, *params]
 
@@ -157,6 +237,10 @@ def ident_hash(t: VTable) -> sql.Composable:
     """
     if not t.key:
         return row_hash(t)
+    if t.record_hash:  # the key's columns are among the row's, hashed by value too
+        return sql.SQL("hash_record_extended(ROW({}), 0)").format(
+            sql.SQL(", ").join(sql.Identifier(k) for k in t.key)
+        )
     text = sql.SQL("ROW({})::text").format(sql.SQL(", ").join(sql.Identifier(k) for k in t.key))
     if t.fast_hash:
         return sql.SQL("hashtextextended({}, 0)").format(text)
@@ -258,11 +342,18 @@ class Sides:
     The source and the target query of a range run at the same time (the
     source's in a thread): each server works on its own half. The catch-up
     wait asks the source's slot on a third session, as the first one is busy.
+
+    The two sessions run with ``enable_sort`` off: every grouped query here
+    (pieces, buckets) has a few hundred groups of many rows, but the planner
+    estimates its groups from the key's own statistics (one group a row), and
+    then sorts every row of the range by its piece, in parallel workers, rather
+    than keep a hash table of the few groups (a sort of a million rows against
+    a lookup a row). Nothing here needs a sort otherwise.
     """
 
     def __init__(self, src_dsn: str, tgt_dsn: str, catchup: Catchup, timeout: float) -> None:
-        self.src = connect(src_dsn, "source", timeout)
-        self.tgt = connect(tgt_dsn, "target", timeout)
+        self.src = connect(src_dsn, "source", timeout, grouping=True)
+        self.tgt = connect(tgt_dsn, "target", timeout, grouping=True)
         self._probe_dsn, self._timeout = src_dsn, timeout
         self._probe: Conn | None = None
         self.catchup = catchup

@@ -269,7 +269,7 @@ def verify(
     from ..config import table_matches
     from ..privileges import check as check_privileges
     from ..privileges import scope_of
-    from .hashing import connect, same_fast_hash
+    from .hashing import connect, same_fast_hash, same_record_hash, value_hashed
     from .ranges import first_ranges, tables_to_verify
     from .schema import compare_schema
 
@@ -294,7 +294,11 @@ def verify(
         ]
         schema = compare_schema(src, tgt, ddl_tables)
         fast = same_fast_hash(src, tgt)
-        tables = [replace(t, fast_hash=fast) for t in tables_to_verify(src, tgt, cfg, patterns)]
+        by_value = fast and same_record_hash(src, tgt)
+        tables = [
+            replace(t, fast_hash=fast, record_hash=by_value and value_hashed(src, tgt, t))
+            for t in tables_to_verify(src, tgt, cfg, patterns)
+        ]
         items = [(t, r) for t in tables for r in first_ranges(src, t, chunk_rows)]
         catchup = catchup_of(cfg, src, tgt)
         schema, unsynced = split_unsynced(schema, strict_sequences or not catchup.wait)
@@ -307,6 +311,7 @@ def verify(
     log.info(
         "verify: planned",
         extra={"ctx": {"tables": len(tables), "ranges": len(items), "fast_hash": fast,
+                       "by_value": sum(t.record_hash for t in tables),
                        "seconds": round(time.monotonic() - started, 2)}},
     )  # fmt: skip
     hashed = time.monotonic()

@@ -19,9 +19,13 @@ range is about ``chunk_rows`` rows ([verify] chunk_rows, default 1M: one
 query a side for a million rows, several ranges at once); the sampled keys
 inside it are its *cuts*: the range's first hash is taken per
 piece between them, in the same single scan (``width_bucket``), so a
-difference is already located to a piece of about ``PIECE_ROWS`` rows. The
-differing pieces of a range are then narrowed by buckets of a hash of the
-key (:mod:`.task`), which need no cut.
+difference is already located to a piece of about ``PIECE_ROWS`` rows. A
+one-column integer key is cut instead every ``step`` values between the
+range's bounds (:func:`even_cuts`), for pieces of about ``INT_PIECE_ROWS``
+rows: more pieces than the sample has keys, and none of the sampled gaps'
+unevenness (a difference falls more often in a big piece than in a small
+one). The differing pieces of a range are then narrowed by buckets of a
+hash of the key (:mod:`.task`), which need no cut.
 
 Keys compare under each server's collation: a text key whose collations
 sort differently on the two servers could put one row in different ranges
@@ -58,6 +62,8 @@ class VTable:
     est_rows: int = 0
     #: hashtextextended (both servers hash alike) or md5 (see applier.verify.hashing).
     fast_hash: bool = False
+    #: hash_record_extended: every column hashed by value (see applier.verify.hashing).
+    record_hash: bool = False
 
     @property
     def name(self) -> str:
@@ -234,6 +240,11 @@ def _row_count(conn: Conn, t: VTable) -> int:
 PIECE_ROWS = 5000
 #: Pieces of one range at most (cuts sent with its query; width_bucket's array).
 MAX_PIECES = 4096
+#: Rows of a piece when the key is one integer column: its cuts are spaced evenly
+#: in the key's values (see :func:`even_cuts`), as many as wanted without a bigger
+#: sample, so pieces are smaller and a difference costs a rescan of fewer rows.
+INT_PIECE_ROWS = 1000
+INT_TYPES = ("smallint", "integer", "bigint")
 
 
 def _pages(conn: Conn, t: VTable, est: int) -> int:
@@ -282,7 +293,35 @@ def first_ranges(conn: Conn, t: VTable, chunk_rows: int) -> list[KeyRange]:
         ),
         (pct,),
     ).fetchall()
-    return ranges_from_keys(t, [tuple(r) for r in rows], n)
+    keys = [tuple(r) for r in rows]
+    ranges = ranges_from_keys(t, keys, n)
+    if len(t.key) == 1 and t.key_types[0] in INT_TYPES and len(keys) > 1:
+        per_key = est / len(keys)  # rows each sampled key stands for
+        return [even_cuts(r, [int(k[0]) for k in keys], per_key) for r in ranges]
+    return ranges
+
+
+def even_cuts(rng: KeyRange, keys: list[int], per_key: float) -> KeyRange:
+    """``rng`` (of a one-column integer key) cut every ``step`` values for pieces of
+    about ``INT_PIECE_ROWS`` rows, instead of at its sampled keys.
+
+    The sampled keys inside it (``keys``: the whole sorted sample) tell how
+    many rows it holds and, for an open first or last range, where its keys
+    start or end; between its bounds the keys are taken as evenly spread (a
+    sequence's, a loaded range's). Uneven keys only make uneven pieces: every
+    key still falls in exactly one.
+    """
+    lo = None if rng.lo is None else int(rng.lo[0])
+    hi = None if rng.hi is None else int(rng.hi[0])
+    inside = [k for k in keys if (lo is None or k >= lo) and (hi is None or k < hi)]
+    if not inside:
+        return rng
+    a = inside[0] if lo is None else lo
+    b = inside[-1] + 1 if hi is None else hi
+    pieces = min(MAX_PIECES, max(1, round(len(inside) * per_key / INT_PIECE_ROWS)))
+    step = max(1, -(-(b - a) // pieces))
+    cuts = tuple((str(c),) for c in range(a + step, b, step))
+    return KeyRange(rng.lo, rng.hi, cuts)
 
 
 def ranges_from_keys(

@@ -140,6 +140,23 @@ def print_json(report: Report) -> None:
     sys.stdout.write("\n")
 
 
+def schema_lines(diffs: list[SchemaDiff]) -> list[str]:
+    """One line per table for its schema differences, each with what either side has:
+    ``public.t: column n type differs (source numeric(12,2), target numeric(6,2));
+    column d missing on the target (source integer)``. Rows are compared on the
+    columns both sides have, so a column added or retyped on one side shows here,
+    not as every row differing."""
+    by_table: dict[str, list[str]] = {}
+    for d in diffs:
+        sides = [f"{side} {v}" for side, v in (("source", d.source), ("target", d.target))]
+        shown = [x for x, v in zip(sides, (d.source, d.target), strict=True) if v is not None]
+        what = f"{d.kind} {d.name} {d.problem}".replace("  ", " ")
+        if shown and d.kind in ("column", "primary key", "sequence"):
+            what += f" ({', '.join(shown)})"
+        by_table.setdefault(d.table, []).append(what)
+    return [f"{table}: {'; '.join(whats)}" for table, whats in by_table.items()]
+
+
 #: Differing rows printed per table in the rich output (all are in --json / --diff-out).
 SHOWN = 20
 
@@ -159,8 +176,9 @@ def print_rich(report: Report) -> None:
         note = "" if t.keyed else "no key: compared as a multiset"
         grid.add_row(t.table, str(t.rows), str(t.ranges), shown, f"{t.seconds:.2f}", note)
     console.print(grid)
-    for s in report.schema:
-        console.print(f"[red]schema[/red] {s.kind} {s.table} {s.name}: {s.problem}", markup=True)
+    for line in schema_lines(report.schema):
+        console.print("[red]schema[/red] ", end="", markup=True)
+        console.print(line, markup=False)
     for t in report.tables:
         for d in t.differences[:SHOWN]:
             where = d.key if d.key is not None else "(no key)"

@@ -22,8 +22,8 @@ bucket, a row falls into the same bucket on both sides whatever else either
 side holds, so no cut has to be found first (the previous version walked a
 piece's keys for cuts with a query of its own, then hashed the pieces: two
 round trips a level, one piece at a time). ``m`` is chosen for about
-``BUCKET_ROWS`` rows a bucket, so one level usually suffices: a 5000-row
-piece with one difference becomes one bucket of ~8 rows. A next level, if
+``BUCKET_ROWS`` rows a bucket, so one level usually suffices: a 1000- or
+5000-row piece with one difference becomes one bucket of ~8 rows. A next level, if
 the differing buckets still hold more than ``fetch_rows`` rows, multiplies
 ``m`` and keeps to the differing buckets (``h % m_prev`` in the list), so the
 levels nest.

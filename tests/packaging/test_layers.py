@@ -42,6 +42,9 @@ MAY_IMPORT: dict[str, set[str]] = {
     "apply.rules": {"apply.target", "config"},
     "apply.batching": {"apply.rules", "speedups"},
     "apply.handlers": {"apply.batching", "ddl"},
+    # Parallel apply's groundwork (issue 36): not wired yet; its users will be the
+    # handlers and the worker process.
+    "apply.parallel": {"apply.target", "ddl"},
     "apply": {"apply.handlers", "schema", "speedups", "status", "stream"},
     "bootstrap": {"apply.target", "apply.sql", "schema", "stream", "config"},
     "verify": {"bootstrap", "config"},

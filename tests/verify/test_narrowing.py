@@ -12,6 +12,7 @@ and compares.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,8 +20,8 @@ import pytest
 from conftest import Pair
 
 from applier.verify import job, task
-from applier.verify.hashing import Catchup, Sides
-from applier.verify.ranges import KeyRange, VTable
+from applier.verify.hashing import Catchup, Sides, connect
+from applier.verify.ranges import INT_PIECE_ROWS, KeyRange, VTable, first_ranges
 
 NO_WAIT = Catchup("none", "none", False, 0.0)
 
@@ -55,8 +56,9 @@ class UpSpark:
 
 
 def _table(name: str, key: tuple[str, ...], key_types: tuple[str, ...], cols: tuple[str, ...],
-           fast: bool = True) -> VTable:  # fmt: skip
-    return VTable(("public", name), ("public", name), cols, key, key_types, fast_hash=fast)
+           fast: bool = True, record: bool = False) -> VTable:  # fmt: skip
+    return VTable(("public", name), ("public", name), cols, key, key_types, fast_hash=fast,
+                  record_hash=record)  # fmt: skip
 
 
 @pytest.fixture
@@ -73,15 +75,20 @@ def _named(res: task.RangeResult) -> set[int]:
 
 
 @pytest.mark.parametrize("pair", ["15-18"], indirect=True)  # the hashes alike across versions
-@pytest.mark.parametrize("fast", [True, False], ids=["hashtextextended", "md5"])
-def test_differences_on_range_and_piece_bounds(pair: Pair, sides: Sides, fast: bool) -> None:
+@pytest.mark.parametrize(
+    ("fast", "record"), [(True, True), (True, False), (False, False)],
+    ids=["hash_record_extended", "hashtextextended", "md5"],
+)  # fmt: skip
+def test_differences_on_range_and_piece_bounds(
+    pair: Pair, sides: Sides, fast: bool, record: bool
+) -> None:
     pair.both("CREATE TABLE edges (id bigint PRIMARY KEY, v text)")
     pair.both("INSERT INTO edges SELECT g, 'v' || g FROM generate_series(1, 3000) g")
     # The range [1000, 2000) cut at 1250, 1500, 1750: its own bounds, both
     # sides of a cut, the last key below hi; 2000 (hi) belongs to the next range.
     edge = [1000, 1249, 1250, 1749, 1750, 1999, 2000]
     pair.sub_exec(f"UPDATE edges SET v = 'changed' WHERE id IN ({','.join(map(str, edge))})")
-    t = _table("edges", ("id",), ("bigint",), ("id", "v"), fast)
+    t = _table("edges", ("id",), ("bigint",), ("id", "v"), fast, record)
     cuts = (("1250",), ("1500",), ("1750",))
     rng = KeyRange(("1000",), ("2000",), cuts)
     res = task.run_range(sides, t, rng, 10, {"public.edges": 0})
@@ -213,3 +220,39 @@ def test_spark_tasks_and_driver_threads_find_the_same_rows(pair: Pair, spark: An
         [1, 2999, 3000, 6000, 4500, 7000]
     )
     assert sorted((s, t) for _, s, t in found["driver"]["public.nokey"]) == [(30, 29), (30, 31)]
+
+
+@pytest.mark.parametrize("pair", ["15-15"], indirect=True)
+def test_integer_key_pieces_cut_evenly_in_its_values(pair: Pair) -> None:
+    # A one-column integer key is cut every `step` values (not at sampled keys):
+    # keys far outside the sample (the type's ends), gaps and negative keys must
+    # each still fall in exactly one piece, and be named when they differ.
+    pair.both("CREATE TABLE ints (id bigint PRIMARY KEY, v text)")
+    pair.both(
+        "INSERT INTO ints SELECT g, 'v' FROM generate_series(1, 20000) g;"
+        "INSERT INTO ints SELECT g * 1000, 'gap' FROM generate_series(30, 60) g;"
+        "INSERT INTO ints VALUES (-9223372036854775808, 'min'), (-5, 'neg'),"
+        " (9223372036854775807, 'max')"
+    )
+    pair.pub_exec("CREATE PUBLICATION pub FOR ALL TABLES; ANALYZE ints")
+    src = connect(pair.pub_dsn, "source", 60)
+    try:
+        t = _table("ints", ("id",), ("bigint",), ("id", "v"))
+        ranges = first_ranges(src, t, 5000)
+    finally:
+        src.close()
+    assert len(ranges) > 1 and ranges[0].lo is None and ranges[-1].hi is None
+    for a, b in itertools.pairwise(ranges):
+        assert a.hi == b.lo
+    for r in ranges:
+        bounds = [int(c[0]) for c in r.cuts]
+        assert bounds == sorted(set(bounds))
+        assert all((r.lo is None or int(r.lo[0]) < c) and (r.hi is None or c < int(r.hi[0]))
+                   for c in bounds)  # fmt: skip
+    assert sum(len(r.cuts) + 1 for r in ranges) >= 20000 // INT_PIECE_ROWS
+    edge = [-9223372036854775808, -5, 1, 20000, 45000, 9223372036854775807]
+    pair.sub_exec(f"UPDATE ints SET v = 'changed' WHERE id IN ({','.join(map(str, edge))})")
+    pair.sub_exec("DELETE FROM ints WHERE id = 10000; INSERT INTO ints VALUES (25000, 'x')")
+    report = job.verify(pair.config(), NoSpark(), patterns=None, chunk_rows=5000, rounds=1)
+    named = {int(d.ident[0]) for t in report.tables for d in t.differences}
+    assert named == {*edge, 10000, 25000}

@@ -88,6 +88,7 @@ from applier.apply.core.states import State, Txn, check_move
 from applier.apply.core.tally import Tally
 from applier.apply.handlers.changes import RowChanges
 from applier.apply.handlers.ddl import DdlReplay
+from applier.apply.handlers.follow import Follower
 from applier.apply.handlers.groupcommit import max_age
 from applier.apply.handlers.relations import RelationCache
 from applier.apply.handlers.schema import SchemaChanges
@@ -104,9 +105,7 @@ from applier.apply.sql.planner import Planner
 from applier.apply.target.origin import FLUSHED, FlushTracker
 from applier.apply.target.session import TargetSession
 from applier.config import Config
-from applier.errors import (
-    ProtocolError,
-)
+from applier.errors import ProtocolError
 from applier.lag import PendingCommits
 from applier.lsn import Lsn
 from applier.protocol import (
@@ -253,6 +252,8 @@ class Applier:
         #: Captured DDL, run through the seam (applier.apply.handlers.ddl).
         self.ddl = DdlReplay(self, cfg, self.schema)
         self.on_message = self.ddl.on_message
+        if cfg.schema.follow:  # applier.apply.handlers.follow
+            self.rels.follow = Follower(cfg.source.conninfo(), self.schema.query)
         self.twophase = TwoPhaseTxns(
             self,
             self.resolver,

@@ -102,6 +102,8 @@ class RelationCache:
         #: Built mappings, oldest first.
         self.relmaps: OrderedDict[int, RelMap] = OrderedDict()
         self.types: dict[int, tuple[str, str]] = {}
+        #: The Relation message a changed one superseded (what a type was before).
+        self.previous: dict[int, Relation] = {}
         #: The catalog mappings are looked up in (see "Schema changes").
         self.view: Callable[[], AbstractContextManager[Catalog]] = lambda: nullcontext(catalog)
         #: ``[schema] follow``: the statements that bring a target table up to a
@@ -113,6 +115,9 @@ class RelationCache:
         """Record a Relation message; False when it equals the one in hand (mapping kept)."""
         if same_relation(self.relations.get(m.oid), m):
             return False
+        known = self.relations.get(m.oid)
+        if known is not None:
+            self.previous[m.oid] = known
         self.relations[m.oid] = m
         old = self.relmaps.pop(m.oid, None)
         if old is not None:
@@ -185,16 +190,16 @@ class RelationCache:
         """The mapping of ``rel``, after bringing its target table up to it (follow)."""
         with self.view() as catalog:
             target = catalog.table(rel.namespace, rel.name)
-            changes = (
-                self.follow(rel, target, catalog)
-                if self.follow is not None and target is not None
-                else ()
-            )
-            if not changes:
+            if self.follow is None or target is None:
                 return self._map(rel, catalog, target)
-        self.apply_schema(lsn, changes)  # outside the view: the seam syncs the session itself
+        # Outside the view: follow and the seam use the session themselves.
+        changes = self.follow(rel, self.previous.get(rel.oid), target)
+        if changes:
+            self.apply_schema(lsn, changes)
         with self.view() as catalog:
-            return self._map(rel, catalog, catalog.table(rel.namespace, rel.name))
+            if changes:
+                target = catalog.table(rel.namespace, rel.name)
+            return self._map(rel, catalog, target)
 
     def forget_tables(self, tables: set[tuple[str, str]] | None) -> None:
         """Drop the mappings of ``tables`` (schema, name), or all: the next change of
@@ -241,8 +246,8 @@ class RelationCache:
 
 
 #: What ``[schema] follow`` plugs in: the statements that bring ``target`` up to the
-#: Relation message (looked up in ``catalog``, the view in use), or none.
-Follow = Callable[[Relation, TargetTable, Catalog], Sequence[SchemaStatement]]
+#: Relation message (given the one it superseded, if known), or none.
+Follow = Callable[[Relation, Relation | None, TargetTable], Sequence[SchemaStatement]]
 
 
 def _no_seam(lsn: Lsn, changes: Sequence[SchemaStatement]) -> None:

@@ -50,6 +50,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
+
+from psycopg import sql
 
 from applier.apply.handlers.ports import SchemaHost
 from applier.apply.handlers.relations import RelationCache
@@ -120,6 +123,11 @@ class SchemaChanges:
                     }
                 },
             )
+
+    def query(self, query: sql.Composed | str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        """Rows of ``query`` run on the apply session: what its open transaction sees."""
+        with session_view(self.session) as conn:
+            return conn.execute(query, params).fetchall()
 
     @contextmanager
     def catalog_view(self) -> Iterator[Catalog]:

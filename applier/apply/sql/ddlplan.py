@@ -50,4 +50,37 @@ class SchemaStatement:
         return f"{self.schema_name}.{self.table_name}" if self.schema_name else self.table_name
 
 
-__all__ = ["Origin", "SchemaStatement"]
+# Built-in type OIDs (the same on every server).
+TEXT, VARCHAR, NUMERIC, VARBIT = 25, 1043, 1700, 1562
+TIME, TIMETZ, TIMESTAMP, TIMESTAMPTZ, INTERVAL = 1083, 1266, 1114, 1184, 1186
+#: Types whose typmod is a precision of fractional seconds (interval: in the low 16 bits).
+_PRECISION = frozenset({TIME, TIMETZ, TIMESTAMP, TIMESTAMPTZ})
+_INTERVAL_FULL = 0xFFFF
+
+
+def widens(old_oid: int, old_mod: int, new_oid: int, new_mod: int) -> bool:
+    """Whether a column of type (``old_oid``, ``old_mod``) may become (``new_oid``,
+    ``new_mod``) in place: every old value is a new one unchanged, and PostgreSQL
+    changes it without rewriting the table (the type is binary coercible, or the
+    length coercion's support function says the new modifier takes every value:
+    varchar, numeric, varbit, time, timestamp, interval). -1 is no modifier."""
+    if old_oid == new_oid:
+        if old_mod == new_mod:
+            return False
+        if new_mod == -1:
+            return old_oid in (VARCHAR, VARBIT, NUMERIC, INTERVAL) or old_oid in _PRECISION
+        if old_mod == -1:
+            return False
+        if old_oid in (VARCHAR, VARBIT) or old_oid in _PRECISION:
+            return new_mod > old_mod
+        if old_oid == NUMERIC:  # ((precision << 16) | scale) + 4
+            (op, os), (np, ns) = divmod(old_mod - 4, 65536), divmod(new_mod - 4, 65536)
+            return ns == os and np > op
+        if old_oid == INTERVAL:  # (fields << 16) | precision
+            (of, op), (nf, np) = divmod(old_mod, 65536), divmod(new_mod, 65536)
+            return of == nf and (np > op or np == _INTERVAL_FULL)
+        return False
+    return old_oid == VARCHAR and new_oid == TEXT
+
+
+__all__ = ["Origin", "SchemaStatement", "widens"]

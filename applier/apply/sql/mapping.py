@@ -67,6 +67,10 @@ class TargetColumn:
     #: GENERATED ALWAYS AS IDENTITY: an INSERT sets it with OVERRIDING SYSTEM VALUE,
     #: an UPDATE may not set it at all (SQLSTATE 428C9).
     identity_always: bool = False
+    #: The type modifier (``atttypmod``: a length, a precision; -1 none).
+    typmod: int = -1
+    #: NOT NULL without a default (nor identity, nor generated): an INSERT must set it.
+    required: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,7 +271,9 @@ class Catalog:
             """
             SELECT c.oid, c.relkind::text, a.attname, a.atttypid,
                    pg_catalog.format_type(a.atttypid, a.atttypmod), a.attgenerated <> '',
-                   c.relrowsecurity, a.attidentity = 'a'
+                   c.relrowsecurity, a.attidentity = 'a', a.atttypmod,
+                   a.attnotnull AND NOT a.atthasdef AND a.attidentity = ''
+                       AND a.attgenerated = ''
               FROM pg_catalog.pg_class c
               JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
               LEFT JOIN pg_catalog.pg_attribute a
@@ -287,6 +293,8 @@ class Catalog:
                 self.has_eq(int(r[3])),
                 bool(r[5]),
                 bool(r[7]),
+                int(r[8]),
+                bool(r[9]),
             )
             for r in rows
             if r[2] is not None

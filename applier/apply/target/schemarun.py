@@ -108,15 +108,16 @@ def _failed(
     return ApplyError(
         f"the target refused a schema change ({st.command_tag}, from the "
         f"{'Relation message' if st.source == 'relation' else 'captured DDL'}): "
-        f"{detail}; statement: {text}",
+        f"{detail}",
         lsn=str(Lsn(lsn)),
         xid=xid,
         table=st.qualname,
         sqlstate=state,
         statement=text,
         hint=st.hint
-        or "make the target accept this statement (or run its equivalent there by hand), "
-        "then restart applier run: it runs again in the same target transaction",
+        or "make the target accept this statement (create what it needs there) or make "
+        "the change there by hand, then restart applier run: what is still needed runs "
+        "again, in the target transaction of the change that needs it",
     )
 
 
