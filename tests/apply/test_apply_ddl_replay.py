@@ -329,3 +329,38 @@ def test_ddl_from_a_function_when_allowed_runs_the_call_once(pair: Pair) -> None
     wait_equal(pair, ["t"], runner=runner, order="id")
     assert columns(pair.sub_exec, "t") == columns(pair.pub_exec, "t")
     assert runner.stop() == 0
+
+
+@pytest.mark.parametrize("pair", ["15-18", "18-18"], indirect=True)
+def test_with_the_real_capture_ddl_follows_plain_statements(pair: Pair) -> None:
+    """`applier ddl install`'s event trigger on the source, statements run as a user
+    runs them (autocommit, CONCURRENTLY, a temporary table): the target follows."""
+    pair.both("CREATE TABLE t (id int PRIMARY KEY, a int)")
+    pair.pub_exec("CREATE PUBLICATION pub FOR ALL TABLES")
+    cfg = pair.write_config()
+    installed = _cli("ddl", "install", "--config", str(cfg))
+    assert installed.returncode == 0, installed.stderr
+    runner = Runner(pair, cfg).start().ready()
+    with pair.pub_conn() as conn:  # autocommit: each statement its own transaction
+        for statement in (
+            "INSERT INTO t VALUES (1, 1)",
+            "ALTER TABLE t ADD COLUMN b text DEFAULT 'x'",
+            "INSERT INTO t VALUES (2, 2, 'y')",
+            "CREATE INDEX CONCURRENTLY t_a ON t (a)",
+            "CREATE TYPE mood AS ENUM ('sad')",
+            "ALTER TYPE mood ADD VALUE 'happy'",
+            "ALTER TABLE t ADD COLUMN m mood",
+            "INSERT INTO t VALUES (3, 3, 'z', 'happy')",
+            "ALTER TABLE t RENAME COLUMN a TO aa",
+            "CREATE TEMP TABLE tmp (x int)",
+            "DROP TABLE tmp",
+            "CREATE TABLE n (id int PRIMARY KEY, v text)",
+            "INSERT INTO n VALUES (1, 'one')",
+        ):
+            conn.execute(statement)
+    has_n = "SELECT count(*) FROM pg_tables WHERE tablename = 'n'"
+    wait_for(lambda: not runner.alive() or pair.sub_exec(has_n) == [(1,)], 90, "table n")
+    wait_equal(pair, ["t", "n"], runner=runner, order="id")
+    assert columns(pair.sub_exec, "t") == columns(pair.pub_exec, "t")
+    assert pair.sub_exec("SELECT count(*) FROM pg_indexes WHERE indexname = 't_a'") == [(1,)]
+    assert runner.stop() == 0
