@@ -433,6 +433,15 @@ class VerifyConfig(_Section, frozen=True):
     catchup_timeout: Annotated[float, Meta(ge=0)] = 60.0
 
 
+class DdlConfig(_Section, frozen=True):
+    """``[ddl]``: how the worker replays DDL captured on the source (applier.ddl.classify)."""
+
+    #: Replay a statement a function or DO block ran (its message carries the
+    #: client's call, e.g. ``SELECT migrate()``, which then runs on the target as
+    #: written and must exist there); refused (the worker stops) by default.
+    allow_from_functions: bool = False
+
+
 class SchemaConfig(_Section, frozen=True):
     """``[schema]``: what the worker does when the stream shows the source's schema
     changed (issue 33; applier/apply/handlers/follow.py)."""
@@ -454,6 +463,7 @@ class Config(_Section, frozen=True):
     status: StatusConfig = msgspec.field(default_factory=StatusConfig)
     metrics: MetricsConfig = msgspec.field(default_factory=MetricsConfig)
     verify: VerifyConfig = msgspec.field(default_factory=VerifyConfig)
+    ddl: DdlConfig = msgspec.field(default_factory=DdlConfig)
     schema: SchemaConfig = msgspec.field(default_factory=SchemaConfig)
     #: The file it came from (set by load_config; not a key of the file).
     path: Path | None = None

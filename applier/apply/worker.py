@@ -428,6 +428,7 @@ class Worker:
                 self._rules_read = now
                 self.rules.load(catalog_conn)
             self.syncs.tick(now, applier, stream)
+            applier.ddl.fill.tick(applier.session.committed)
             refresh_paths(applier)  # either may have changed what a lane may take
             if not healthy and (
                 (applier.applied_txns > txns_at_start and stream.confirmed > start_lsn)

@@ -17,11 +17,12 @@ def skip() -> None:
 
     Rules live in the target's applier schema, per replication origin (the
     config's target.origin), and take effect in a running worker within 2 s
-    and at every start. Three kinds, one per rule: an object (a table pattern,
+    and at every start. Four kinds, one per rule: an object (a table pattern,
     optionally some operations), one transaction (by xid or finish LSN; used
-    once, then done), or the changes that fail (optionally only some
-    SQLSTATEs). What a rule skips is kept in applier.skipped_changes unless
-    --dump none; `applier skip dump` prints it as SQL.
+    once, then done), one captured DDL statement (by its message's LSN; used
+    once), or the changes that fail (optionally only some SQLSTATEs). What a
+    rule skips is kept in applier.skipped_changes unless --dump none;
+    `applier skip dump` prints it as SQL.
 
     \b
     Exit codes: 0 done, 1 the target is unreachable, 2 bad usage or no such
@@ -57,6 +58,13 @@ def skip() -> None:
     default=None,
     help="Skip the one transaction with this finish LSN (as `applier status` prints it).",
 )
+@click.option(
+    "--ddl-lsn",
+    callback=parse_lsn,
+    default=None,
+    help="Skip the one captured DDL statement whose message has this LSN (as the worker's "
+    "stop on it prints).",
+)
 @click.option("--error", is_flag=True, help="Skip the changes that fail (and only those).")
 @click.option(
     "--sqlstate",
@@ -79,6 +87,7 @@ def skip_add(
     ops: str | None,
     xid: int | None,
     lsn: Lsn | None,
+    ddl_lsn: Lsn | None,
     error: bool,
     sqlstates: str | None,
     dump: str | None,
@@ -88,6 +97,7 @@ def skip_add(
     \b
       skip add --table 'public.tmp_*' [--op ...] [--dump ...]    an object
       skip add --xid 1234 | --lsn 0/1A2B3C4 [--dump ...]          one transaction
+      skip add --ddl-lsn 0/1A2B3C4 [--dump none|skipped]         one DDL statement
       skip add --error [--table P] [--op ...] [--sqlstate ...]   changes that fail
 
     An identical active rule is not added twice: its id is printed.
@@ -95,7 +105,14 @@ def skip_add(
     from ..skip import store
 
     rule = store.new_rule(
-        table=table, ops=ops, xid=xid, lsn=lsn, error=error, sqlstates=sqlstates, dump=dump
+        table=table,
+        ops=ops,
+        xid=xid,
+        lsn=lsn,
+        error=error,
+        sqlstates=sqlstates,
+        dump=dump,
+        ddl_lsn=ddl_lsn,
     )
     cfg = load_cfg(config_path, "warning")
     with store.target(cfg, write=True) as conn:

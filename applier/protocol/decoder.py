@@ -420,8 +420,10 @@ _ROW_BODIES: dict[str, _RowBody] = {
     "M": _message,
 }
 
-#: The tags whose in-stream messages ``defer_streamed`` keeps as bytes.
-DEFERRED_TAGS = "RYIUDT"
+#: The tags whose in-stream messages ``defer_streamed`` keeps as bytes: the changes,
+#: the schema they see, and logical messages (a captured DDL statement runs at the
+#: transaction's replay, in its place among the changes).
+DEFERRED_TAGS = "RYIUDTM"
 _STREAMED_BODIES: dict[int, _Handler] = {
     ord(tag): _with_xid(_ROW_BODIES[tag], tag) for tag in DEFERRED_TAGS
 }

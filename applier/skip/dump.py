@@ -10,6 +10,9 @@ it is). The SQL:
 
 * one block per source transaction: a header comment (xid, commit and end LSN,
   commit time, rule, errors with SQLSTATE), then ``BEGIN;`` ... ``COMMIT;``;
+* a skipped DDL statement (``op = 'ddl'``, migration 0012) as it was kept:
+  the ``search_path`` it ran with set for the transaction, then the statement
+  (the form the target would have run: ``CONCURRENTLY`` taken out);
 * one statement per change: ``INSERT INTO "s"."t" (cols) VALUES (...)``,
   ``UPDATE ONLY "s"."t" SET ... WHERE key``, ``DELETE FROM ONLY ... WHERE key``,
   ``TRUNCATE ONLY ...`` (``ONLY`` as the worker writes them: not for a
@@ -88,7 +91,9 @@ def table_shapes(
     conn: psycopg.Connection[Any], changes: Iterable[KeptChange]
 ) -> dict[tuple[str, str], TableShape]:
     """The target's shape of every table the changes name (absent: no such table)."""
-    names = sorted({(c.schema_name, c.table_name) for c in changes})
+    names = sorted(
+        {(c.schema_name, c.table_name) for c in changes if c.schema_name and c.table_name}
+    )
     if not names:
         return {}
     rows = conn.execute(_SHAPES, ([s for s, _ in names], [t for _, t in names])).fetchall()
@@ -149,11 +154,14 @@ def _transaction(txn: list[KeptChange], shapes: dict[tuple[str, str], TableShape
             )
     yield "BEGIN;\n"
     for c in txn:
-        yield from _change(c, shapes.get((c.schema_name, c.table_name)))
+        yield from _change(c, shapes.get((c.schema_name or "", c.table_name or "")))
     yield "COMMIT;\n"
 
 
 def _change(c: KeptChange, shape: TableShape | None) -> Iterator[str]:
+    if c.op == "ddl":
+        yield from _ddl(c)
+        return
     stmt = statement(c, shape)
     what = f"change {c.change_no}: {c.op} {_rel_name(c)}"
     if not c.skipped:
@@ -168,14 +176,32 @@ def _change(c: KeptChange, shape: TableShape | None) -> Iterator[str]:
     yield stmt.text + "\n"
 
 
+def _ddl(c: KeptChange) -> Iterator[str]:
+    """A skipped DDL statement, under the search_path it ran with on the source."""
+    kept = c.new_row or {}
+    tag = kept.get("tag") or "DDL"
+    yield f"-- change {c.change_no}: {tag} at LSN {_show(c.change_lsn)}, skipped\n"
+    path = kept.get("search_path")
+    if path:
+        yield (
+            sql.SQL("SELECT pg_catalog.set_config('search_path', {}, true);\n")
+            .format(sql.Literal(path))
+            .as_string(None)
+        )
+    text = (c.statement or "").rstrip().rstrip(";")
+    yield text + ";\n"
+
+
 def _commented(text: str) -> Iterator[str]:
     for line in text.splitlines():
         yield f"-- {line}\n"
 
 
 def statement(c: KeptChange, shape: TableShape | None) -> Statement:
-    """The SQL that would redo change ``c`` on the target."""
+    """The SQL that would redo row change ``c`` on the target."""
     shape = shape or TableShape()
+    # A row change always names its table (migration 0012's CHECK).
+    assert c.schema_name is not None and c.table_name is not None
     rel = sql.Identifier(c.schema_name, c.table_name)
     only = rel if shape.partitioned else sql.Composed([sql.SQL("ONLY "), rel])
     if c.op == "truncate":
@@ -235,6 +261,8 @@ def _binary_columns(rows: list[dict[str, Any]], shape: TableShape) -> list[str]:
 
 
 def _rel_name(c: KeptChange) -> str:
+    if c.schema_name is None or c.table_name is None:
+        return "-"
     return sql.Identifier(c.schema_name, c.table_name).as_string(None)
 
 

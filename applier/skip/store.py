@@ -12,7 +12,8 @@ appliers writing into one target keep separate rules:
   exits 2 and writes nothing. Exactly one kind per rule: ``object`` (a table
   pattern in ``[tables]`` syntax, optionally some operations), ``txn`` (one
   transaction by xid or finish LSN; the worker uses it once and marks it
-  ``done``) or ``error`` (changes that fail, optionally only some SQLSTATEs,
+  ``done``), ``ddl`` (one captured DDL statement by its message's LSN, used
+  once too; migration 0012) or ``error`` (changes that fail, optionally only some SQLSTATEs,
   tables, operations). ``--dump`` defaults to ``skipped`` for object and error
   rules and ``all`` for transaction rules, as the issue asks. Adding a rule
   identical to an active one returns the existing id (running a printed
@@ -46,10 +47,10 @@ from ..errors import ConfigError, PermanentError, TransientError
 from ..lsn import Lsn
 from ..redact import redact_dsn
 
-KINDS = ("object", "txn", "error")
+KINDS = ("object", "txn", "error", "ddl")
 OPS = ("insert", "update", "delete", "truncate")
 DUMPS = ("none", "skipped", "all")
-DEFAULT_DUMP = {"object": "skipped", "txn": "all", "error": "skipped"}
+DEFAULT_DUMP = {"object": "skipped", "txn": "all", "error": "skipped", "ddl": "skipped"}
 MAX_XID = 2**32 - 1
 _SQLSTATE = re.compile(r"^[0-9A-Z]{5}$")
 
@@ -110,8 +111,13 @@ def new_rule(
     error: bool = False,
     sqlstates: str | None = None,
     dump: str | None = None,
+    ddl_lsn: Lsn | None = None,
 ) -> NewRule:
     """The rule the options describe, or a :class:`ConfigError` saying what is wrong."""
+    if ddl_lsn is not None:
+        return _ddl_rule(
+            ddl_lsn, bool(table or ops or xid is not None or lsn or error or sqlstates), dump
+        )
     kind = _kind(table=table, xid=xid, lsn=lsn, error=error)
     if kind == "txn" and (table or ops or sqlstates):
         raise ConfigError(
@@ -144,6 +150,26 @@ def new_rule(
         lsn=lsn,
         sqlstates=parse_sqlstates(sqlstates) if sqlstates is not None else None,
     )
+
+
+def _ddl_rule(lsn: Lsn, more: bool, dump: str | None) -> NewRule:
+    """``--ddl-lsn``: one captured statement, by its message's LSN, and nothing else."""
+    if more:
+        raise ConfigError(
+            "--ddl-lsn skips one captured DDL statement: --table, --op, --xid, --lsn, "
+            "--error and --sqlstate do not go with it",
+            hint="give --ddl-lsn alone (with --dump none|skipped if needed)",
+        )
+    if lsn == 0:
+        raise ConfigError(
+            "--ddl-lsn 0/0 is no message's LSN",
+            hint="copy the LSN the worker's stop on the DDL statement prints",
+        )
+    if dump not in (None, "none", "skipped"):
+        raise ConfigError(
+            f"--dump {dump}: a DDL rule keeps the statement it skips (skipped) or nothing (none)"
+        )
+    return NewRule(kind="ddl", dump=dump or DEFAULT_DUMP["ddl"], lsn=lsn)
 
 
 def _kind(*, table: str | None, xid: int | None, lsn: Lsn | None, error: bool) -> str:
@@ -375,6 +401,8 @@ def _what(r: Rule) -> str:
     parts = []
     if r.xid is not None:
         parts.append(f"xid {r.xid}")
+    if r.kind == "ddl":
+        parts.append("ddl statement at")
     if r.lsn is not None:
         parts.append(f"lsn {r.lsn}")
     if r.table is not None:
@@ -416,8 +444,8 @@ class KeptChange:
     change_lsn: str | None
     change_no: int
     commit_time: dt.datetime | None
-    schema_name: str
-    table_name: str
+    schema_name: str | None
+    table_name: str | None
     op: str
     skipped: bool
     key: dict[str, str | None] | None
@@ -425,6 +453,8 @@ class KeptChange:
     new_row: dict[str, str | None] | None
     error: str | None
     sqlstate: str | None
+    #: The skipped DDL statement (op ``ddl``; migration 0012).
+    statement: str | None = None
 
     @property
     def txn(self) -> tuple[int | None, str | None]:
@@ -441,7 +471,8 @@ class KeptChange:
 _KEPT = """
 SELECT id, recorded_at, origin, rule_id, xid, commit_lsn::text AS commit_lsn,
        end_lsn::text AS end_lsn, change_lsn::text AS change_lsn, change_no, commit_time,
-       schema_name, table_name, op, skipped, key, old_row, new_row, error, sqlstate
+       schema_name, table_name, op, skipped, key, old_row, new_row, error, sqlstate,
+       statement
   FROM applier.skipped_changes
  WHERE origin = %(origin)s
    AND (%(xid)s::bigint IS NULL OR xid = %(xid)s::bigint)

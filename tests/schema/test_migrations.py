@@ -89,3 +89,45 @@ def test_schema_newer_than_this_applier_is_a_clear_error(pair: Pair, command: st
     assert "9999" in proc.stderr and heads()[0] in proc.stderr
     assert "newer" in proc.stderr and "upgrade applier" in proc.stderr
     assert current_revision(pair.sub_dsn) == "9999"
+
+
+def test_0012_ddl_skips_down_and_up_again(pair: Pair) -> None:
+    """0012 finds 0006's generated CHECK names by definition, on every version; its
+    downgrade puts them back, so 0012 runs again."""
+    from alembic import command
+    from sqlalchemy import create_engine
+    from sqlalchemy.pool import NullPool
+
+    from applier.schema import alembic_config
+
+    upgrade_target(pair.sub_dsn)
+    pair.sub_exec(
+        "INSERT INTO applier.skip_rules (origin, kind, lsn, dump) "
+        "VALUES ('o', 'ddl', '0/10', 'skipped');"
+        "INSERT INTO applier.skipped_changes (origin, change_no, op, skipped, statement) "
+        "VALUES ('o', 0, 'ddl', true, 'ALTER TABLE t ADD c int')"
+    )
+    with pytest.raises(Exception, match="skipped_changes_ddl_check"):
+        pair.sub_exec(
+            "INSERT INTO applier.skipped_changes (origin, change_no, op, skipped) "
+            "VALUES ('o', 0, 'insert', true)"
+        )
+    with pytest.raises(Exception, match="skip_rules_ddl_check"):
+        pair.sub_exec(
+            "INSERT INTO applier.skip_rules (origin, kind, lsn, xid, dump) "
+            "VALUES ('o', 'ddl', '0/10', 5, 'skipped')"
+        )
+    engine = create_engine(
+        "postgresql+psycopg://", creator=lambda: pair.sub_conn(), poolclass=NullPool
+    )
+    cfg = alembic_config()
+    try:
+        with engine.begin() as conn:
+            cfg.attributes["connection"] = conn
+            command.downgrade(cfg, "0011")
+    finally:
+        engine.dispose()
+    assert current_revision(pair.sub_dsn) == "0011"
+    assert pair.sub_exec("SELECT count(*) FROM applier.skip_rules WHERE kind = 'ddl'") == [(0,)]
+    upgrade_target(pair.sub_dsn)
+    assert current_revision(pair.sub_dsn) == heads()[0]

@@ -26,10 +26,11 @@ def test_add_each_kind_with_its_defaults_and_list_them(pair: Pair) -> None:
         cfg, "--error", "--table", "public.t", "--op", "insert",
         "--sqlstate", "23505,23503", "--dump", "all",
     )  # fmt: skip
-    assert len({obj, obj2, by_xid, by_lsn, err, err2}) == 6
+    ddl = add_rule(cfg, "--ddl-lsn", "0/16b3748")
+    assert len({obj, obj2, by_xid, by_lsn, err, err2, ddl}) == 7
 
     rules = {r["id"]: r for r in rules_json(cfg)}
-    assert set(rules) == {obj, obj2, by_xid, by_lsn, err, err2}
+    assert set(rules) == {obj, obj2, by_xid, by_lsn, err, err2, ddl}
     expected = {
         obj: ("object", "public.tmp_*", None, None, None, None, "skipped"),
         obj2: ("object", "sales.*", ["insert", "update"], None, None, None, "none"),
@@ -37,6 +38,7 @@ def test_add_each_kind_with_its_defaults_and_list_them(pair: Pair) -> None:
         by_lsn: ("txn", None, None, None, "0/1A2B3C4", None, "all"),
         err: ("error", None, None, None, None, None, "skipped"),
         err2: ("error", "public.t", ["insert"], None, None, ["23505", "23503"], "all"),
+        ddl: ("ddl", None, None, None, "0/16B3748", None, "skipped"),
     }
     for rid, (kind, table, op, xid, lsn, sqlstate, dump) in expected.items():
         r = rules[rid]
@@ -50,7 +52,7 @@ def test_add_each_kind_with_its_defaults_and_list_them(pair: Pair) -> None:
     again = applier("skip", "add", "--config", cfg, "--lsn", "0/1A2B3C4")
     assert again.returncode == 0 and int(again.stdout) == by_lsn
     assert "identical" in again.stderr
-    assert len(rules_json(cfg)) == 6
+    assert len(rules_json(cfg)) == 7
 
     # The worker marks a used transaction rule done: listed by default, not with --active.
     pair.sub_exec(
@@ -60,11 +62,17 @@ def test_add_each_kind_with_its_defaults_and_list_them(pair: Pair) -> None:
     done = {r["id"]: r for r in rules_json(cfg)}[by_lsn]
     assert done["done"] is True and done["done_end_lsn"] == "0/1A2B400" and done["done_at"]
     assert by_lsn not in {r["id"] for r in rules_json(cfg, "--active")}
-    assert len(rules_json(cfg, "--active")) == 5
+    assert len(rules_json(cfg, "--active")) == 6
 
     text = applier("skip", "list", "--config", cfg)
     assert text.returncode == 0, text.stderr
-    for word in ("public.tmp_*", "xid 4294967295", "lsn 0/1A2B3C4", "sqlstate 23505,23503"):
+    for word in (
+        "public.tmp_*",
+        "xid 4294967295",
+        "lsn 0/1A2B3C4",
+        "sqlstate 23505,23503",
+        "ddl statement at lsn 0/16B3748",
+    ):
         assert word in text.stdout
     assert "done" in text.stdout and "active" in text.stdout
 
@@ -106,6 +114,10 @@ BAD = [
     (["--xid", "5", "--table", "a.b"], "transaction rule"),
     (["--lsn", "0/5", "--op", "insert"], "transaction rule"),
     (["--table", "a.b", "--dump", "some"], "'some'"),
+    (["--ddl-lsn", "0/0"], "no message's LSN"),
+    (["--ddl-lsn", "0/5", "--lsn", "0/5"], "--ddl-lsn skips one captured DDL statement"),
+    (["--ddl-lsn", "0/5", "--table", "a.b"], "--ddl-lsn skips one captured DDL statement"),
+    (["--ddl-lsn", "0/5", "--dump", "all"], "a DDL rule keeps the statement"),
 ]
 
 

@@ -24,7 +24,8 @@ The Applier holds the session state (the C dispatch loop reads ``state`` and
 (:mod:`applier.apply.handlers.ports`): row changes (:mod:`applier.apply.handlers.changes`),
 conflicts and skip rules (:mod:`applier.apply.rules.resolve`), streamed transactions
 (:mod:`applier.apply.handlers.streamed`), two-phase (:mod:`applier.apply.handlers.twophase`),
-schema changes (:mod:`applier.apply.handlers.schema`, the seam they all go through).
+schema changes (:mod:`applier.apply.handlers.schema`, the seam they all go through),
+captured DDL (:mod:`applier.apply.handlers.ddl`).
 
 LSN tracking and feedback
 =========================
@@ -86,6 +87,7 @@ from applier.apply.batching.paths import refresh as refresh_paths
 from applier.apply.core.states import State, Txn, check_move
 from applier.apply.core.tally import Tally
 from applier.apply.handlers.changes import RowChanges
+from applier.apply.handlers.ddl import DdlReplay
 from applier.apply.handlers.follow import Follower
 from applier.apply.handlers.groupcommit import max_age
 from applier.apply.handlers.relations import RelationCache
@@ -247,6 +249,9 @@ class Applier:
         )
         #: The seam every schema change goes through (applier.apply.handlers.schema).
         self.schema = SchemaChanges(self, session, self.rels, catalog)
+        #: Captured DDL, run through the seam (applier.apply.handlers.ddl).
+        self.ddl = DdlReplay(self, cfg, self.schema)
+        self.on_message = self.ddl.on_message
         if cfg.schema.follow:  # applier.apply.handlers.follow
             self.rels.follow = Follower(cfg.source.conninfo(), self.schema.query)
         self.twophase = TwoPhaseTxns(
@@ -470,12 +475,6 @@ class Applier:
         if self.origins.drop(lsn, m, txn.xid, prepared=txn.gid is not None):
             txn.skip = txn.filtered = True  # before any change: nothing was sent for it
             refresh_paths(self, txn)
-
-    def on_message(self, lsn: Lsn, m: Message) -> None:
-        log.debug(
-            "logical decoding message ignored",
-            extra={"ctx": {"prefix": m.prefix, "lsn": m.lsn, "transactional": m.transactional}},
-        )
 
     # -- schema (see applier.apply.handlers.relations) ------------------------------------------
 

@@ -30,8 +30,9 @@ another transaction's Stream Commit or Stream Prepare, Begin Prepare, Commit or
 Rollback Prepared, its own Stream Prepare (two-phase goes the spooled way), a
 subtransaction abort, a Relation message inside it that differs from the one
 in hand (the transactions committing before it must not see its schema), its
-Origin message with ``origin = "none"``, and a transaction skip rule read
-while it is live. Dropping rolls the target
+Origin message with ``origin = "none"``, a captured DDL statement
+(:mod:`applier.apply.handlers.ddl`), and a transaction skip rule read while it
+is live. Dropping rolls the target
 transaction back (and resets the origin's session values, as after any
 rollback); the transaction is then replayed from its spool at its commit, as
 with ``streaming = "on"``.
@@ -83,11 +84,13 @@ from applier.apply.handlers.spool import Spool
 from applier.apply.rules.skiprules import SkipRules
 from applier.apply.rules.tablesync import TableSyncs
 from applier.apply.target.origin import FLUSHED
+from applier.ddl.message import PREFIX as DDL_PREFIX
 from applier.errors import ApplyError, ProtocolError, SchemaMismatch
 from applier.lsn import Lsn
 from applier.protocol import (
     Delete,
     Insert,
+    Message,
     Relation,
     StreamAbort,
     StreamCommit,
@@ -207,6 +210,9 @@ class StreamedTxns:
             self.drop_live("a transaction skip rule was added")
             return
         msg = decode_streamed(data)
+        if type(msg) is Message and msg.prefix == DDL_PREFIX:
+            self.drop_live("a captured DDL statement runs at the transaction's commit")
+            return
         if type(msg) is Relation:
             known = self.host.relations.get(msg.oid)
             if known is not None and not same_relation(known, msg):

@@ -64,7 +64,7 @@ from applier.apply.rules.policies import (
     UPDATE_ORIGIN,
     Policies,
 )
-from applier.apply.rules.skiprules import Kept, Rule, SkipRules
+from applier.apply.rules.skiprules import KEEP_DDL, Kept, KeptDdl, Rule, SkipRules, ddl_params
 from applier.apply.sql.mapping import RelMap
 from applier.apply.sql.planner import Stmt
 from applier.apply.sql.stmt import changed_relation
@@ -406,10 +406,13 @@ class Resolver:
             self.session.begin()
         dump_all = any(k.rule is not None and k.rule.dump == "all" for k in txn.kept)
         if dump_all and txn.seen:
-            skipped = {id(k.ctx) for k in txn.kept}
+            skipped = {id(k.ctx) for k in txn.kept if isinstance(k, Kept)}
             txn.kept += [Kept(c, None, False) for c in txn.seen if id(c) not in skipped]
-            txn.kept.sort(key=lambda k: k.ctx.no)
+            txn.kept.sort(key=lambda k: k.no)
         for k in txn.kept:
+            if isinstance(k, KeptDdl):
+                self._keep_ddl(txn, k, end_lsn)
+                continue
             self.session.execute(KEEP, self._kept_params(txn, k, end_lsn), None, k.ctx)
         if txn.rule is not None:
             rule = txn.rule
@@ -421,6 +424,17 @@ class Resolver:
                 rule.describe(),
                 extra={"ctx": {"xid": txn.xid, "finish_lsn": str(Lsn(txn.commit_lsn))}},
             )
+
+    def _keep_ddl(self, txn: Txn, k: KeptDdl, end_lsn: Lsn) -> None:
+        """A skipped DDL statement: kept (unless dump none), its ddl rule marked done."""
+        rule = k.rule
+        if rule.dump != "none":
+            params = ddl_params(self.cfg.origin, txn, k, end_lsn)
+            self.session.execute(KEEP_DDL, params, None, "keeping a skipped DDL statement")
+        if rule.kind == "ddl":
+            params = [str(Lsn(end_lsn)).encode(), as_param(txn.gid), str(rule.id).encode()]
+            self.session.execute(RULE_DONE, params, None, "marking the skip rule done")
+            self.host.rules.done(rule)
 
     def _kept_params(self, txn: Txn, k: Kept, end_lsn: Lsn) -> list[bytes | None]:
         ctx = k.ctx

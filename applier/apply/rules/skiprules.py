@@ -4,7 +4,9 @@ After openGauss's ``GS_SQLAPPLY_SKIP`` (per replication origin): an *object*
 rule skips a table pattern's changes (some operations or all); a *txn* rule
 skips one source transaction, named by its xid or its finish LSN (the LSN of
 its commit or prepare record, the one errors print), once: it is marked done in
-the target transaction that records the skip and moves the origin past it; an
+the target transaction that records the skip and moves the origin past it; a
+*ddl* rule skips one captured DDL statement (:mod:`applier.apply.handlers.ddl`),
+named by the LSN of its ``applier.ddl`` message, once, the same way; an
 *error* rule skips the changes that fail (on a table pattern, operations,
 SQLSTATEs), and only those: the failed transaction is replayed with a savepoint
 per change (the careful replay of :mod:`applier.apply.handlers.dispatch`), so the
@@ -23,14 +25,17 @@ same target transaction as the skip, so a skip is never without its record.
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 
+from applier.apply.core.states import Txn
+from applier.apply.sql.planner import Stmt
 from applier.config import table_matches
-from applier.lsn import Lsn
+from applier.lsn import Lsn, pg_timestamp
 
 log = logging.getLogger("applier.apply")
 
@@ -64,6 +69,8 @@ class Rule:
         )
 
     def describe(self) -> str:
+        if self.kind == "ddl":
+            return f"rule {self.id} (DDL statement at {self.lsn})"
         if self.kind == "txn":
             return f"rule {self.id} (transaction {self.xid if self.lsn is None else self.lsn})"
         return f"rule {self.id} ({self.kind} {self.table_pattern or '*.*'})"
@@ -99,6 +106,7 @@ class SkipRules:
         self._tables: dict[str, TableSkips | None] = {}
         self._by_xid: dict[int, Rule] = {}
         self._by_lsn: dict[Lsn, Rule] = {}
+        self._by_ddl_lsn: dict[Lsn, Rule] = {}
 
     def load(self, conn: psycopg.Connection[Any]) -> bool:
         """Read the active rules; True when they changed."""
@@ -134,6 +142,7 @@ class SkipRules:
         self._by_xid = {r.xid: r for r in rules if r.kind == "txn" and r.xid is not None}
         self._by_lsn = {r.lsn: r for r in rules if r.kind == "txn" and r.lsn is not None}
         self.has_txn = bool(self._by_xid or self._by_lsn)
+        self._by_ddl_lsn = {r.lsn: r for r in rules if r.kind == "ddl" and r.lsn is not None}
         self.dump_all = any(r.dump == "all" and r.kind != "txn" for r in rules)
 
     def done(self, rule: Rule) -> None:
@@ -144,6 +153,10 @@ class SkipRules:
 
     def txn_rule(self, xid: int, finish_lsn: Lsn) -> Rule | None:
         return self._by_lsn.get(finish_lsn) or self._by_xid.get(xid)
+
+    def ddl_rule(self, lsn: Lsn) -> Rule | None:
+        """The rule that skips the captured DDL statement whose message is at ``lsn``."""
+        return self._by_ddl_lsn.get(lsn)
 
     def for_table(self, table: str) -> TableSkips | None:
         """The object rules of ``table`` (schema.name), None when there are none."""
@@ -191,3 +204,55 @@ class Kept:
     skipped: bool
     error: str | None = None
     sqlstate: str | None = None
+
+    @property
+    def no(self) -> int:
+        return int(self.ctx.no)
+
+
+@dataclass(slots=True)
+class KeptDdl:
+    """A captured DDL statement a rule skipped, written at its transaction's end (the
+    statement kept unless the rule's dump is ``none``; a ddl rule marked done)."""
+
+    rule: Rule
+    lsn: Lsn
+    no: int
+    tag: str
+    statement: str
+    search_path: str
+    table: tuple[str, str] | None
+
+
+#: A skipped DDL statement's row (migration 0012: op 'ddl', the statement kept).
+KEEP_DDL = Stmt(
+    b"applier_skipped_ddl",
+    b"INSERT INTO applier.skipped_changes (origin, rule_id, xid, commit_lsn, end_lsn, "
+    b"change_lsn, change_no, commit_time, schema_name, table_name, op, skipped, new_row, "
+    b"statement) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 'ddl', true, $11, $12)",
+    (25, 20, 20, 3220, 3220, 3220, 23, 1184, 25, 25, 3802, 25),
+    (),
+    (),
+    False,
+    False,
+)
+
+
+def ddl_params(origin: str, txn: Txn, k: KeptDdl, end_lsn: Lsn) -> list[bytes | None]:
+    """KEEP_DDL's parameters: ``new_row`` holds the tag and the search_path it ran under."""
+    schema, table = k.table or (None, None)
+    kept = json.dumps({"tag": k.tag, "search_path": k.search_path}, ensure_ascii=False)
+    return [
+        origin.encode(),
+        str(k.rule.id).encode(),
+        str(txn.xid).encode(),
+        str(Lsn(txn.commit_lsn)).encode(),
+        str(Lsn(end_lsn)).encode(),
+        str(Lsn(k.lsn)).encode(),
+        str(k.no).encode(),
+        pg_timestamp(txn.commit_ts).isoformat().encode() if txn.commit_ts else None,
+        None if schema is None else schema.encode(),
+        None if table is None else table.encode(),
+        kept.encode(),
+        k.statement.encode(),
+    ]
