@@ -30,6 +30,9 @@ def _confirmed_past(pair: Pair, lsn: str) -> bool:
     return bool(rows[0][0])
 
 
+# The retry backoff is the client's, the faults the source's walsender (15 on both
+# default pairs): 15->15 only repeated the 8 rounds on another target.
+@pytest.mark.parametrize("pair", ["15-18"], indirect=True)
 @pytest.mark.slow
 def test_reconnects_stay_quick_after_many_faults(pair: Pair) -> None:
     pair.both("CREATE TABLE t (id int PRIMARY KEY)")

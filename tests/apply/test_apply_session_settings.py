@@ -11,10 +11,13 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
 from applykit import Runner, wait_equal, wait_for
 from conftest import Pair
 
 
+# The defaults are set before applier ever connects: its migrations run under them.
+@pytest.mark.bare_target
 def test_database_defaults_do_not_reach_the_apply_session(pair: Pair) -> None:
     pair.both("CREATE TABLE t (id int PRIMARY KEY, v text); CREATE TABLE big (id int, v text)")
     pair.pub_exec("CREATE PUBLICATION pub FOR ALL TABLES")

@@ -81,6 +81,9 @@ def test_default_spool_dir_is_private(tmp_path: Path, monkeypatch: pytest.Monkey
         check_spool_dir(link)
 
 
+# The spool is the worker's own directory: the checks come before any connection,
+# and a streamed transaction is spooled the same whatever the target's version.
+@pytest.mark.parametrize("pair", ["15-18"], indirect=True)
 def test_spool_dir_writable_by_others_is_refused(pair: Pair) -> None:
     spool = pair.workdir / "spool"
     spool.mkdir()
@@ -90,6 +93,9 @@ def test_spool_dir_writable_by_others_is_refused(pair: Pair) -> None:
     _one_error_line(runner.log(), str(spool), "writable by others")
 
 
+# The spool is the worker's own directory: the checks come before any connection,
+# and a streamed transaction is spooled the same whatever the target's version.
+@pytest.mark.parametrize("pair", ["15-18"], indirect=True)
 def test_spool_dir_read_only_is_refused(pair: Pair) -> None:
     with _tmpfs(pair.workdir / "ro", "size=1m,ro,mode=0700") as spool:
         runner = _streaming_pair(pair, spool)
@@ -97,6 +103,9 @@ def test_spool_dir_read_only_is_refused(pair: Pair) -> None:
         _one_error_line(runner.log(), str(spool), "cannot write a file there")
 
 
+# The spool is the worker's own directory: the checks come before any connection,
+# and a streamed transaction is spooled the same whatever the target's version.
+@pytest.mark.parametrize("pair", ["15-18"], indirect=True)
 def test_spool_full_is_one_line_and_advances_nothing(pair: Pair) -> None:
     with _tmpfs(pair.workdir / "full", "size=1m,mode=0700") as spool:
         runner = _streaming_pair(pair, spool).ready()
@@ -112,6 +121,9 @@ def test_spool_full_is_one_line_and_advances_nothing(pair: Pair) -> None:
         assert origin_lsn(pair, pair.slot) == before
 
 
+# The spool is the worker's own directory: the checks come before any connection,
+# and a streamed transaction is spooled the same whatever the target's version.
+@pytest.mark.parametrize("pair", ["15-18"], indirect=True)
 def test_spool_limit(pair: Pair) -> None:
     runner = _streaming_pair(pair, pair.workdir / "spool", spool_limit="1MB").ready()
     pair.pub_exec("INSERT INTO t VALUES (0, 'before')")
@@ -124,6 +136,9 @@ def test_spool_limit(pair: Pair) -> None:
     assert origin_lsn(pair, pair.slot) == before
 
 
+# The spool is the worker's own directory: the checks come before any connection,
+# and a streamed transaction is spooled the same whatever the target's version.
+@pytest.mark.parametrize("pair", ["15-18"], indirect=True)
 def test_planted_symlink_is_not_followed(pair: Pair) -> None:
     spool = pair.workdir / "spool"
     victim = pair.workdir / "victim"

@@ -250,6 +250,8 @@ def test_timeline_change_of_the_same_source(make_pair: Callable[..., Pair]) -> N
     assert rc == EXIT_PERMANENT and "branched off timeline 1" in log, log
 
 
+# Refused before the applier schema exists; granted, the role creates it.
+@pytest.mark.bare_target
 def test_run_names_a_missing_origin_function_grant(pair: Pair) -> None:
     """A target role lacking EXECUTE on one origin function: `run` exits 3 in one line
     giving the GRANT, before it creates the applier schema or the slot; granted, it runs."""

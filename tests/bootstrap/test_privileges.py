@@ -23,6 +23,10 @@ from applier.bootstrap.job import run_bootstrap
 from applier.config import load_config
 from applier.errors import EXIT_PERMANENT, EXIT_USAGE, PermanentError
 
+# Roles that must create the applier schema themselves, or be refused before it
+# exists: the target starts as a new one.
+pytestmark = pytest.mark.bare_target
+
 #: The README's grants before issue 31 ("### Privileges"), word for word.
 README_SOURCE = (
     "CREATE ROLE {r} LOGIN REPLICATION; GRANT SELECT ON ALL TABLES IN SCHEMA public TO {r};"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 from conftest import Pair
 
 DDL = """
@@ -60,6 +61,8 @@ def test_sync_sequences_missing_on_target_names_it(pair: Pair) -> None:
     assert "public.extra_seq" in done.stderr and "missing on the target" in done.stderr
 
 
+# A target role on a new target (no applier schema another role made).
+@pytest.mark.bare_target
 def test_sync_sequences_names_the_sequence_grants(pair: Pair) -> None:
     """Roles that may read the tables but not the sequences (source) nor setval them
     (target): one line with both GRANTs, exit 3, no traceback; granted, it works."""

@@ -8,6 +8,7 @@ import pytest
 from conftest import Pair
 
 from applier.localpg import LocalCluster, fetched_installs, installed_bin_dirs
+from applier.schema import current_revision, schema_at_head, script_head
 
 
 def test_publisher_decodes_a_change_through_a_logical_slot(
@@ -39,6 +40,28 @@ def test_pair_has_distinct_servers_and_fresh_databases(pair: Pair) -> None:
     assert pair.pub_exec("SELECT count(*) FROM pg_tables WHERE schemaname = 'public'") == [(0,)]
     assert pair.sub.execute("SHOW wal_level") == [("logical",)]
     assert int(pair.sub.execute("SHOW server_version_num")[0][0]) // 10000 == pair.sub.version
+
+
+def test_pair_target_starts_at_the_schemas_head(pair: Pair) -> None:
+    """Cloned from the cluster's migrated template: the worker's own check finds it at
+    head (no migration to run), and it holds no rows of another test."""
+    with pair.sub_conn() as conn:
+        assert schema_at_head(conn)
+    assert current_revision(pair.sub_dsn) == script_head()
+    tables = [r[0] for r in pair.sub_exec(
+        "SELECT tablename FROM pg_tables WHERE schemaname = 'applier' ORDER BY 1"
+    )]  # fmt: skip
+    assert "worker_status" in tables
+    for table in tables:
+        if table != "alembic_version":
+            assert pair.sub_exec(f"SELECT count(*) FROM applier.{table}") == [(0,)], table
+    assert pair.sub_exec("SELECT count(*) FROM pg_tables WHERE schemaname = 'public'") == [(0,)]
+
+
+@pytest.mark.bare_target
+def test_bare_target_pair_has_no_applier_schema(pair: Pair) -> None:
+    assert pair.sub_exec("SELECT nspname FROM pg_namespace WHERE nspname = 'applier'") == []
+    assert current_revision(pair.sub_dsn) is None
 
 
 @pytest.mark.parametrize("publisher", [14, 16, 17], indirect=True)

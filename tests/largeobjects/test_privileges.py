@@ -13,6 +13,9 @@ from applier import pgconn
 from applier.privileges import MissingPrivileges, check, scope_of
 from largeobjects.lokit import roles, state
 
+# The target role's checks, on a target without a schema another role made.
+pytestmark = pytest.mark.bare_target
+
 
 def test_large_objects_need_select_on_the_source_and_the_owners_on_the_target(
     pair: Pair,

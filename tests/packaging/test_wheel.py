@@ -142,6 +142,8 @@ def test_commands_that_need_an_extra_name_it(venv: Venv, pair: Pair) -> None:
     assert pair.pub_exec(_SLOTS_OF_THIS_DB) == [(0,)]
 
 
+# `migrate` from the wheel's own copy of the migrations, on an empty target.
+@pytest.mark.bare_target
 @pytest.mark.parametrize("pair", ["15-18"], indirect=True)
 def test_installed_run_streams_a_change(venv: Venv, pair: Pair) -> None:
     ddl = "CREATE TABLE t (id int PRIMARY KEY, v text);"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from conftest import Pair
 
 from applier.apply.rules import policies
@@ -12,6 +13,9 @@ from applier.config import CONFLICT_POLICIES, DEFAULT_POLICIES
 from applier.schema import upgrade_target
 
 NAMES = {t.value for t in ConflictType}
+
+# The CHECK as the migrations make it on an empty target.
+pytestmark = pytest.mark.bare_target
 
 
 def test_the_config_and_the_policies_name_the_enums_types() -> None:

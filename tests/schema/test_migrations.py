@@ -14,6 +14,10 @@ from applier.schema import current_revision, heads, schema_at_head, script_head,
 
 ROOT = Path(__file__).resolve().parents[2]
 
+# The migrations themselves, from an empty target (tests/conftest.py clones the
+# other tests' targets from a migrated one).
+pytestmark = pytest.mark.bare_target
+
 
 def test_single_head() -> None:
     assert len(heads()) == 1

@@ -29,6 +29,10 @@ from conftest import Pair
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "apply"))
 from applykit import ROOT, Runner, wait_for
 
+# Every command, `migrate` and the first run's migrations included, on a target
+# whose defaults were hostile before applier ever connected.
+pytestmark = pytest.mark.bare_target
+
 #: Sane settings for the test's own sessions (applier's are what is under test).
 CALM = (
     "-c statement_timeout=0 -c default_transaction_read_only=off -c datestyle=ISO "

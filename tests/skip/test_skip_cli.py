@@ -163,6 +163,8 @@ def test_remove_deletes_the_rule_and_keeps_its_changes(pair: Pair) -> None:
     assert proc.returncode == 2 and f"no skip rule {rid}" in proc.stderr
 
 
+# A target without the applier schema: the readers must not make it.
+@pytest.mark.bare_target
 @pytest.mark.parametrize("command", ["list", "dump"])
 def test_readers_never_write_the_schema(pair: Pair, command: str) -> None:
     cfg = pair.write_config()

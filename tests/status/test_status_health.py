@@ -69,6 +69,7 @@ def test_running_is_0_stopped_is_4(pair: Pair) -> None:
     assert "stopped" in st["reason"]
 
 
+@pytest.mark.bare_target
 @pytest.mark.parametrize("pair", ["15-18"], indirect=True)  # not version-specific
 def test_never_started_is_4(pair: Pair) -> None:
     _table(pair)
