@@ -179,7 +179,7 @@ NEEDS: dict[str, tuple[Need, ...]] = {
     ),
     "ddl install": (SOURCE_SUPERUSER,),
     "ddl uninstall": (SOURCE_SUPERUSER,),
-    "ddl run": (EMIT_MESSAGE,),
+    "ddl run": (),  # EXECUTE on applier_ddl.emit_run, checked by ddl run itself
 }  # fmt: skip
 
 

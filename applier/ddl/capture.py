@@ -122,7 +122,7 @@ from . import message
 
 #: The version of the SQL this module installs; bump it when the SQL changes, so
 #: that ``install`` on an older one says it upgrades and ``status`` shows it.
-CAPTURE_VERSION = 1
+CAPTURE_VERSION = 2
 SCHEMA = "applier_ddl"
 #: The event triggers, by event.
 TRIGGERS = {"ddl_command_end": "applier_ddl_command_end", "sql_drop": "applier_ddl_sql_drop"}
@@ -151,6 +151,83 @@ _TEMP = (
 _FUNCTIONS = """
 CREATE FUNCTION {schema}.version() RETURNS integer LANGUAGE sql IMMUTABLE
 AS 'SELECT {capture_version}';
+
+-- The signing (see "Signed" in applier.ddl.message): HMAC-SHA256 (RFC 2104) from
+-- the built-in sha256(), so that neither pgcrypto nor any extension is needed.
+CREATE FUNCTION {schema}.hmac(key bytea, msg bytea) RETURNS bytea LANGUAGE plpgsql
+IMMUTABLE STRICT SET search_path = pg_catalog, pg_temp
+AS $body$
+DECLARE
+  k bytea := CASE WHEN octet_length(key) > 64 THEN sha256(key) ELSE key END;
+  ipad bytea;
+  opad bytea;
+BEGIN
+  k := k || decode(repeat('00', 64 - octet_length(k)), 'hex');
+  ipad := k;
+  opad := k;
+  FOR i IN 0..63 LOOP
+    ipad := set_byte(ipad, i, get_byte(k, i) # 54);  -- 0x36
+    opad := set_byte(opad, i, get_byte(k, i) # 92);  -- 0x5c
+  END LOOP;
+  RETURN sha256(opad || sha256(ipad || msg));
+END
+$body$;
+
+-- A body's signed content: applier.ddl.message.signed, in SQL. Its owner's (and the
+-- SECURITY DEFINER functions') only: the key table is nobody else's to read.
+-- The key, made when missing (see "The key" in applier.ddl.capture: after a crash).
+CREATE FUNCTION {schema}.secret() RETURNS bytea LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $body$
+BEGIN
+  INSERT INTO {schema}.key (k) SELECT {new_key} ON CONFLICT DO NOTHING;
+  RETURN (SELECT k.k FROM {schema}.key k);
+END
+$body$;
+REVOKE EXECUTE ON FUNCTION {schema}.secret() FROM PUBLIC;
+
+CREATE FUNCTION {schema}.signed(body bytea) RETURNS bytea LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $body$
+DECLARE
+  secret bytea := {schema}.secret();
+BEGIN
+  RETURN convert_to('{{"sig":"' || encode({schema}.hmac(secret, body), 'hex') || '",', 'UTF8')
+    || substr(body, 2);
+END
+$body$;
+REVOKE EXECUTE ON FUNCTION {schema}.signed(bytea) FROM PUBLIC;
+
+-- Whether sig is the key's signature of body (null: no key). Everyone's: it tells
+-- only yes or no. Compared through one more hash, so that the comparison's time
+-- says nothing of how much of a guess was right.
+CREATE FUNCTION {schema}.verify(body bytea, sig text) RETURNS boolean LANGUAGE plpgsql
+STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $body$
+DECLARE
+  secret bytea := (SELECT k.k FROM {schema}.key k);
+BEGIN
+  IF secret IS NULL THEN
+    RETURN NULL;
+  END IF;
+  RETURN sha256(convert_to(encode({schema}.hmac(secret, body), 'hex'), 'UTF8'))
+    = sha256(convert_to(sig, 'UTF8'));
+END
+$body$;
+
+-- applier ddl run's emit: signed as its owner, for the roles granted it (none but
+-- the owner and superusers unless install --run-role or a GRANT says so).
+CREATE FUNCTION {schema}.emit_run(body bytea) RETURNS pg_lsn LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $body$
+BEGIN
+  IF (convert_from(body, 'UTF8')::jsonb ->> 'via') IS DISTINCT FROM 'run' THEN
+    RAISE EXCEPTION 'emit_run emits applier ddl run''s messages only (via run)';
+  END IF;
+  RETURN pg_logical_emit_message(true, {prefix}, {schema}.signed(body));
+END
+$body$;
+REVOKE EXECUTE ON FUNCTION {schema}.emit_run(bytea) FROM PUBLIC;
 
 -- The objects of a list to emit, and whether any was left out (temporary, made by
 -- an extension's script, or applier's own).
@@ -223,9 +300,9 @@ BEGIN
   IF statement IS NULL THEN
     RAISE EXCEPTION 'the statement''s text is not known (current_query() is null)';
   END IF;
-  PERFORM pg_logical_emit_message(true, {prefix}, convert_to(jsonb_build_object(
+  PERFORM pg_logical_emit_message(true, {prefix}, {schema}.signed(convert_to(jsonb_build_object(
     'v', {message_version}, 'tag', tag, 'statement', statement, 'search_path', path,
-    'objects', kept -> 'objects', 'via', 'trigger')::text, 'UTF8'));
+    'objects', kept -> 'objects', 'via', 'trigger')::text, 'UTF8')));
   -- See "In its place" in applier.ddl.capture: the next change must not start
   -- where the message ends.
   PERFORM pg_logical_emit_message(true, {pad_prefix}, ''::bytea);
@@ -273,6 +350,7 @@ def _install_sql() -> sql.Composed:
         prefix=sql.Literal(message.PREFIX),
         pad_prefix=sql.Literal(PAD_PREFIX),
         message_version=sql.SQL(str(message.VERSION)),
+        new_key=sql.SQL(_NEW_KEY),
     )
     triggers = [
         sql.SQL("CREATE EVENT TRIGGER {} ON {} EXECUTE FUNCTION {}.{}()").format(
@@ -289,6 +367,11 @@ def _install_sql() -> sql.Composed:
             sql.SQL("CREATE SCHEMA {}").format(schema),
             sql.SQL("COMMENT ON SCHEMA {} IS {}").format(schema, sql.Literal(comment)),
             sql.SQL("GRANT USAGE ON SCHEMA {} TO PUBLIC").format(schema),
+            # Its owner's only (no grant): read through signed() and verify().
+            sql.SQL(
+                "CREATE UNLOGGED TABLE {}.key (one boolean PRIMARY KEY DEFAULT true CHECK (one), "
+                "k bytea NOT NULL CHECK (pg_catalog.octet_length(k) = 32))"
+            ).format(schema),
             functions,
             *triggers,
         ]
@@ -380,8 +463,11 @@ def _drop(conn: Conn, *, schema: bool) -> None:
         conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(SCHEMA)))
 
 
-def install(conn: Conn, before: State) -> None:
+def install(conn: Conn, before: State, run_roles: tuple[str, ...] = ()) -> None:
     """Create the capture (replacing what ``before`` found) in one transaction.
+
+    A replaced capture's key stays (see "The key"), and so do the roles granted
+    ``emit_run``; ``run_roles`` are granted it too.
 
     The event triggers go first and come back last: nothing of the
     install fires the capture (it would be in ``applier_ddl``, ignored
@@ -389,9 +475,51 @@ def install(conn: Conn, before: State) -> None:
     new one, never none.
     """
     with conn.transaction():
+        # Its own GRANTs run after the new triggers: not for the stream.
+        conn.execute("SELECT pg_catalog.set_config(%s, 'off', true)", (MODE,))
+        key, granted = _kept(conn) if before.ours else (None, [])
         if before.schema or before.triggers:
             _drop(conn, schema=before.ours)
         conn.execute(_install_sql())
+        conn.execute(
+            sql.SQL("INSERT INTO {}.key (k) VALUES (coalesce(%s, {}))").format(
+                sql.Identifier(SCHEMA), sql.SQL(_NEW_KEY)
+            ),
+            (key,),
+        )  # unlogged: not in the WAL, so never in a publication's stream
+        for role in dict.fromkeys([*granted, *run_roles]):
+            conn.execute(
+                sql.SQL("GRANT EXECUTE ON FUNCTION {}.emit_run(bytea) TO {}").format(
+                    sql.Identifier(SCHEMA), sql.Identifier(role)
+                )
+            )
+
+
+#: 32 random bytes from two version 4 UUIDs (244 random bits; pg_strong_random):
+#: gen_random_uuid() is built in from PostgreSQL 13, pgcrypto may be absent.
+_NEW_KEY = (
+    "pg_catalog.decode(pg_catalog.replace(pg_catalog.gen_random_uuid()::text "
+    "|| pg_catalog.gen_random_uuid()::text, '-', ''), 'hex')"
+)
+
+#: The roles granted ``emit_run`` (besides its owner), to grant again on a reinstall.
+_GRANTED = """
+SELECT r.rolname FROM pg_catalog.pg_proc p,
+  pg_catalog.aclexplode(p.proacl) a JOIN pg_catalog.pg_roles r ON r.oid = a.grantee
+WHERE p.oid = pg_catalog.to_regprocedure(%s) AND a.privilege_type = 'EXECUTE'
+  AND a.grantee <> p.proowner ORDER BY 1
+"""
+
+
+def _kept(conn: Conn) -> tuple[bytes | None, list[str]]:
+    """What a reinstall keeps: the key (messages in the stream signed with it still
+    verify) and who was granted ``emit_run``."""
+    key = None
+    if conn.execute("SELECT pg_catalog.to_regclass(%s)", (f"{SCHEMA}.key",)).fetchone() != (None,):
+        row = conn.execute(sql.SQL("SELECT k FROM {}.key").format(sql.Identifier(SCHEMA)))
+        key = next(iter(row.fetchone() or ()), None)
+    granted = conn.execute(_GRANTED, (f"{SCHEMA}.emit_run(bytea)",)).fetchall()
+    return key, [str(r[0]) for r in granted]
 
 
 def uninstall(conn: Conn, before: State) -> None:
