@@ -14,11 +14,11 @@ PostgreSQL 15 to 18 let only a superuser create an event trigger):
   the capture itself (``SET search_path = pg_catalog, pg_temp``: no object on
   the user's path is ever called). ``command_end`` is ``SECURITY DEFINER``:
   it asks ``pg_replication_origin_session_is_setup()`` (a superuser's) and
-  emits as its owner, so ``EXECUTE`` on ``pg_logical_emit_message`` may be
-  revoked from ``PUBLIC`` (see "Who may write a message") and DDL is still
-  captured. It takes no content: the statement is ``current_query()`` and the
-  objects are what the event trigger functions report, so calling it can only
-  emit the DDL being run;
+  signs and emits as its owner (see "Who may write a message"). It takes no
+  content: the statement is ``current_query()`` and the objects are what the
+  event trigger functions report, so calling it can only emit the DDL being run;
+* the key, and the functions that sign and verify with it (see "Who may write
+  a message");
 * two event triggers, ``applier_ddl_sql_drop`` (``sql_drop``) and
   ``applier_ddl_command_end`` (``ddl_command_end``), whose functions only call
   the two above and swallow any error.
@@ -90,13 +90,33 @@ capture writes an empty transactional message of its own prefix
 Who may write a message
 =======================
 
-The worker runs what an ``applier.ddl`` message says. Any role that may call
-``pg_logical_emit_message`` (``PUBLIC`` may, by default) can write one, with
-any statement in it; ``REVOKE EXECUTE ON FUNCTION`` both of them (``text``
-and ``bytea`` content) ``FROM PUBLIC`` leaves that to the capture (its
-owner's) and to the roles granted it (``applier ddl run``'s). What the
-capture emits is still what the source's users ran, replayed with the
-worker's privileges on the target.
+The worker runs what an ``applier.ddl`` message says, and any role that may
+call ``pg_logical_emit_message`` (``PUBLIC`` may, by default) can write one.
+So each message is signed (see "Signed" in :mod:`applier.ddl.message`) and
+the worker runs only those the source's ``applier_ddl.verify`` says are
+signed with the key (:mod:`applier.apply.handlers.ddlsig`):
+
+* ``applier_ddl.key``: the key, 32 random bytes (two ``gen_random_uuid()``,
+  built in from PostgreSQL 13; pgcrypto may be absent), one row, no grant:
+  its owner's (and superusers'). The table is ``UNLOGGED``: a logged row would
+  be in the WAL, so in every ``FOR ALL TABLES`` publication's stream (to the
+  worker, and to a two-way target's own key). A crash empties it;
+  ``applier_ddl.secret()`` makes a new key at the next DDL (messages signed
+  with the old one and not yet applied then stop the worker, with their skip).
+  ``install`` over an older capture keeps the key (messages already in the
+  stream still verify) and the roles granted ``emit_run``;
+* ``applier_ddl.hmac(key, msg)``: HMAC-SHA256 (RFC 2104) from the built-in
+  ``sha256()``; ``applier_ddl.signed(body)``: the content, as
+  :func:`applier.ddl.message.signed` builds it (``tests/ddl/test_sign.py``);
+  neither is ``PUBLIC``'s;
+* ``command_end`` (``SECURITY DEFINER``) signs what it emits;
+  ``applier_ddl.emit_run(body)`` (``SECURITY DEFINER``, ``EXECUTE`` for the
+  roles ``install --run-role`` names) signs and emits ``applier ddl run``'s;
+* ``applier_ddl.verify(body, sig)`` (``SECURITY DEFINER``, everyone's): yes or
+  no, compared through one more hash (no timing of how much of a guess matched).
+
+What the capture emits is still what the source's users ran, replayed with
+the worker's privileges on the target.
 
 Never in the way of the user's DDL
 ==================================
