@@ -8,6 +8,7 @@ naming the LSN and xid, and ``applier skip add --ddl-lsn`` skips it.
 
 from __future__ import annotations
 
+import os
 import re
 import uuid
 
@@ -17,16 +18,29 @@ from applykit import Runner, wait_equal, wait_for
 from conftest import Pair
 from test_apply_ddl_replay import _cli
 
-from applier.ddl.message import DdlMessage, DdlObject
+from applier.ddl.message import DdlMessage, DdlObject, signed
+
+FORGERIES = {
+    "unsigned": ("it carries no signature", True),
+    "another key": ("its signature is not the source's key's", True),
+    "no capture": ("the source has no applier_ddl.verify: applier ddl install is not there", False),
+}
 
 
-@pytest.mark.parametrize("pair", ["15-18", "18-18"], indirect=True)
-def test_a_message_forged_by_an_unprivileged_role_is_not_run(pair: Pair) -> None:
+@pytest.mark.parametrize(
+    ("pair", "forgery"),
+    [("15-18", "unsigned"), ("18-18", "unsigned"), ("18-18", "another key"),
+     ("15-18", "no capture")],
+    indirect=["pair"],
+)  # fmt: skip
+def test_a_message_forged_by_an_unprivileged_role_is_not_run(pair: Pair, forgery: str) -> None:
+    why, install = FORGERIES[forgery]
     pair.both("CREATE TABLE t (id int PRIMARY KEY)")
     pair.pub_exec("CREATE PUBLICATION pub FOR ALL TABLES")
     cfg = pair.write_config()
-    installed = _cli("ddl", "install", "--config", str(cfg))
-    assert installed.returncode == 0, installed.stderr
+    if install:
+        installed = _cli("ddl", "install", "--config", str(cfg))
+        assert installed.returncode == 0, installed.stderr
     # An application role: LOGIN, may write rows of t, owns nothing, no superuser.
     role = f"app_{uuid.uuid4().hex[:8]}"
     pair.pub_exec(f"CREATE ROLE {role} LOGIN; GRANT INSERT ON t TO {role}")
@@ -35,11 +49,14 @@ def test_a_message_forged_by_an_unprivileged_role_is_not_run(pair: Pair) -> None
     wait_equal(pair, ["t"], runner=runner)
     forged = DdlMessage("DROP TABLE", "DROP TABLE public.t", "public",
                         (DdlObject("table", "public", "public.t", dropped=True),))  # fmt: skip
+    content = forged.encode()
+    if forgery != "unsigned":
+        content = signed(content, os.urandom(32))  # a guessed key
     with psycopg.connect(pair.pub.dsn(pair.pub_db, role)) as conn:
         conn.execute("INSERT INTO t VALUES (2)")
         conn.execute(
-            "SELECT pg_catalog.pg_logical_emit_message(true, 'applier.ddl', %s::text)",
-            (forged.encode().decode(),),
+            "SELECT pg_catalog.pg_logical_emit_message(true, 'applier.ddl', %s::bytea)",
+            (content,),
         )
         conn.commit()
     has_t = "SELECT count(*) FROM pg_tables WHERE schemaname = 'public' AND tablename = 't'"
@@ -47,7 +64,7 @@ def test_a_message_forged_by_an_unprivileged_role_is_not_run(pair: Pair) -> None
     assert pair.sub_exec(has_t) == [(1,)], "the forged DROP TABLE ran on the target"
     assert runner.wait(60) == 3, runner.log()[-3000:]
     log = runner.log()
-    assert "not written by applier's capture" in log, log[-3000:]
+    assert f"not written by applier's capture ({why})" in log, log[-3000:]
     found = re.search(rf"applier skip add --config {re.escape(str(cfg))} --ddl-lsn (\S+)", log)
     assert found is not None, log[-3000:]
     assert re.search(r"xid\W+\d+", log), log[-3000:]

@@ -43,10 +43,7 @@ class Signatures:
                 if src.execute(
                     "SELECT pg_catalog.to_regprocedure(%s) IS NULL", (VERIFY,)
                 ).fetchone() != (False,):
-                    return (
-                        f"the source has no {VERIFY} to verify its signature "
-                        "(applier ddl install is not there)"
-                    )
+                    return f"the source has no {SCHEMA}.verify: applier ddl install is not there"
                 row = src.execute(
                     sql.SQL("SELECT {}.verify(%s, %s)").format(sql.Identifier(SCHEMA)),
                     (body, sig),
