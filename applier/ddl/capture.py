@@ -193,19 +193,25 @@ BEGIN
 END
 $body$;
 
--- A body's signed content: applier.ddl.message.signed, in SQL. Its owner's (and the
--- SECURITY DEFINER functions') only: the key table is nobody else's to read.
--- The key, made when missing (see "The key" in applier.ddl.capture: after a crash).
+-- The key, made when missing (see "Who may write a message" in applier.ddl.capture:
+-- a crash empties its unlogged table). Its owner's (and the SECURITY DEFINER
+-- functions') only, as is signed().
 CREATE FUNCTION {schema}.secret() RETURNS bytea LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $body$
+DECLARE
+  secret bytea := (SELECT k.k FROM {schema}.key k);
 BEGIN
-  INSERT INTO {schema}.key (k) SELECT {new_key} ON CONFLICT DO NOTHING;
-  RETURN (SELECT k.k FROM {schema}.key k);
+  IF secret IS NULL THEN
+    INSERT INTO {schema}.key (k) SELECT {new_key} ON CONFLICT DO NOTHING;
+    secret := (SELECT k.k FROM {schema}.key k);
+  END IF;
+  RETURN secret;
 END
 $body$;
 REVOKE EXECUTE ON FUNCTION {schema}.secret() FROM PUBLIC;
 
+-- A body's signed content: applier.ddl.message.signed, in SQL.
 CREATE FUNCTION {schema}.signed(body bytea) RETURNS bytea LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $body$
