@@ -127,11 +127,6 @@ SOURCE_SUPERUSER = Need(
     "superuser",
     "PostgreSQL (15 to 18) lets only a superuser create or drop an event trigger",
 )
-EMIT_MESSAGE = Need(
-    "source",
-    "emit_message",
-    "`EXECUTE` on `pg_logical_emit_message` (everyone has it unless it was revoked)",
-)
 
 _RUN_FUNCTIONS = (
     "pg_replication_origin_create(text)",
@@ -179,7 +174,7 @@ NEEDS: dict[str, tuple[Need, ...]] = {
     ),
     "ddl install": (SOURCE_SUPERUSER,),
     "ddl uninstall": (SOURCE_SUPERUSER,),
-    "ddl run": (EMIT_MESSAGE,),
+    "ddl run": (),  # EXECUTE on applier_ddl.emit_run, checked by ddl run itself
 }  # fmt: skip
 
 
@@ -334,8 +329,6 @@ def _probes(need: Need, scope: Scope, f: _Facts) -> list[Probe]:
         return [_member(role, f) for role in scope.large_object_roles]
     if need.key == "superuser":
         return [_superuser(f)]
-    if need.key == "emit_message":
-        return [_emit_message(f)]
     if need.key == "replica_role":
         if f.server_version < 150000:  # no GRANT SET ON PARAMETER before 15: superuser only
             return [_superuser(f)]
@@ -353,14 +346,6 @@ def _superuser(f: _Facts) -> Probe:
         "(SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user)",
         (), "SUPERUSER", "ROLE", _ident(f.role),
     )  # fmt: skip
-
-
-def _emit_message(f: _Facts) -> Probe:
-    # 17 added the ``flush`` argument (default false): the same function, a new signature.
-    flush = ", boolean" if f.server_version >= 170000 else ""
-    fn = f"pg_catalog.pg_logical_emit_message(boolean, text, bytea{flush})"
-    expr = "pg_catalog.has_function_privilege(%s, 'EXECUTE')"
-    return Probe(expr, (fn,), "EXECUTE", "FUNCTION", fn)
 
 
 #: Every large object readable: lo_compat_privileges, superuser, or SELECT through

@@ -28,16 +28,25 @@ def ddl() -> None:
 
 @ddl.command("install")
 @config_option
+@click.option(
+    "--run-role",
+    "run_roles",
+    multiple=True,
+    metavar="ROLE",
+    help="A source role allowed to use applier ddl run (repeatable; superusers always are).",
+)
 @exits_cleanly
-def ddl_install(config_path: Path | None) -> int:
+def ddl_install(config_path: Path | None, run_roles: tuple[str, ...]) -> int:
     """Create (or upgrade, or replace) the DDL capture in the source database.
 
-    The schema applier_ddl and two event triggers (ddl_command_end, sql_drop),
-    in one transaction; prints what it did.
+    The schema applier_ddl (with the key that signs each message) and two event
+    triggers (ddl_command_end, sql_drop), in one transaction; prints what it did.
+    A reinstall keeps the key and the roles granted ddl run.
     """
     from ..ddl import source
 
-    click.echo(f"applier: {source.install(load_cfg(config_path, 'warning'))}", err=True)
+    cfg = load_cfg(config_path, "warning")
+    click.echo(f"applier: {source.install(cfg, run_roles)}", err=True)
     return 0
 
 

@@ -14,11 +14,11 @@ PostgreSQL 15 to 18 let only a superuser create an event trigger):
   the capture itself (``SET search_path = pg_catalog, pg_temp``: no object on
   the user's path is ever called). ``command_end`` is ``SECURITY DEFINER``:
   it asks ``pg_replication_origin_session_is_setup()`` (a superuser's) and
-  emits as its owner, so ``EXECUTE`` on ``pg_logical_emit_message`` may be
-  revoked from ``PUBLIC`` (see "Who may write a message") and DDL is still
-  captured. It takes no content: the statement is ``current_query()`` and the
-  objects are what the event trigger functions report, so calling it can only
-  emit the DDL being run;
+  signs and emits as its owner (see "Who may write a message"). It takes no
+  content: the statement is ``current_query()`` and the objects are what the
+  event trigger functions report, so calling it can only emit the DDL being run;
+* the key, and the functions that sign and verify with it (see "Who may write
+  a message");
 * two event triggers, ``applier_ddl_sql_drop`` (``sql_drop``) and
   ``applier_ddl_command_end`` (``ddl_command_end``), whose functions only call
   the two above and swallow any error.
@@ -90,13 +90,33 @@ capture writes an empty transactional message of its own prefix
 Who may write a message
 =======================
 
-The worker runs what an ``applier.ddl`` message says. Any role that may call
-``pg_logical_emit_message`` (``PUBLIC`` may, by default) can write one, with
-any statement in it; ``REVOKE EXECUTE ON FUNCTION`` both of them (``text``
-and ``bytea`` content) ``FROM PUBLIC`` leaves that to the capture (its
-owner's) and to the roles granted it (``applier ddl run``'s). What the
-capture emits is still what the source's users ran, replayed with the
-worker's privileges on the target.
+The worker runs what an ``applier.ddl`` message says, and any role that may
+call ``pg_logical_emit_message`` (``PUBLIC`` may, by default) can write one.
+So each message is signed (see "Signed" in :mod:`applier.ddl.message`) and
+the worker runs only those the source's ``applier_ddl.verify`` says are
+signed with the key (:mod:`applier.apply.handlers.ddlsig`):
+
+* ``applier_ddl.key``: the key, 32 random bytes (two ``gen_random_uuid()``,
+  built in from PostgreSQL 13; pgcrypto may be absent), one row, no grant:
+  its owner's (and superusers'). The table is ``UNLOGGED``: a logged row would
+  be in the WAL, so in every ``FOR ALL TABLES`` publication's stream (to the
+  worker, and to a two-way target's own key). A crash empties it;
+  ``applier_ddl.secret()`` makes a new key at the next DDL (messages signed
+  with the old one and not yet applied then stop the worker, with their skip).
+  ``install`` over an older capture keeps the key (messages already in the
+  stream still verify) and the roles granted ``emit_run``;
+* ``applier_ddl.hmac(key, msg)``: HMAC-SHA256 (RFC 2104) from the built-in
+  ``sha256()``; ``applier_ddl.signed(body)``: the content, as
+  :func:`applier.ddl.message.signed` builds it (``tests/ddl/test_sign.py``);
+  neither is ``PUBLIC``'s;
+* ``command_end`` (``SECURITY DEFINER``) signs what it emits;
+  ``applier_ddl.emit_run(body)`` (``SECURITY DEFINER``, ``EXECUTE`` for the
+  roles ``install --run-role`` names) signs and emits ``applier ddl run``'s;
+* ``applier_ddl.verify(body, sig)`` (``SECURITY DEFINER``, everyone's): yes or
+  no, compared through one more hash (no timing of how much of a guess matched).
+
+What the capture emits is still what the source's users ran, replayed with
+the worker's privileges on the target.
 
 Never in the way of the user's DDL
 ==================================
@@ -122,7 +142,7 @@ from . import message
 
 #: The version of the SQL this module installs; bump it when the SQL changes, so
 #: that ``install`` on an older one says it upgrades and ``status`` shows it.
-CAPTURE_VERSION = 1
+CAPTURE_VERSION = 2
 SCHEMA = "applier_ddl"
 #: The event triggers, by event.
 TRIGGERS = {"ddl_command_end": "applier_ddl_command_end", "sql_drop": "applier_ddl_sql_drop"}
@@ -151,6 +171,89 @@ _TEMP = (
 _FUNCTIONS = """
 CREATE FUNCTION {schema}.version() RETURNS integer LANGUAGE sql IMMUTABLE
 AS 'SELECT {capture_version}';
+
+-- The signing (see "Signed" in applier.ddl.message): HMAC-SHA256 (RFC 2104) from
+-- the built-in sha256(), so that neither pgcrypto nor any extension is needed.
+CREATE FUNCTION {schema}.hmac(key bytea, msg bytea) RETURNS bytea LANGUAGE plpgsql
+IMMUTABLE STRICT SET search_path = pg_catalog, pg_temp
+AS $body$
+DECLARE
+  k bytea := CASE WHEN octet_length(key) > 64 THEN sha256(key) ELSE key END;
+  ipad bytea;
+  opad bytea;
+BEGIN
+  k := k || decode(repeat('00', 64 - octet_length(k)), 'hex');
+  ipad := k;
+  opad := k;
+  FOR i IN 0..63 LOOP
+    ipad := set_byte(ipad, i, get_byte(k, i) # 54);  -- 0x36
+    opad := set_byte(opad, i, get_byte(k, i) # 92);  -- 0x5c
+  END LOOP;
+  RETURN sha256(opad || sha256(ipad || msg));
+END
+$body$;
+
+-- The key, made when missing (see "Who may write a message" in applier.ddl.capture:
+-- a crash empties its unlogged table). Its owner's (and the SECURITY DEFINER
+-- functions') only, as is signed().
+CREATE FUNCTION {schema}.secret() RETURNS bytea LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $body$
+DECLARE
+  secret bytea := (SELECT k.k FROM {schema}.key k);
+BEGIN
+  IF secret IS NULL THEN
+    INSERT INTO {schema}.key (k) SELECT {new_key} ON CONFLICT DO NOTHING;
+    secret := (SELECT k.k FROM {schema}.key k);
+  END IF;
+  RETURN secret;
+END
+$body$;
+REVOKE EXECUTE ON FUNCTION {schema}.secret() FROM PUBLIC;
+
+-- A body's signed content: applier.ddl.message.signed, in SQL.
+CREATE FUNCTION {schema}.signed(body bytea) RETURNS bytea LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $body$
+DECLARE
+  secret bytea := {schema}.secret();
+BEGIN
+  RETURN convert_to('{{"sig":"' || encode({schema}.hmac(secret, body), 'hex') || '",', 'UTF8')
+    || substr(body, 2);
+END
+$body$;
+REVOKE EXECUTE ON FUNCTION {schema}.signed(bytea) FROM PUBLIC;
+
+-- Whether sig is the key's signature of body (null: no key). Everyone's: it tells
+-- only yes or no. Compared through one more hash, so that the comparison's time
+-- says nothing of how much of a guess was right.
+CREATE FUNCTION {schema}.verify(body bytea, sig text) RETURNS boolean LANGUAGE plpgsql
+STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $body$
+DECLARE
+  secret bytea := (SELECT k.k FROM {schema}.key k);
+BEGIN
+  IF secret IS NULL THEN
+    RETURN NULL;
+  END IF;
+  RETURN sha256(convert_to(encode({schema}.hmac(secret, body), 'hex'), 'UTF8'))
+    = sha256(convert_to(sig, 'UTF8'));
+END
+$body$;
+
+-- applier ddl run's emit: signed as its owner, for the roles granted it (none but
+-- the owner and superusers unless install --run-role or a GRANT says so).
+CREATE FUNCTION {schema}.emit_run(body bytea) RETURNS pg_lsn LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $body$
+BEGIN
+  IF (convert_from(body, 'UTF8')::jsonb ->> 'via') IS DISTINCT FROM 'run' THEN
+    RAISE EXCEPTION 'emit_run emits applier ddl run''s messages only (via run)';
+  END IF;
+  RETURN pg_logical_emit_message(true, {prefix}, {schema}.signed(body));
+END
+$body$;
+REVOKE EXECUTE ON FUNCTION {schema}.emit_run(bytea) FROM PUBLIC;
 
 -- The objects of a list to emit, and whether any was left out (temporary, made by
 -- an extension's script, or applier's own).
@@ -223,9 +326,9 @@ BEGIN
   IF statement IS NULL THEN
     RAISE EXCEPTION 'the statement''s text is not known (current_query() is null)';
   END IF;
-  PERFORM pg_logical_emit_message(true, {prefix}, convert_to(jsonb_build_object(
+  PERFORM pg_logical_emit_message(true, {prefix}, {schema}.signed(convert_to(jsonb_build_object(
     'v', {message_version}, 'tag', tag, 'statement', statement, 'search_path', path,
-    'objects', kept -> 'objects', 'via', 'trigger')::text, 'UTF8'));
+    'objects', kept -> 'objects', 'via', 'trigger')::text, 'UTF8')));
   -- See "In its place" in applier.ddl.capture: the next change must not start
   -- where the message ends.
   PERFORM pg_logical_emit_message(true, {pad_prefix}, ''::bytea);
@@ -273,6 +376,7 @@ def _install_sql() -> sql.Composed:
         prefix=sql.Literal(message.PREFIX),
         pad_prefix=sql.Literal(PAD_PREFIX),
         message_version=sql.SQL(str(message.VERSION)),
+        new_key=sql.SQL(_NEW_KEY),
     )
     triggers = [
         sql.SQL("CREATE EVENT TRIGGER {} ON {} EXECUTE FUNCTION {}.{}()").format(
@@ -289,6 +393,11 @@ def _install_sql() -> sql.Composed:
             sql.SQL("CREATE SCHEMA {}").format(schema),
             sql.SQL("COMMENT ON SCHEMA {} IS {}").format(schema, sql.Literal(comment)),
             sql.SQL("GRANT USAGE ON SCHEMA {} TO PUBLIC").format(schema),
+            # Its owner's only (no grant): read through signed() and verify().
+            sql.SQL(
+                "CREATE UNLOGGED TABLE {}.key (one boolean PRIMARY KEY DEFAULT true CHECK (one), "
+                "k bytea NOT NULL CHECK (pg_catalog.octet_length(k) = 32))"
+            ).format(schema),
             functions,
             *triggers,
         ]
@@ -380,8 +489,11 @@ def _drop(conn: Conn, *, schema: bool) -> None:
         conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(SCHEMA)))
 
 
-def install(conn: Conn, before: State) -> None:
+def install(conn: Conn, before: State, run_roles: tuple[str, ...] = ()) -> None:
     """Create the capture (replacing what ``before`` found) in one transaction.
+
+    A replaced capture's key stays (see "The key"), and so do the roles granted
+    ``emit_run``; ``run_roles`` are granted it too.
 
     The event triggers go first and come back last: nothing of the
     install fires the capture (it would be in ``applier_ddl``, ignored
@@ -389,9 +501,51 @@ def install(conn: Conn, before: State) -> None:
     new one, never none.
     """
     with conn.transaction():
+        # Its own GRANTs run after the new triggers: not for the stream.
+        conn.execute("SELECT pg_catalog.set_config(%s, 'off', true)", (MODE,))
+        key, granted = _kept(conn) if before.ours else (None, [])
         if before.schema or before.triggers:
             _drop(conn, schema=before.ours)
         conn.execute(_install_sql())
+        conn.execute(
+            sql.SQL("INSERT INTO {}.key (k) VALUES (coalesce(%s, {}))").format(
+                sql.Identifier(SCHEMA), sql.SQL(_NEW_KEY)
+            ),
+            (key,),
+        )  # unlogged: not in the WAL, so never in a publication's stream
+        for role in dict.fromkeys([*granted, *run_roles]):
+            conn.execute(
+                sql.SQL("GRANT EXECUTE ON FUNCTION {}.emit_run(bytea) TO {}").format(
+                    sql.Identifier(SCHEMA), sql.Identifier(role)
+                )
+            )
+
+
+#: 32 random bytes from two version 4 UUIDs (244 random bits; pg_strong_random):
+#: gen_random_uuid() is built in from PostgreSQL 13, pgcrypto may be absent.
+_NEW_KEY = (
+    "pg_catalog.decode(pg_catalog.replace(pg_catalog.gen_random_uuid()::text "
+    "|| pg_catalog.gen_random_uuid()::text, '-', ''), 'hex')"
+)
+
+#: The roles granted ``emit_run`` (besides its owner), to grant again on a reinstall.
+_GRANTED = """
+SELECT r.rolname FROM pg_catalog.pg_proc p,
+  pg_catalog.aclexplode(p.proacl) a JOIN pg_catalog.pg_roles r ON r.oid = a.grantee
+WHERE p.oid = pg_catalog.to_regprocedure(%s) AND a.privilege_type = 'EXECUTE'
+  AND a.grantee <> p.proowner ORDER BY 1
+"""
+
+
+def _kept(conn: Conn) -> tuple[bytes | None, list[str]]:
+    """What a reinstall keeps: the key (messages in the stream signed with it still
+    verify) and who was granted ``emit_run``."""
+    key = None
+    if conn.execute("SELECT pg_catalog.to_regclass(%s)", (f"{SCHEMA}.key",)).fetchone() != (None,):
+        row = conn.execute(sql.SQL("SELECT k FROM {}.key").format(sql.Identifier(SCHEMA)))
+        key = next(iter(row.fetchone() or ()), None)
+    granted = conn.execute(_GRANTED, (f"{SCHEMA}.emit_run(bytea)",)).fetchall()
+    return key, [str(r[0]) for r in granted]
 
 
 def uninstall(conn: Conn, before: State) -> None:

@@ -23,14 +23,34 @@ meaning does):
                  quoted and schema-qualified as PostgreSQL prints it) and
                  ``dropped`` (from ``sql_drop``)
 ``via``          ``trigger`` or ``run``
+``sig``          the signature (see "Signed"), always the first key
 
 Temporary objects never appear: the trigger does not emit a statement that
 touches only temporary objects.
+
+Signed
+======
+
+Any source role that may call ``pg_logical_emit_message`` can write a message
+of this prefix, and the worker runs what it says on the target. So every
+message applier writes is signed with a secret key kept in the source
+(``applier_ddl.key``, see :mod:`applier.ddl.capture`): the writer builds the
+JSON of every key but ``sig`` (the *body*: any spacing, keys in any order),
+takes HMAC-SHA256 of the body's exact bytes under the key, and writes the
+content as the body with ``"sig":"<64 lower-case hex digits>",`` put right after
+its opening ``{`` (:func:`signed`). The content is still one JSON object.
+:func:`split` undoes that, the reader's only way to the body; the worker
+runs a message only when the source says its signature is the key's
+(``applier_ddl.verify``). The capture's SQL builds the same bytes
+(``applier_ddl.signed``; ``tests/ddl/test_sign.py`` holds the two together).
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
+import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -42,6 +62,29 @@ PREFIX = "applier.ddl"
 VERSION = 1
 
 Via = Literal["trigger", "run"]
+
+#: What a signed content starts with: ``{"sig":"``, the signature, ``",``.
+_SIGNED = re.compile(rb'\{"sig":"([0-9a-f]{64})",')
+
+
+def signature(body: bytes, key: bytes) -> str:
+    """HMAC-SHA256 of ``body`` under ``key``, in hex (what ``sig`` holds)."""
+    return hmac.new(key, body, hashlib.sha256).hexdigest()
+
+
+def signed(body: bytes, key: bytes) -> bytes:
+    """The content of a message whose body is ``body`` (a JSON object without ``sig``)."""
+    if not body.startswith(b"{") or body.startswith(b"{}"):
+        raise ValueError("a message's body is a JSON object with keys")
+    return b'{"sig":"' + signature(body, key).encode() + b'",' + body[1:]
+
+
+def split(content: bytes) -> tuple[bytes, str] | None:
+    """(body, signature) of a signed content; None for content not signed this way."""
+    found = _SIGNED.match(content)
+    if found is None:
+        return None
+    return b"{" + content[found.end() :], found.group(1).decode()
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +108,8 @@ class DdlMessage:
     via: Via = "trigger"
 
     def encode(self) -> bytes:
-        """The message's content, as :func:`decode` reads it."""
+        """The message's body (unsigned: :func:`signed` makes the content), as
+        :func:`decode` reads it."""
         doc = {
             "v": VERSION,
             "tag": self.tag,

@@ -16,7 +16,10 @@ one source transaction:
    which takes one statement, so ``"A; B"`` is the server's refusal, not two
    statements behind one message;
 4. the ``applier.ddl`` message (via ``run``) is emitted with the statement's
-   text as given, and the transaction commits.
+   text as given, signed by the capture's ``applier_ddl.emit_run`` (``SECURITY
+   DEFINER``: the role needs ``EXECUTE`` on it, which ``applier ddl install
+   --run-role`` grants; without the capture installed nothing is run), and the
+   transaction commits.
 
 A failing statement rolls all of it back and its error is printed in one line
 (exit 3). What the stream carries by itself is refused before it runs (data
@@ -30,12 +33,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
 from .. import privileges
 from ..config import Config
 from ..errors import ApplierError, ConfigError, PermanentError, TransientError
 from . import capture
-from .message import PREFIX, DdlMessage, DdlObject
+from .message import DdlMessage, DdlObject
 from .source import first_line, source
 
 Conn = psycopg.Connection[Any]
@@ -103,6 +107,7 @@ def run(cfg: Config, statement: str, search_path: str | None) -> Ran:
     check_statement(statement)
     with source(cfg, "applier ddl run") as conn:
         privileges.check("ddl run", privileges.Scope(large_objects=False), source=conn)
+        _check_signer(conn)
         path = search_path if search_path is not None else _default_path(conn)
         try:
             with conn.transaction():
@@ -117,6 +122,36 @@ def run(cfg: Config, statement: str, search_path: str | None) -> Ran:
             raise _refused(e) from None
         except psycopg.Error as e:
             raise _refused(e) from None
+
+
+#: The capture's function that signs and emits ``ddl run``'s message (its owner's key).
+EMIT_RUN = f"{capture.SCHEMA}.emit_run(bytea)"
+
+
+def _check_signer(conn: Conn) -> None:
+    """The message must be signed (the worker runs no other): by ``emit_run``, which
+    ``applier ddl install`` creates and grants."""
+    row = conn.execute(
+        "SELECT pg_catalog.to_regprocedure(%s) IS NOT NULL, current_user", (EMIT_RUN,)
+    ).fetchone()
+    assert row is not None
+    if not row[0]:
+        raise PermanentError(
+            f"applier ddl run: the source has no {EMIT_RUN}, which signs the message "
+            "(the worker runs only messages signed with the capture's key); nothing was run",
+            hint="install the DDL capture once as a superuser: APPLIER_SOURCE__DSN='... "
+            "user=postgres' applier ddl install --config F --run-role ROLE",
+        )
+    may = conn.execute(
+        "SELECT pg_catalog.has_function_privilege(%s, 'EXECUTE')", (EMIT_RUN,)
+    ).fetchone()
+    if not may or not may[0]:
+        raise PermanentError(
+            f"applier ddl run: the source role {row[1]} may not sign applier's messages "
+            f"(EXECUTE on {EMIT_RUN}); nothing was run",
+            hint=f"a superuser grants it: applier ddl install --config F --run-role {row[1]} "
+            f"(or GRANT EXECUTE ON FUNCTION {EMIT_RUN} TO {row[1]})",
+        )
 
 
 def _default_path(conn: Conn) -> str:
@@ -155,7 +190,8 @@ def _run_in(conn: Conn, statement: str, path: str) -> Ran:
         via="run",
     )
     row = conn.execute(
-        "SELECT pg_catalog.pg_logical_emit_message(true, %s, %s)::text", (PREFIX, msg.encode())
+        sql.SQL("SELECT {}.emit_run(%s)::text").format(sql.Identifier(capture.SCHEMA)),
+        (msg.encode(),),
     ).fetchone()
     return Ran(tag, msg, str(row[0]) if row else None)
 

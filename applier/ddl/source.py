@@ -72,8 +72,9 @@ def _check_superuser(conn: Conn, command: str) -> None:
         )
 
 
-def install(cfg: Config) -> str:
-    """Install (or replace, or upgrade) the capture; the line saying what was done."""
+def install(cfg: Config, run_roles: tuple[str, ...] = ()) -> str:
+    """Install (or replace, or upgrade) the capture, ``run_roles`` granted ``ddl run``;
+    the line saying what was done."""
     with source(cfg, "applier ddl install") as conn:
         _check_superuser(conn, "ddl install")
         before = capture.state(conn)
@@ -91,7 +92,7 @@ def install(cfg: Config) -> str:
                 hint="install with the newer applier (or uninstall first to go back)",
             )
         with _errors("ddl install"):
-            capture.install(conn, before)
+            capture.install(conn, before, run_roles)
         return f"{_done(before)} in the {_where(conn)}: {_what()}"
 
 

@@ -3,7 +3,8 @@ two-phase, a kill before its commit, refusals stopping with their skip command.
 
 The source side is what ``applier ddl install``'s trigger produces: the real
 statement and, in the same source transaction, its ``applier.ddl`` message
-(``pg_logical_emit_message(true, 'applier.ddl', ...)``), written here by hand.
+(``pg_logical_emit_message(true, 'applier.ddl', ...)``), written here by hand and
+signed with the key of the real capture, installed with its event triggers off.
 """
 
 from __future__ import annotations
@@ -13,11 +14,14 @@ import subprocess
 import sys
 from typing import Any
 
+import psycopg
 import pytest
 from applykit import ROOT, Runner, wait_equal, wait_for
 from conftest import Pair
+from psycopg import sql
 
-from applier.ddl.message import DdlMessage, DdlObject
+from applier.ddl import capture
+from applier.ddl.message import DdlMessage, DdlObject, signed
 
 
 def obj(kind: str, identity: str, schema: str | None = "public") -> DdlObject:
@@ -25,11 +29,28 @@ def obj(kind: str, identity: str, schema: str | None = "public") -> DdlObject:
 
 
 def emit(conn: Any, statement: str, tag: str, *objects: DdlObject, path: str = "public") -> None:
+    """The message the capture would write, signed with its key (the worker runs no other)."""
     m = DdlMessage(tag, statement, path, tuple(objects))
     conn.execute(
-        "SELECT pg_catalog.pg_logical_emit_message(true, 'applier.ddl', %s::text)",
-        (m.encode().decode(),),
+        "SELECT pg_catalog.pg_logical_emit_message(true, 'applier.ddl', %s::bytea)",
+        (signed(m.encode(), capture_key(conn.info.dsn)),),
     )
+
+
+def capture_key(dsn: str) -> bytes:
+    """The key of the real capture (``applier ddl install``'s SQL) in the source database,
+    installed the first time with its event triggers disabled: these tests write each
+    message by hand."""
+    with psycopg.connect(dsn, autocommit=False) as c:
+        before = capture.state(c)
+        if not before.installed:
+            capture.install(c, before)
+            for name in capture.TRIGGERS.values():
+                c.execute(sql.SQL("ALTER EVENT TRIGGER {} DISABLE").format(sql.Identifier(name)))
+        row = c.execute("SELECT k FROM applier_ddl.key").fetchone()
+        c.commit()
+    assert row is not None
+    return bytes(row[0])
 
 
 def txn(pair: Pair, *steps: str | tuple[str, str, tuple[DdlObject, ...]], ran: str = "") -> None:

@@ -15,7 +15,7 @@ import psycopg
 
 from applier.config import load_config
 from applier.ddl import source
-from applier.ddl.message import PREFIX, DdlMessage, decode
+from applier.ddl.message import PREFIX, DdlMessage, decode, signature, signed, split
 from applier.localpg import LocalCluster
 from applier.protocol import PgOutputDecoder
 from applier.protocol.messages import Begin, Commit, Insert, Message
@@ -78,10 +78,29 @@ class Source:
             m = decoder.decode(data)
             if isinstance(m, Message) and m.prefix == PREFIX:
                 assert m.transactional, m
+                self.assert_signed(m.content)
                 out.append(decode(m.content))
             elif isinstance(m, Begin | Insert | Commit):
                 out.append(type(m).__name__.lower())
         return out
+
+    def key(self) -> bytes | None:
+        """The capture's key (None: not installed), as a superuser reads it."""
+        with self.conn() as c:
+            if c.execute("SELECT to_regclass('applier_ddl.key')").fetchone() == (None,):
+                return None
+            row = c.execute("SELECT k FROM applier_ddl.key").fetchone()
+            return bytes(row[0]) if row else None
+
+    def assert_signed(self, content: bytes) -> None:
+        """The SQL's signing is message.py's: HMAC-SHA256 of the body under the key."""
+        parts = split(content)
+        assert parts is not None, content
+        key = self.key()
+        assert key is not None and len(key) == 32
+        body, sig = parts
+        assert sig == signature(body, key), content
+        assert signed(body, key) == content
 
     def messages(self) -> list[DdlMessage]:
         return [m for m in self.stream() if isinstance(m, DdlMessage)]

@@ -54,10 +54,15 @@ def test_install_twice_then_uninstall_twice(src: Source) -> None:
         "event trigger applier_ddl_command_end",
         "event trigger applier_ddl_sql_drop",
         "function applier_ddl.command_end(text,text)",
+        "function applier_ddl.emit_run(bytea)",
+        "function applier_ddl.hmac(bytea,bytea)",
         "function applier_ddl.keep(jsonb)",
         "function applier_ddl.on_ddl_command_end()",
         "function applier_ddl.on_sql_drop()",
+        "function applier_ddl.secret()",
+        "function applier_ddl.signed(bytea)",
         "function applier_ddl.sql_drop(text)",
+        "function applier_ddl.verify(bytea,text)",
         "function applier_ddl.version()",
         "schema applier_ddl",
     ]
@@ -128,14 +133,24 @@ def test_a_non_superuser_is_refused_in_one_line_as_the_server_would(src: Source)
 
 
 def test_ddl_run_emits_once_with_or_without_the_capture(src: Source) -> None:
-    """In the statement's transaction, via run; with the capture installed it is not emitted a
-    second time, and the message carries the objects the capture found."""
+    """In the statement's transaction, via run; with the capture's event triggers on it is
+    not emitted a second time, and the message carries the objects the capture found.
+    Without the capture (its key, which signs the message) nothing is run."""
     cfg = src.config()
     create = "CREATE TABLE t (id int PRIMARY KEY)"
+    refused = cli("ddl", "run", "--config", cfg, create)
+    assert refused.returncode == 3, refused.stderr
+    [line] = fatal_lines(refused.stderr)
+    assert "has no applier_ddl.emit_run(bytea), which signs the message" in line
+    assert "applier ddl install" in line
+    assert src.conn().execute("SELECT to_regclass('t')").fetchone() == (None,)
+    src.install()
+    triggers = ("applier_ddl_command_end", "applier_ddl_sql_drop")
+    src.run(*(f"ALTER EVENT TRIGGER {t} DISABLE" for t in triggers))
     ran = cli("ddl", "run", "--config", cfg, create)
     assert ran.returncode == 0, ran.stderr
     assert "CREATE TABLE ran on the source and was emitted at " in ran.stderr
-    src.install()
+    src.run(*(f"ALTER EVENT TRIGGER {t} ENABLE" for t in triggers))
     alter = "ALTER TABLE t ADD COLUMN v text"
     assert cli("ddl", "run", "--config", cfg, alter).returncode == 0
     path = cli("ddl", "run", "--config", cfg, "--search-path", "public", "CREATE INDEX ON t (v)")
@@ -171,7 +186,9 @@ def test_ddl_run_emits_once_with_or_without_the_capture(src: Source) -> None:
 def test_ddl_run_refuses_in_one_line_and_changes_nothing(
     src: Source, statement: str, code: int, says: str
 ) -> None:
+    src.install()
     src.run("CREATE TABLE t (id int PRIMARY KEY)")
+    src.messages()  # the CREATE TABLE's
     done = cli("ddl", "run", "--config", src.config(), statement)
     assert done.returncode == code
     [line] = fatal_lines(done.stderr)
@@ -181,13 +198,33 @@ def test_ddl_run_refuses_in_one_line_and_changes_nothing(
     assert src.conn().execute("SELECT to_regclass('c')").fetchone() == (None,)
 
 
-def test_ddl_run_needs_emit_message(src: Source) -> None:
+def test_ddl_run_needs_the_grant_to_sign(src: Source) -> None:
+    """``ddl run`` signs through applier_ddl.emit_run: granted by install --run-role, kept
+    by a reinstall; pg_logical_emit_message itself is not needed."""
     flush = ", boolean" if src.cluster.version >= 17 else ""
     fn = f"pg_catalog.pg_logical_emit_message(boolean, text, bytea{flush})"
-    src.run(f"REVOKE EXECUTE ON FUNCTION {fn} FROM PUBLIC")
-    with role(src) as r:
-        done = cli("ddl", "run", "--config", src.config(user=r), "CREATE TABLE t (i int)")
-        assert done.returncode == 3
-        [line] = fatal_lines(done.stderr)
-        assert f'GRANT EXECUTE ON FUNCTION {fn} TO "{r}";' in line
-    assert src.conn().execute("SELECT to_regclass('t')").fetchone() == (None,)
+    src.install()
+    src.quietly(f"REVOKE EXECUTE ON FUNCTION {fn} FROM PUBLIC")
+    try:
+        with role(src) as r:
+            cfg = src.config(user=r)
+            done = cli("ddl", "run", "--config", cfg, "CREATE TABLE t (i int)")
+            assert done.returncode == 3
+            [line] = fatal_lines(done.stderr)
+            assert f"the source role {r} may not sign applier's messages" in line
+            assert f"--run-role {r}" in line
+            assert src.conn().execute("SELECT to_regclass('t')").fetchone() == (None,)
+            env = {**os.environ, "APPLIER_SOURCE__DSN": src.cluster.dsn(src.db)}
+            granted = cli("ddl", "install", "--config", cfg, "--run-role", r, env=env)
+            assert granted.returncode == 0, granted.stderr
+            assert cli("ddl", "run", "--config", cfg, "CREATE TABLE t (i int)").returncode == 0
+            src.install()  # a reinstall keeps the grant
+            ran = cli("ddl", "run", "--config", cfg, "ALTER TABLE t ADD j int")
+            assert ran.returncode == 0, ran.stderr
+            assert [m.statement for m in src.messages()] == [
+                "CREATE TABLE t (i int)",
+                "ALTER TABLE t ADD j int",
+            ]
+            src.quietly("DROP TABLE t")
+    finally:
+        src.quietly(f"GRANT EXECUTE ON FUNCTION {fn} TO PUBLIC")

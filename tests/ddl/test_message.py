@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from applier.ddl.message import DdlMessage, DdlObject, decode
+from applier.ddl.message import DdlMessage, DdlObject, decode, signature, signed, split
 from applier.errors import ProtocolError
 
 
@@ -36,3 +36,25 @@ def test_malformed_content_is_a_clear_error(content: bytes, says: str) -> None:
     with pytest.raises(ProtocolError, match=says) as e:
         decode(content, lsn="0/16B3748")
     assert "skip add --ddl-lsn 0/16B3748" in str(e.value)
+
+
+def test_signed_content_is_json_with_sig_first_and_splits_back() -> None:
+    body = DdlMessage("CREATE TABLE", "CREATE TABLE t ()", "public", ()).encode()
+    key = bytes(range(32))
+    content = signed(body, key)
+    assert content.startswith(b'{"sig":"' + signature(body, key).encode() + b'",')
+    assert split(content) == (body, signature(body, key))
+    assert decode(content) == decode(body)  # the reader skips the key it does not need
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        b'{"v":1,"tag":"X"}',  # unsigned
+        b'{"sig":"abc","v":1}',  # not 64 hex digits
+        b'{"sig":"' + b"A" * 64 + b'","v":1}',  # upper case: not what a writer writes
+        b' {"sig":"' + b"0" * 64 + b'","v":1}',  # not at the very start
+    ],
+)
+def test_content_not_signed_the_one_way_does_not_split(content: bytes) -> None:
+    assert split(content) is None

@@ -17,7 +17,11 @@ hand, in state ``TXN`` or ``PREPARE``:
 4. a ddl skip rule at its LSN (``applier skip add --ddl-lsn LSN``) skips it: the
    statement is kept in ``applier.skipped_changes`` and the rule marked done in
    the target transaction that moves the origin past it (:class:`KeptDdl`);
-5. else :func:`~applier.ddl.classify.classify` decides: ignored (temporary or
+5. a message applier did not sign (:mod:`~applier.apply.handlers.ddlsig`: the
+   source verifies it) stops the worker (exit 3), naming its LSN and xid and
+   the ``applier skip add --config F --ddl-lsn LSN`` that skips it; nothing of
+   it is read;
+6. else :func:`~applier.ddl.classify.classify` decides: ignored (temporary or
    not ours: counted), refused (the worker stops, exit 3, naming the statement,
    its LSN, the xid and the ``applier skip add --config F --ddl-lsn LSN`` that
    skips it), or run through the schema seam
@@ -52,6 +56,7 @@ import logging
 from typing import Protocol
 
 from applier.apply.core.states import Txn
+from applier.apply.handlers.ddlsig import Signatures
 from applier.apply.handlers.schema import SchemaChanges
 from applier.apply.handlers.tablefill import TableFill
 from applier.apply.rules.ddlsync import created, hold
@@ -88,8 +93,11 @@ class DdlReplay:
         cfg: Config,
         schema: SchemaChanges,
         fill: TableFill | None = None,
+        signatures: Signatures | None = None,
     ) -> None:
         self.host = host
+        #: Asked whether each message is applier's before it is read (see ddlsig).
+        self.signatures = signatures or Signatures(cfg.source.conninfo())
         self.cfg = cfg
         self.schema = schema
         #: Told the included tables an ALTER PUBLICATION added (see the module doc).
@@ -119,6 +127,7 @@ class DdlReplay:
         if rule is not None or txn.rule is not None:
             self._skip(txn, m, rule or txn.rule)
             return
+        self._verify(txn, m)
         ddl = _decode(m)
         verdict = classify(ddl, self.cfg)
         held = tuple(t for t in verdict.published if hold(self.host.syncs, t))
@@ -155,6 +164,23 @@ class DdlReplay:
         self.ran += 1
         if ddl.tag == "CREATE TABLE" and verdict.table is not None:
             created(self.host.syncs, verdict.table)
+
+    def _verify(self, txn: Txn, m: Message) -> None:
+        """A message applier did not sign stops the worker before anything of it is read."""
+        why = self.signatures.refusal(m.content)
+        if why is None:
+            return
+        raise ApplyError(
+            f"the {PREFIX} message at {Lsn(m.lsn)} (xid {txn.xid}) was not written by "
+            f"applier's capture ({why}): not run",
+            lsn=str(m.lsn),
+            xid=txn.xid,
+            ddl_lsn=str(m.lsn),
+            skip_command=self._skip_command(m.lsn),
+            hint="a source role wrote it with pg_logical_emit_message, or the capture was "
+            "uninstalled and installed again (a new key); nothing of it ran: skip it (its "
+            f"content is kept in applier.skipped_changes) with {self._skip_command(m.lsn)}",
+        )
 
     def _repeated(self, txn: Txn, ddl: DdlMessage) -> bool:
         """A caller's text run already in this transaction (allow_from_functions)."""
