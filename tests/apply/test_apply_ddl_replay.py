@@ -325,8 +325,9 @@ def test_ddl_from_a_function_when_allowed_runs_the_call_once(pair: Pair) -> None
         emit(conn, *call[:2], *T)
         conn.execute("INSERT INTO t VALUES (2, 2, 2)")
         conn.commit()
-    wait_recorded(pair, runner, 1)
-    wait_equal(pair, ["t"], runner=runner, order="id")
+    has_all = "SELECT count(*) FROM t"
+    caught_up = pair.pub_exec(has_all)
+    wait_for(lambda: not runner.alive() or pair.sub_exec(has_all) == caught_up, 120, "the rows")
     assert columns(pair.sub_exec, "t") == columns(pair.pub_exec, "t")
     assert runner.stop() == 0
 
@@ -363,4 +364,57 @@ def test_with_the_real_capture_ddl_follows_plain_statements(pair: Pair) -> None:
     wait_equal(pair, ["t", "n"], runner=runner, order="id")
     assert columns(pair.sub_exec, "t") == columns(pair.pub_exec, "t")
     assert pair.sub_exec("SELECT count(*) FROM pg_indexes WHERE indexname = 't_a'") == [(1,)]
+    assert runner.stop() == 0
+
+
+#: One source transaction with DDL in savepoints rolled back: the DDL first then rows,
+#: the DDL alone, rows then the DDL, nested (released inner, rolled-back outer; kept
+#: outer, rolled-back inner). ``bulk`` rows go to a table not published: they make the
+#: transaction stream (its memory) between the DDL and the rollback while the stream
+#: carries nothing of them, so the savepoint's only sent change is the DDL's message.
+BULK = "INSERT INTO bulk SELECT g FROM generate_series(1, 4000) g"
+SAVEPOINTS = [
+    "INSERT INTO t SELECT g, g FROM generate_series(1, 2000) g",
+    "SAVEPOINT s1", "ALTER TABLE t ADD COLUMN c1 int",
+    "INSERT INTO t SELECT g, g, g FROM generate_series(2001, 3000) g", BULK,
+    "ROLLBACK TO SAVEPOINT s1",
+    "SAVEPOINT s2", "ALTER TABLE t ADD COLUMN c2 int", BULK, "ROLLBACK TO SAVEPOINT s2",
+    "SAVEPOINT s3", "INSERT INTO t SELECT g, g FROM generate_series(3001, 4000) g",
+    "ALTER TABLE t ADD COLUMN c3 int", BULK, "ROLLBACK TO SAVEPOINT s3",
+    "SAVEPOINT s4", "SAVEPOINT s5", "ALTER TABLE t ADD COLUMN c4 int", BULK,
+    "RELEASE SAVEPOINT s5", "ROLLBACK TO SAVEPOINT s4",
+    "SAVEPOINT s6", "ALTER TABLE t ADD COLUMN k int DEFAULT 1", "SAVEPOINT s7",
+    "ALTER TABLE t ADD COLUMN c5 int", BULK, "ROLLBACK TO SAVEPOINT s7", "RELEASE SAVEPOINT s6",
+    "INSERT INTO t SELECT g, g, 2 FROM generate_series(4001, 6000) g",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("pair", "streaming"),
+    [("15-18", "on"), ("15-18", "parallel"), ("15-18", "off"), ("18-18", "on"),
+     ("18-18", "parallel"), ("18-18", "off")],
+    indirect=["pair"],
+)  # fmt: skip
+def test_ddl_in_a_rolled_back_savepoint_is_not_replayed(pair: Pair, streaming: str) -> None:
+    """With the real capture: what the source rolled back to a savepoint (the DDL and
+    its rows) is not on the target, streamed (``on``, ``parallel``) or not (``off``)."""
+    if streaming != "off":
+        pair.pub.execute(f"ALTER DATABASE \"{pair.pub_db}\" SET logical_decoding_work_mem = '64kB'")
+    pair.both("CREATE TABLE t (id int PRIMARY KEY, a int)")
+    pair.pub_exec("CREATE TABLE bulk (x int); CREATE PUBLICATION pub FOR TABLE t")
+    cfg = pair.write_config(apply={"streaming": streaming})
+    installed = _cli("ddl", "install", "--config", str(cfg))
+    assert installed.returncode == 0, installed.stderr
+    runner = Runner(pair, cfg).start().ready()
+    with pair.pub_conn(autocommit=False) as conn:
+        for statement in SAVEPOINTS:
+            conn.execute(statement)
+        conn.commit()
+    has_all = "SELECT count(*) FROM t"
+    caught_up = pair.pub_exec(has_all)
+    wait_for(lambda: not runner.alive() or pair.sub_exec(has_all) == caught_up, 120, "the rows")
+    assert columns(pair.sub_exec, "t") == columns(pair.pub_exec, "t")
+    recorded = pair.sub_exec("SELECT statement FROM applier.schema_changes WHERE source = 'ddl'")
+    assert recorded == [("ALTER TABLE t ADD COLUMN k int DEFAULT 1",)], recorded
+    wait_equal(pair, ["t"], runner=runner, order="id")
     assert runner.stop() == 0
