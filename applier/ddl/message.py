@@ -23,6 +23,9 @@ meaning does):
                  quoted and schema-qualified as PostgreSQL prints it) and
                  ``dropped`` (from ``sql_drop``)
 ``via``          ``trigger`` or ``run``
+``subxact``      the xid of the (sub)transaction the message was written in
+                 (the trigger's, capture version 2; see "Its subtransaction"
+                 in :mod:`applier.ddl.capture`); absent from ``run``'s
 
 Temporary objects never appear: the trigger does not emit a statement that
 touches only temporary objects.
@@ -31,7 +34,7 @@ touches only temporary objects.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from applier.errors import ProtocolError
@@ -63,6 +66,9 @@ class DdlMessage:
     search_path: str
     objects: tuple[DdlObject, ...]
     via: Via = "trigger"
+    #: The xid of the subtransaction that wrote it (None: not known, the top level's):
+    #: where the statement was written, not what it is, so not compared.
+    subxact: int | None = field(default=None, compare=False)
 
     def encode(self) -> bytes:
         """The message's content, as :func:`decode` reads it."""
@@ -77,6 +83,8 @@ class DdlMessage:
             ],
             "via": self.via,
         }
+        if self.subxact is not None:
+            doc["subxact"] = self.subxact
         return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
 
 
@@ -94,12 +102,16 @@ def decode(content: bytes, lsn: str | None = None) -> DdlMessage:
         via = doc.get("via", "trigger")
         if via not in ("trigger", "run"):
             raise ValueError(f"via {via!r}")
+        sub = doc.get("subxact")
+        if sub is not None and (type(sub) is not int or sub <= 0):
+            raise ValueError(f"subxact {sub!r}")
         return DdlMessage(
             tag=_text(doc, "tag"),
             statement=_text(doc, "statement"),
             search_path=_text(doc, "search_path"),
             objects=objects,
             via=via,
+            subxact=sub,
         )
     except (ValueError, UnicodeDecodeError, TypeError) as e:
         raise ProtocolError(
