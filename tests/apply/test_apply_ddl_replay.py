@@ -418,3 +418,34 @@ def test_ddl_in_a_rolled_back_savepoint_is_not_replayed(pair: Pair, streaming: s
     assert recorded == [("ALTER TABLE t ADD COLUMN k int DEFAULT 1",)], recorded
     wait_equal(pair, ["t"], runner=runner, order="id")
     assert runner.stop() == 0
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("pair", ["15-18"], indirect=True)
+def test_a_fill_that_never_ran_is_started_again_after_a_restart(pair: Pair) -> None:
+    """ALTER PUBLICATION ADD TABLE committed, its sync-tables never ran to the end (here:
+    the child fails, its config unreadable, and the worker is killed before any retry):
+    the restarted worker starts it again, status says the table waits for it."""
+    pair.both(
+        "CREATE TABLE a (id int PRIMARY KEY); CREATE TABLE t_new (id int PRIMARY KEY, v text)"
+    )
+    pair.pub_exec(
+        "CREATE PUBLICATION pub FOR TABLE a;"
+        "INSERT INTO t_new SELECT g, md5(g::text) FROM generate_series(1, 300) g"
+    )
+    cfg = pair.write_config(apply={"timeout": 20.0})
+    runner = Runner(pair, cfg).start().ready()
+    good = cfg.read_text()
+    cfg.write_text("[source\n")  # what the worker starts from now on exits 2
+    member = (obj("publication relation", "public.t_new in publication pub", None),)
+    txn(pair, ("ALTER PUBLICATION pub ADD TABLE t_new", "ALTER PUBLICATION", member),
+        "INSERT INTO t_new VALUES (301, 'after')", "INSERT INTO a VALUES (1)")  # fmt: skip
+    wait_for(lambda: "sync-tables exited 2" in runner.log(), 120, "the fill to fail")
+    runner.kill()
+    cfg.write_text(good)
+    status = _cli("status", "--config", str(cfg))
+    assert "public.t_new: waiting for sync-tables" in status.stdout, status.stdout
+    runner = Runner(pair, cfg, "again.log").start().ready()
+    wait_for(lambda: "sync-tables started" in runner.log(), 60, "the fill to start again")
+    wait_equal(pair, ["a", "t_new"], timeout=300, runner=runner, order="id")
+    assert runner.stop() == 0
