@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -420,12 +421,9 @@ def test_ddl_in_a_rolled_back_savepoint_is_not_replayed(pair: Pair, streaming: s
     assert runner.stop() == 0
 
 
-@pytest.mark.spark
-@pytest.mark.parametrize("pair", ["15-18"], indirect=True)
-def test_a_fill_that_never_ran_is_started_again_after_a_restart(pair: Pair) -> None:
-    """ALTER PUBLICATION ADD TABLE committed, its sync-tables never ran to the end (here:
-    the child fails, its config unreadable, and the worker is killed before any retry):
-    the restarted worker starts it again, status says the table waits for it."""
+def _fill_fails(pair: Pair) -> tuple[Path, str, Runner]:
+    """A worker whose sync-tables child for the table ALTER PUBLICATION added fails (its
+    config unreadable: exit 2); returns the config, its good text and the worker."""
     pair.both(
         "CREATE TABLE a (id int PRIMARY KEY); CREATE TABLE t_new (id int PRIMARY KEY, v text)"
     )
@@ -441,6 +439,33 @@ def test_a_fill_that_never_ran_is_started_again_after_a_restart(pair: Pair) -> N
     txn(pair, ("ALTER PUBLICATION pub ADD TABLE t_new", "ALTER PUBLICATION", member),
         "INSERT INTO t_new VALUES (301, 'after')", "INSERT INTO a VALUES (1)")  # fmt: skip
     wait_for(lambda: "sync-tables exited 2" in runner.log(), 120, "the fill to fail")
+    return cfg, good, runner
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("pair", ["15-18"], indirect=True)
+def test_a_failed_fill_is_started_again(pair: Pair) -> None:
+    """A child that fails is started again with a growing wait, the table shown waiting."""
+    cfg, good, runner = _fill_fails(pair)
+    assert "it is started again in 5 s" in runner.log()
+    wait_for(lambda: runner.log().count("sync-tables exited 2") >= 2, 60, "a second try")
+    assert "it is started again in 10 s" in runner.log()
+    cfg.write_text(good)
+    status = _cli("status", "--config", str(cfg))
+    assert "public.t_new: waiting for sync-tables" in status.stdout, status.stdout
+    wait_equal(pair, ["a", "t_new"], timeout=300, runner=runner, order="id")
+    wait_for(lambda: "sync-tables done" in runner.log(), 120, "sync-tables to end")
+    assert "t_new" not in _cli("status", "--config", str(cfg)).stdout
+    assert runner.stop() == 0
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("pair", ["15-18"], indirect=True)
+def test_a_fill_that_never_ran_is_started_again_after_a_restart(pair: Pair) -> None:
+    """ALTER PUBLICATION ADD TABLE committed, its sync-tables never ran to the end (here:
+    the child fails, its config unreadable, and the worker is killed before any retry):
+    the restarted worker starts it again, status says the table waits for it."""
+    cfg, good, runner = _fill_fails(pair)
     runner.kill()
     cfg.write_text(good)
     status = _cli("status", "--config", str(cfg))
