@@ -8,6 +8,8 @@ PostgreSQL 15 to 18 let only a superuser create an event trigger):
 
 * the schema ``applier_ddl`` (``USAGE`` for everyone: the trigger runs as
   whoever runs the DDL, and calls its functions by name);
+* the unlogged table ``applier_ddl.subxact``, always empty (see "Its
+  subtransaction");
 * ``applier_ddl.version()``: the version of what is installed
   (:data:`CAPTURE_VERSION`), so that a later applier knows what it upgrades;
 * ``applier_ddl.sql_drop(tag)`` and ``applier_ddl.command_end(tag, search_path)``:
@@ -110,8 +112,9 @@ deletes from) the unlogged table ``applier_ddl.subxact``, which is
 worker spools the message under that xid: a Stream Abort of ``C`` truncates
 the spool where the message is, which is exactly what the source rolled back
 (everything after a subtransaction's first change is it or its descendants).
-A message without the key (``applier ddl run``, a capture before version 2)
-is kept under the top-level xid, as before.
+A message without the key is kept under the top-level xid: exact for
+``applier ddl run`` (its statement is a transaction of its own), not for a
+capture before version 2 (``status`` says ``applier ddl install`` upgrades it).
 
 Who may write a message
 =======================
