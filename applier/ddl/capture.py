@@ -8,6 +8,8 @@ PostgreSQL 15 to 18 let only a superuser create an event trigger):
 
 * the schema ``applier_ddl`` (``USAGE`` for everyone: the trigger runs as
   whoever runs the DDL, and calls its functions by name);
+* the unlogged table ``applier_ddl.subxact``, always empty (see "Its
+  subtransaction");
 * ``applier_ddl.version()``: the version of what is installed
   (:data:`CAPTURE_VERSION`), so that a later applier knows what it upgrades;
 * ``applier_ddl.sql_drop(tag)`` and ``applier_ddl.command_end(tag, search_path)``:
@@ -86,6 +88,33 @@ COLUMN`` then an ``INSERT`` decoded as INSERT, message;
 capture writes an empty transactional message of its own prefix
 (:data:`PAD_PREFIX`, ignored by the worker, as is any prefix but
 ``applier.ddl``): that one may tie, the captured message no longer can.
+
+Its subtransaction
+==================
+
+A transaction large enough to be streamed reaches the worker in blocks before
+it commits, and a ``ROLLBACK TO SAVEPOINT`` then arrives as a Stream Abort
+naming the subtransaction's xid (and one for each of its children that had
+changes): the worker drops what that subtransaction sent, from its first
+change on (:mod:`applier.apply.handlers.spool`). A row change carries the xid
+of its subtransaction, but pgoutput sends a message with the top-level xid
+(``pgoutput_message``: ``txn->xid`` of the transaction being streamed; seen
+on 15 and 18), so the worker could not tell that the message belonged to the
+rolled-back savepoint. The message is written in the ``EXCEPTION`` block's
+own subtransaction (``C``, a child of the user's savepoint ``S``, or of the
+top level), and ``C`` has changes (the message), so a rollback of ``S``
+sends a Stream Abort for ``C`` too, before ``S``'s (``DecodeAbort``: children
+first); a rollback of the capture alone (an error after the message was
+written) names ``C`` as well. So ``command_end`` writes ``C``'s xid in the
+message (key ``subxact``): the ``xmin`` of a row it inserts into (and
+deletes from) the unlogged table ``applier_ddl.subxact``, which is
+``GetCurrentTransactionId()`` of ``C``, the xid the message's record has. The
+worker spools the message under that xid: a Stream Abort of ``C`` truncates
+the spool where the message is, which is exactly what the source rolled back
+(everything after a subtransaction's first change is it or its descendants).
+A message without the key is kept under the top-level xid: exact for
+``applier ddl run`` (its statement is a transaction of its own), not for a
+capture before version 2 (``status`` says ``applier ddl install`` upgrades it).
 
 Who may write a message
 =======================
@@ -169,6 +198,9 @@ _TEMP = (
 )
 
 _FUNCTIONS = """
+-- Never published, never in WAL: a row written and deleted per message, for its xmin.
+CREATE UNLOGGED TABLE {schema}.subxact ();
+
 CREATE FUNCTION {schema}.version() RETURNS integer LANGUAGE sql IMMUTABLE
 AS 'SELECT {capture_version}';
 
@@ -301,6 +333,8 @@ DECLARE
   made jsonb;
   kept jsonb;
   statement text := current_query();
+  mark tid;
+  subxact xid;
 BEGIN
   PERFORM set_config({dropped}, '', true);
   IF mode = 'off' OR pg_replication_origin_session_is_setup() THEN
@@ -326,9 +360,14 @@ BEGIN
   IF statement IS NULL THEN
     RAISE EXCEPTION 'the statement''s text is not known (current_query() is null)';
   END IF;
+  -- See "Its subtransaction" in applier.ddl.capture: the xid the message is written
+  -- in, which pgoutput does not send with it (xmin of a row written here is it).
+  INSERT INTO {schema}.subxact DEFAULT VALUES RETURNING ctid, xmin INTO mark, subxact;
+  DELETE FROM {schema}.subxact WHERE ctid = mark;
   PERFORM pg_logical_emit_message(true, {prefix}, {schema}.signed(convert_to(jsonb_build_object(
     'v', {message_version}, 'tag', tag, 'statement', statement, 'search_path', path,
-    'objects', kept -> 'objects', 'via', 'trigger')::text, 'UTF8')));
+    'objects', kept -> 'objects', 'via', 'trigger',
+    'subxact', subxact::text::bigint)::text, 'UTF8')));
   -- See "In its place" in applier.ddl.capture: the next change must not start
   -- where the message ends.
   PERFORM pg_logical_emit_message(true, {pad_prefix}, ''::bytea);

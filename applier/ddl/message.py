@@ -23,6 +23,9 @@ meaning does):
                  quoted and schema-qualified as PostgreSQL prints it) and
                  ``dropped`` (from ``sql_drop``)
 ``via``          ``trigger`` or ``run``
+``subxact``      the xid of the (sub)transaction the message was written in
+                 (the trigger's; see "Its subtransaction" in
+                 :mod:`applier.ddl.capture`); absent from ``run``'s
 ``sig``          the signature (see "Signed"), always the first key
 
 Temporary objects never appear: the trigger does not emit a statement that
@@ -51,7 +54,7 @@ import hashlib
 import hmac
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from applier.errors import ProtocolError
@@ -106,6 +109,9 @@ class DdlMessage:
     search_path: str
     objects: tuple[DdlObject, ...]
     via: Via = "trigger"
+    #: The xid of the subtransaction that wrote it (None: not known, the top level's):
+    #: where the statement was written, not what it is, so not compared.
+    subxact: int | None = field(default=None, compare=False)
 
     def encode(self) -> bytes:
         """The message's body (unsigned: :func:`signed` makes the content), as
@@ -121,6 +127,8 @@ class DdlMessage:
             ],
             "via": self.via,
         }
+        if self.subxact is not None:
+            doc["subxact"] = self.subxact
         return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
 
 
@@ -138,12 +146,16 @@ def decode(content: bytes, lsn: str | None = None) -> DdlMessage:
         via = doc.get("via", "trigger")
         if via not in ("trigger", "run"):
             raise ValueError(f"via {via!r}")
+        sub = doc.get("subxact")
+        if sub is not None and (type(sub) is not int or sub <= 0):
+            raise ValueError(f"subxact {sub!r}")
         return DdlMessage(
             tag=_text(doc, "tag"),
             statement=_text(doc, "statement"),
             search_path=_text(doc, "search_path"),
             objects=objects,
             via=via,
+            subxact=sub,
         )
     except (ValueError, UnicodeDecodeError, TypeError) as e:
         raise ProtocolError(

@@ -100,6 +100,13 @@ SELECT schema_name || '.' || table_name AS table, conflict, resolution,
  ORDER BY schema_name, table_name, conflict, resolution
 """
 
+#: Tables whose changes the worker holds for sync-tables (applier.synctables).
+HELD_TABLES_SQL = """
+SELECT schema_name || '.' || table_name AS table, state, lsn::text AS lsn
+  FROM applier.table_sync WHERE origin = %s AND state NOT IN ('syncdone', 'ready')
+ ORDER BY schema_name, table_name
+"""
+
 ACTIVE_RULES_SQL = "SELECT count(*) FROM applier.skip_rules WHERE origin = %s AND NOT done"
 
 RULE_FOR_LSN_SQL = """
@@ -123,6 +130,8 @@ class Status:
     lag_note: str | None = None
     conflicts: list[dict[str, Any]] = field(default_factory=list)
     active_skip_rules: int | None = None
+    #: Tables held for sync-tables: table, state, lsn (HELD_TABLES_SQL).
+    held_tables: list[dict[str, Any]] = field(default_factory=list)
     #: The command that skips the transaction the worker stopped on, if known.
     skip_command: str | None = None
     #: The transaction rule that skips it, once one was added.
@@ -216,6 +225,7 @@ def _target_side(cfg: Config, st: Status) -> None:
                     conn.cursor(row_factory=dict_row).execute(WORKER_SQL, (cfg.origin,)).fetchone()
                 )
             _conflicts_and_skips(conn, cfg, st)
+            st.held_tables = _held(conn, cfg)
     except psycopg.Error as e:
         st.target_reachable = False
         st.errors.append(f"target unreachable ({redact_dsn(cfg.target.dsn)}): {_first_line(e)}")
@@ -351,11 +361,42 @@ def render_text(st: Status, out: TextIO) -> None:
     console.print(table)
     if st.conflicts:
         console.print(_conflict_table(st.conflicts))
+    _held_tables(st, out)
     _last_error(st, out)
     _skip_hint(st, out)
     for err in st.errors:
         console.print(f"[yellow]note:[/] {err}", markup=True)
     _verdict(st, out)
+
+
+def _held(conn: psycopg.Connection[Any], cfg: Config) -> list[dict[str, Any]]:
+    """The tables held for sync-tables, each with what it waits for (``says``)."""
+    row = conn.execute("SELECT pg_catalog.to_regclass('applier.table_sync')").fetchone()
+    if not row or row[0] is None:
+        return []
+    rows = conn.cursor(row_factory=dict_row).execute(HELD_TABLES_SQL, (cfg.origin,)).fetchall()
+    config = shlex.quote(str(cfg.path)) if cfg.path is not None else "F"
+    for t in rows:
+        if t["state"] != "skipped":
+            t["says"] = f"sync-tables {t['state']}"
+        elif t["lsn"] is not None:  # held by the worker for its own fill (handlers/tablefill)
+            t["says"] = (
+                f"waiting for sync-tables (added to the publication at {t['lsn']}; "
+                "the worker starts it, and again after a failure)"
+            )
+        else:
+            t["says"] = f"never copied: applier sync-tables --config {config} --tables {t['table']}"
+    return rows
+
+
+def _held_tables(st: Status, out: TextIO) -> None:
+    # Plain lines: each may carry a command to copy.
+    if not st.held_tables:
+        return
+    out.flush()
+    out.write("tables held for sync-tables:\n")
+    for t in st.held_tables:
+        out.write(f"  {t['table']}: {t['says']}\n")
 
 
 def _slot_holder(slot: dict[str, Any]) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -346,8 +347,9 @@ def test_ddl_from_a_function_when_allowed_runs_the_call_once(pair: Pair) -> None
         emit(conn, *call[:2], *T)
         conn.execute("INSERT INTO t VALUES (2, 2, 2)")
         conn.commit()
-    wait_recorded(pair, runner, 1)
-    wait_equal(pair, ["t"], runner=runner, order="id")
+    has_all = "SELECT count(*) FROM t"
+    caught_up = pair.pub_exec(has_all)
+    wait_for(lambda: not runner.alive() or pair.sub_exec(has_all) == caught_up, 120, "the rows")
     assert columns(pair.sub_exec, "t") == columns(pair.pub_exec, "t")
     assert runner.stop() == 0
 
@@ -384,4 +386,112 @@ def test_with_the_real_capture_ddl_follows_plain_statements(pair: Pair) -> None:
     wait_equal(pair, ["t", "n"], runner=runner, order="id")
     assert columns(pair.sub_exec, "t") == columns(pair.pub_exec, "t")
     assert pair.sub_exec("SELECT count(*) FROM pg_indexes WHERE indexname = 't_a'") == [(1,)]
+    assert runner.stop() == 0
+
+
+#: One source transaction with DDL in savepoints rolled back: the DDL first then rows,
+#: the DDL alone, rows then the DDL, nested (released inner, rolled-back outer; kept
+#: outer, rolled-back inner). ``bulk`` rows go to a table not published: they make the
+#: transaction stream (its memory) between the DDL and the rollback while the stream
+#: carries nothing of them, so the savepoint's only sent change is the DDL's message.
+BULK = "INSERT INTO bulk SELECT g FROM generate_series(1, 4000) g"
+SAVEPOINTS = [
+    "INSERT INTO t SELECT g, g FROM generate_series(1, 2000) g",
+    "SAVEPOINT s1", "ALTER TABLE t ADD COLUMN c1 int",
+    "INSERT INTO t SELECT g, g, g FROM generate_series(2001, 3000) g", BULK,
+    "ROLLBACK TO SAVEPOINT s1",
+    "SAVEPOINT s2", "ALTER TABLE t ADD COLUMN c2 int", BULK, "ROLLBACK TO SAVEPOINT s2",
+    "SAVEPOINT s3", "INSERT INTO t SELECT g, g FROM generate_series(3001, 4000) g",
+    "ALTER TABLE t ADD COLUMN c3 int", BULK, "ROLLBACK TO SAVEPOINT s3",
+    "SAVEPOINT s4", "SAVEPOINT s5", "ALTER TABLE t ADD COLUMN c4 int", BULK,
+    "RELEASE SAVEPOINT s5", "ROLLBACK TO SAVEPOINT s4",
+    "SAVEPOINT s6", "ALTER TABLE t ADD COLUMN k int DEFAULT 1", "SAVEPOINT s7",
+    "ALTER TABLE t ADD COLUMN c5 int", BULK, "ROLLBACK TO SAVEPOINT s7", "RELEASE SAVEPOINT s6",
+    "INSERT INTO t SELECT g, g, 2 FROM generate_series(4001, 6000) g",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("pair", "streaming"),
+    [("15-18", "on"), ("15-18", "parallel"), ("15-18", "off"), ("18-18", "on"),
+     ("18-18", "parallel"), ("18-18", "off")],
+    indirect=["pair"],
+)  # fmt: skip
+def test_ddl_in_a_rolled_back_savepoint_is_not_replayed(pair: Pair, streaming: str) -> None:
+    """With the real capture: what the source rolled back to a savepoint (the DDL and
+    its rows) is not on the target, streamed (``on``, ``parallel``) or not (``off``)."""
+    if streaming != "off":
+        pair.pub.execute(f"ALTER DATABASE \"{pair.pub_db}\" SET logical_decoding_work_mem = '64kB'")
+    pair.both("CREATE TABLE t (id int PRIMARY KEY, a int)")
+    pair.pub_exec("CREATE TABLE bulk (x int); CREATE PUBLICATION pub FOR TABLE t")
+    cfg = pair.write_config(apply={"streaming": streaming})
+    installed = _cli("ddl", "install", "--config", str(cfg))
+    assert installed.returncode == 0, installed.stderr
+    runner = Runner(pair, cfg).start().ready()
+    with pair.pub_conn(autocommit=False) as conn:
+        for statement in SAVEPOINTS:
+            conn.execute(statement)
+        conn.commit()
+    has_all = "SELECT count(*) FROM t"
+    caught_up = pair.pub_exec(has_all)
+    wait_for(lambda: not runner.alive() or pair.sub_exec(has_all) == caught_up, 120, "the rows")
+    assert columns(pair.sub_exec, "t") == columns(pair.pub_exec, "t")
+    recorded = pair.sub_exec("SELECT statement FROM applier.schema_changes WHERE source = 'ddl'")
+    assert recorded == [("ALTER TABLE t ADD COLUMN k int DEFAULT 1",)], recorded
+    wait_equal(pair, ["t"], runner=runner, order="id")
+    assert runner.stop() == 0
+
+
+def _fill_fails(pair: Pair) -> tuple[Path, str, Runner]:
+    """A worker whose sync-tables child for the table ALTER PUBLICATION added fails (its
+    config unreadable: exit 2); returns the config, its good text and the worker."""
+    pair.both(
+        "CREATE TABLE a (id int PRIMARY KEY); CREATE TABLE t_new (id int PRIMARY KEY, v text)"
+    )
+    pair.pub_exec(
+        "CREATE PUBLICATION pub FOR TABLE a;"
+        "INSERT INTO t_new SELECT g, md5(g::text) FROM generate_series(1, 300) g"
+    )
+    cfg = pair.write_config(apply={"timeout": 20.0})
+    runner = Runner(pair, cfg).start().ready()
+    good = cfg.read_text()
+    cfg.write_text("[source\n")  # what the worker starts from now on exits 2
+    member = (obj("publication relation", "public.t_new in publication pub", None),)
+    txn(pair, ("ALTER PUBLICATION pub ADD TABLE t_new", "ALTER PUBLICATION", member),
+        "INSERT INTO t_new VALUES (301, 'after')", "INSERT INTO a VALUES (1)")  # fmt: skip
+    wait_for(lambda: "sync-tables exited 2" in runner.log(), 120, "the fill to fail")
+    return cfg, good, runner
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("pair", ["15-18"], indirect=True)
+def test_a_failed_fill_is_started_again(pair: Pair) -> None:
+    """A child that fails is started again with a growing wait, the table shown waiting."""
+    cfg, good, runner = _fill_fails(pair)
+    assert "it is started again in 5 s" in runner.log()
+    wait_for(lambda: runner.log().count("sync-tables exited 2") >= 2, 60, "a second try")
+    assert "it is started again in 10 s" in runner.log()
+    cfg.write_text(good)
+    status = _cli("status", "--config", str(cfg))
+    assert "public.t_new: waiting for sync-tables" in status.stdout, status.stdout
+    wait_equal(pair, ["a", "t_new"], timeout=300, runner=runner, order="id")
+    wait_for(lambda: "sync-tables done" in runner.log(), 120, "sync-tables to end")
+    assert "t_new" not in _cli("status", "--config", str(cfg)).stdout
+    assert runner.stop() == 0
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("pair", ["15-18"], indirect=True)
+def test_a_fill_that_never_ran_is_started_again_after_a_restart(pair: Pair) -> None:
+    """ALTER PUBLICATION ADD TABLE committed, its sync-tables never ran to the end (here:
+    the child fails, its config unreadable, and the worker is killed before any retry):
+    the restarted worker starts it again, status says the table waits for it."""
+    cfg, good, runner = _fill_fails(pair)
+    runner.kill()
+    cfg.write_text(good)
+    status = _cli("status", "--config", str(cfg))
+    assert "public.t_new: waiting for sync-tables" in status.stdout, status.stdout
+    runner = Runner(pair, cfg, "again.log").start().ready()
+    wait_for(lambda: "sync-tables started" in runner.log(), 60, "the fill to start again")
+    wait_equal(pair, ["a", "t_new"], timeout=300, runner=runner, order="id")
     assert runner.stop() == 0

@@ -8,15 +8,19 @@ from pathlib import Path
 
 from applier.apply.gcsched import GC_INTERVAL, collect_garbage_on_schedule
 from applier.apply.handlers.spool import SpoolSet
+from applier.apply.handlers.streamed import subxact_of
 from applier.apply.sql.mapping import RelMap, TargetColumn, TargetTable
 from applier.apply.sql.planner import Planner
 from applier.apply.target.origin import FLUSHED, FlushTracker
+from applier.ddl.message import DdlMessage
 from applier.lsn import Lsn
 from applier.protocol import (
     Column,
     Delete,
     Insert,
+    Message,
     Relation,
+    StreamedChange,
     TupleData,
     Update,
     decode_streamed,
@@ -96,6 +100,45 @@ def test_spool_subxact_abort_in_memory_and_on_disk(tmp_path: Path) -> None:
         assert sp.on_disk == (limit == 1)
         spools.abort(100, 100)
         assert spools.get(100) is None and not list(tmp_path.glob("*.spool"))
+
+
+def _ddl(top: int, sub: int | None, n: int) -> StreamedChange:
+    """A captured statement in a stream block: pgoutput sends it with the top-level xid,
+    the capture (version 2) writes its subtransaction's in the content."""
+    content = DdlMessage("ALTER TABLE", f"ddl {n}", "public", (), subxact=sub).encode()
+    data = encode(Message(top, True, Lsn(n), "applier.ddl", content), 2, in_stream=True)
+    return StreamedChange(top, data)
+
+
+def _row(xid: int, n: int) -> StreamedChange:
+    return StreamedChange(xid, encode(Insert(xid, 1, TupleData.text(str(n).encode())), 2, True))
+
+
+def test_spool_drops_the_ddl_of_a_rolled_back_savepoint(tmp_path: Path) -> None:
+    """Top 100; savepoint S 101 with the capture's subtransaction C (102, 104, ...):
+    rows then DDL, the DDL alone, DDL then rows, nested; Stream Aborts as PostgreSQL
+    sends them (the children first). What stays is what the source kept."""
+    cases = [
+        ([_row(100, 1), _row(101, 2), _ddl(100, 102, 3), _row(101, 4)], [(102,), (101,)], ["1"]),
+        ([_row(100, 1), _ddl(100, 102, 2)], [(102,), (101,)], ["1"]),
+        ([_ddl(100, 102, 1), _row(101, 2), _row(100, 3)], [(102,), (101,)], []),
+        ([_ddl(100, 102, 1), _ddl(100, 104, 2), _row(103, 3)], [(104,), (103,)], ["ddl 1"]),
+        ([_ddl(100, None, 1), _row(100, 2)], [], ["ddl 1", "2"]),  # a version 1 capture
+    ]
+    for limit in (10**9, 1):
+        for changes, aborts, kept in cases:
+            spools = SpoolSet(tmp_path, "o", limit)
+            sp = spools.open(100, True)
+            for c in changes:
+                spools.add(sp, c.data, subxact_of(c))
+            for (sub,) in aborts:
+                spools.abort(100, sub)
+            got = [decode_streamed(d) for d in sp]
+            said = [m.new.values[0].decode() if isinstance(m, Insert) else  # type: ignore[union-attr]
+                    m.content.decode().split('"statement":"')[1].split('"')[0]  # type: ignore[union-attr]
+                    for m in got]  # fmt: skip
+            assert said == kept, (changes, aborts, said)
+            spools.close()
 
 
 def test_flush_tracker_waits_for_local_flush() -> None:

@@ -64,6 +64,19 @@ def test_install_emits_nothing_and_each_statement_is_one_message(src: Source) ->
     assert src.messages() == [msg(tag, s, *objects) for tag, s, *objects in statements]
 
 
+def test_the_message_names_the_subtransaction_it_was_written_in(src: Source) -> None:
+    """pgoutput sends a message with the top-level xid: the content carries the xid of the
+    capture's own subtransaction (a child of the user's savepoint), not the top level's."""
+    with src.conn(autocommit=False) as c:
+        top = c.execute("SELECT pg_catalog.pg_current_xact_id()::text::bigint").fetchone()
+        c.execute("SAVEPOINT s")
+        c.execute("CREATE TABLE t (id int)")
+        c.commit()
+    assert top is not None
+    (m,) = src.messages()
+    assert m.subxact is not None and m.subxact > top[0], (m.subxact, top)
+
+
 def test_the_message_sits_among_the_changes_of_its_transaction(src: Source) -> None:
     src.run("CREATE TABLE t (id int PRIMARY KEY)")
     src.stream()

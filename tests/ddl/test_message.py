@@ -18,8 +18,11 @@ def test_round_trip_keeps_every_field() -> None:
             DdlObject("table column", "public", "public.t.x", dropped=True),
         ),
         via="run",
+        subxact=4242,
     )
-    assert decode(m.encode()) == m
+    back = decode(m.encode())
+    assert back == m
+    assert back.subxact == 4242  # not compared by ==: where it was written, not what it is
 
 
 @pytest.mark.parametrize(
@@ -30,6 +33,7 @@ def test_round_trip_keeps_every_field() -> None:
         (b'{"v": 1, "statement": "", "search_path": ""}', "'tag' missing"),
         (b'{"v": 1, "tag": "X", "statement": "", "search_path": "", "via": "x"}', "via 'x'"),
         (b'{"v": 1, "tag": "X", "statement": "", "search_path": "", "objects": [1]}', "object"),
+        (b'{"v": 1, "tag": "X", "statement": "", "search_path": "", "subxact": "7"}', "subxact"),
     ],
 )
 def test_malformed_content_is_a_clear_error(content: bytes, says: str) -> None:

@@ -101,7 +101,7 @@ class DdlReplay:
         self.cfg = cfg
         self.schema = schema
         #: Told the included tables an ALTER PUBLICATION added (see the module doc).
-        self.fill = fill if fill is not None else TableFill(cfg)
+        self.fill = fill if fill is not None else TableFill(cfg, host)
         #: Statements run, skipped by a rule, ignored (not ours or temporary).
         self.ran = 0
         self.skipped = 0
@@ -130,7 +130,7 @@ class DdlReplay:
         self._verify(txn, m)
         ddl = _decode(m)
         verdict = classify(ddl, self.cfg)
-        held = tuple(t for t in verdict.published if hold(self.host.syncs, t))
+        held = tuple(t for t in verdict.published if hold(self.host.syncs, t, txn.commit_lsn))
         if held:
             self.fill.request(held, txn.commit_lsn)
         if verdict.ignored is not None:

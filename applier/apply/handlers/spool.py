@@ -24,7 +24,11 @@ change is recorded; a Stream Abort naming a subxid truncates the spool back to
 that position. Everything after a subtransaction's first change belongs to
 it or to its descendants (one backend runs one subtransaction at a time, and
 a later sibling can only start after it ended), so truncating is exact; it is
-what worker.c's ``stream_abort`` does too.
+what worker.c's ``stream_abort`` does too. A change is recorded under the xid
+it came with, except a captured DDL statement: pgoutput sends a message with
+the top-level xid, so the capture writes its subtransaction's in the message
+(:func:`~applier.apply.handlers.streamed.subxact_of`; "Its subtransaction" in
+:mod:`applier.ddl.capture` says why that is exact).
 
 The spool directory
 ===================

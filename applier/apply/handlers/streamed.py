@@ -85,6 +85,7 @@ from applier.apply.rules.skiprules import SkipRules
 from applier.apply.rules.tablesync import TableSyncs
 from applier.apply.target.origin import FLUSHED
 from applier.ddl.message import PREFIX as DDL_PREFIX
+from applier.ddl.message import decode as decode_ddl
 from applier.errors import ApplyError, ProtocolError, SchemaMismatch
 from applier.lsn import Lsn
 from applier.protocol import (
@@ -174,7 +175,7 @@ class StreamedTxns:
         sp = self.spool
         assert sp is not None
         if not sp.filtered:  # its Origin message said not to apply it (originfilter)
-            self.host.spools.add(sp, m.data, m.xid)
+            self.host.spools.add(sp, m.data, subxact_of(m))
             live = self.host.live
             if live is not None and live.spool is sp:
                 self._apply_live(lsn, live, m.data)
@@ -402,6 +403,22 @@ class StreamedTxns:
             else:
                 self.drop_live("a subtransaction of it aborted")
         self.host.spools.abort(m.xid, m.subxid)
+
+
+def subxact_of(m: StreamedChange) -> int:
+    """The (sub)transaction a streamed change belongs to, for its spool: the xid it
+    came with, but a captured DDL statement's is in its content (pgoutput sends a
+    message with the top-level xid; applier.ddl.capture, "Its subtransaction")."""
+    if m.data[:1] != b"M":
+        return m.xid
+    msg = decode_streamed(m.data)
+    if type(msg) is not Message or msg.prefix != DDL_PREFIX or not msg.transactional:
+        return m.xid
+    try:
+        sub = decode_ddl(msg.content).subxact
+    except ProtocolError:
+        return m.xid  # unreadable: the replay stops on it, with its skip command
+    return sub if sub is not None else m.xid
 
 
 def _lane_after(applier: LaneHost, msg: Any, data: bytes, txn: Txn) -> CopyLane | MergeLane | None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 
 from applier.apply.rules.tablesync import INF, Name, TableSyncs
+from applier.lsn import Lsn
 
 log = logging.getLogger("applier.apply")
 
@@ -33,11 +34,13 @@ _READY = (
     "SET state = 'ready', lsn = NULL, updated_at = pg_catalog.now() "
     "WHERE table_sync.state = 'skipped'"
 )
+#: ``lsn``: the commit LSN of the transaction that added it: held for the worker's fill.
 _HOLD = (
-    "INSERT INTO applier.table_sync (origin, schema_name, table_name, state) "
-    "VALUES (%s, %s, %s, 'skipped') ON CONFLICT (origin, schema_name, table_name) DO UPDATE "
-    "SET state = 'skipped', lsn = NULL, updated_at = pg_catalog.now() "
-    "WHERE table_sync.state = 'ready'"
+    "INSERT INTO applier.table_sync (origin, schema_name, table_name, state, lsn) "
+    "VALUES (%s, %s, %s, 'skipped', %s::pg_lsn) "
+    "ON CONFLICT (origin, schema_name, table_name) DO UPDATE "
+    "SET state = 'skipped', lsn = excluded.lsn, updated_at = pg_catalog.now() "
+    "WHERE table_sync.state IN ('ready', 'skipped')"
 )
 
 
@@ -50,15 +53,16 @@ def created(syncs: TableSyncs, name: Name) -> None:
         syncs.states[name] = ("ready", None)
 
 
-def hold(syncs: TableSyncs, name: Name) -> bool:
-    """``name`` was added to the publication: hold its changes until it is copied.
+def hold(syncs: TableSyncs, name: Name, commit_lsn: Lsn) -> bool:
+    """``name`` was added to the publication by the transaction at ``commit_lsn``: hold
+    its changes until it is copied (the row says so: applier.apply.handlers.tablefill).
     False when sync is disabled (nothing to hold for)."""
     if not syncs.enabled or syncs.conn is None:
         return False
-    syncs.conn.execute(_HOLD, (syncs.origin, *name))
+    syncs.conn.execute(_HOLD, (syncs.origin, *name, str(commit_lsn)))
     state = syncs.states.get(name)
-    if state is None or state[0] == "ready":
-        syncs.states[name] = ("skipped", None)
+    if state is None or state[0] in ("ready", "skipped"):
+        syncs.states[name] = ("skipped", commit_lsn)
         for oid, known in syncs.names.items():
             if known == name and syncs.cut.get(oid) != INF:
                 syncs.cut[oid] = INF
