@@ -59,7 +59,7 @@ from applier.apply.core.states import Txn
 from applier.apply.handlers.ddlsig import Signatures
 from applier.apply.handlers.schema import SchemaChanges
 from applier.apply.handlers.tablefill import TableFill
-from applier.apply.rules.ddlsync import created, hold
+from applier.apply.rules.ddlsync import created, held, hold
 from applier.apply.rules.skiprules import KeptDdl, Rule, SkipRules
 from applier.apply.rules.tablesync import TableSyncs
 from applier.apply.sql.ddlplan import SchemaStatement
@@ -145,6 +145,8 @@ class DdlReplay:
             raise self._stop(f"captured DDL refused: {verdict.refusal}", ddl, m, txn, verdict)
         if verdict.from_function and self._repeated(txn, ddl):
             return
+        if self._synced_elsewhere(ddl, verdict, txn, m.lsn):
+            return
         st = SchemaStatement(
             "ddl",
             ddl.tag,
@@ -181,6 +183,28 @@ class DdlReplay:
             "uninstalled and installed again (a new key); nothing of it ran: skip it (its "
             f"content is kept in applier.skipped_changes) with {self._skip_command(m.lsn)}",
         )
+
+    def _synced_elsewhere(self, ddl: DdlMessage, verdict: Verdict, txn: Txn, lsn: Lsn) -> bool:
+        """A statement on a table sync-tables is copying: its copy and catch-up bring it
+        (:func:`~applier.apply.rules.ddlsync.held`); a CREATE TABLE makes the table, so
+        it always runs here."""
+        if ddl.tag == "CREATE TABLE" or verdict.table is None:
+            return False
+        if not held(self.host.syncs, verdict.table, txn.commit_lsn):
+            return False
+        self.ignored += 1
+        log.info(
+            "captured DDL left to sync-tables, which copies the table",
+            extra={
+                "ctx": {
+                    "tag": ddl.tag,
+                    "table": ".".join(verdict.table),
+                    "lsn": lsn,
+                    "xid": txn.xid,
+                }
+            },
+        )
+        return True
 
     def _repeated(self, txn: Txn, ddl: DdlMessage) -> bool:
         """A caller's text run already in this transaction (allow_from_functions)."""

@@ -14,6 +14,12 @@ statements change that answer:
   sync is under way already) until ``applier sync-tables`` copied it and handed
   it over; the worker starts that command itself (:mod:`applier.apply.handlers.tablefill`).
 
+And one is not the worker's to run: a statement on a table whose rows the worker
+holds for ``applier sync-tables`` (:func:`held`) belongs to that table's copy, as
+its rows do: the copy takes the definition of its snapshot and sync-tables'
+catch-up runs what came after, so the worker running it too would run it twice
+(or on a table the target does not have yet).
+
 The rows are written on the catalog connection (autocommit) before the target
 transaction commits: replayed again after a crash they are written again, to the
 same effect.
@@ -71,4 +77,17 @@ def hold(syncs: TableSyncs, name: Name, commit_lsn: Lsn) -> bool:
         "table added to the publication: its changes are held until it is copied",
         extra={"ctx": {"table": f"{name[0]}.{name[1]}"}},
     )
+    return True
+
+
+def held(syncs: TableSyncs, name: Name, commit_lsn: Lsn) -> bool:
+    """Whether the rows of ``name`` in a transaction committing at ``commit_lsn`` are
+    left to sync-tables (the rule of the cut: skipped while ``commit_lsn < cut``)."""
+    if not syncs.enabled:
+        return False
+    state = syncs.states.get(name)
+    if state is None or state[0] == "ready":
+        return False
+    if state[0] == "syncdone":
+        return state[1] is not None and commit_lsn < state[1]
     return True
