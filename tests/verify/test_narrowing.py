@@ -20,23 +20,9 @@ import pytest
 from conftest import Pair
 
 from applier.verify import job, task
-from applier.verify.hashing import Catchup, Sides, connect
+from applier.verify.hashing import Sides, connect
 from applier.verify.ranges import INT_PIECE_ROWS, KeyRange, VTable, first_ranges
-
-NO_WAIT = Catchup("none", "none", False, 0.0)
-
-
-class NoSpark:
-    """A Spark that never comes up: every range runs on the driver's threads."""
-
-    def start(self) -> None:
-        pass
-
-    def ready(self) -> bool:
-        return False
-
-    def context(self) -> Any:
-        raise AssertionError("the driver was to run every range")
+from verify.verifykit import NO_WAIT, NoSpark
 
 
 class UpSpark:

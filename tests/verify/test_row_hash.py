@@ -12,29 +12,14 @@ other types keep the text form, which tells ``1.0`` from ``1.00``.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 from conftest import Pair
 
 from applier.verify import job, task
-from applier.verify.hashing import Catchup, Conn, Sides, connect, same_record_hash, value_hashed
+from applier.verify.hashing import Conn, Sides, connect, same_record_hash, value_hashed
 from applier.verify.ranges import KeyRange, VTable
-
-NO_WAIT = Catchup("none", "none", False, 0.0)
-
-
-class NoSpark:
-    """A Spark that never comes up (a local master never starts it anyway)."""
-
-    def start(self) -> None:
-        pass
-
-    def ready(self) -> bool:
-        return False
-
-    def context(self) -> Any:
-        raise AssertionError("the driver was to run every range")
+from verify.verifykit import NO_WAIT, NoSpark
 
 
 def _table(name: str, key: tuple[str, ...], key_types: tuple[str, ...], cols: tuple[str, ...],
