@@ -248,7 +248,7 @@ class Applier:
             self, self.resolver, session, self.planner, self.cplanner, self.merger, catalog
         )
         #: The seam every schema change goes through (applier.apply.handlers.schema).
-        self.schema = SchemaChanges(self, session, self.rels, catalog)
+        self.schema = SchemaChanges(self, session, self.rels)
         #: Captured DDL, run through the seam (applier.apply.handlers.ddl).
         self.ddl = DdlReplay(self, cfg, self.schema)
         self.on_message = self.ddl.on_message

@@ -105,7 +105,7 @@ class RelationCache:
         #: The Relation message a changed one superseded (what a type was before).
         self.previous: dict[int, Relation] = {}
         #: The catalog mappings are looked up in (see "Schema changes").
-        self.view: Callable[[], AbstractContextManager[Catalog]] = lambda: nullcontext(catalog)
+        self.view: Callable[[], AbstractContextManager[Catalog]] = lambda: nullcontext(self.catalog)
         #: ``[schema] follow``: the statements that bring a target table up to a
         #: Relation message (none: it is up to it), and the seam that runs them.
         self.follow: Follow | None = None

@@ -69,13 +69,10 @@ log = logging.getLogger("applier.apply")
 class SchemaChanges:
     """Runs schema statements in the open target transaction (see the module doc)."""
 
-    def __init__(
-        self, host: SchemaHost, session: TargetSession, rels: RelationCache, catalog: Catalog
-    ) -> None:
+    def __init__(self, host: SchemaHost, session: TargetSession, rels: RelationCache) -> None:
         self.host = host
         self.session = session
         self.rels = rels
-        self.catalog = catalog
         #: The commit LSN of the last source transaction that changed the schema:
         #: until the session has committed past it, mappings are looked up through
         #: the session (None: nothing changed since the session started).
@@ -104,7 +101,7 @@ class SchemaChanges:
         txn.barrier = True
         self.changed_at = txn.commit_lsn
         self._in_session = None
-        self.catalog.forget_cached()  # a type's shape may have changed with it
+        self.rels.catalog.forget_cached()  # a type's shape may have changed with it
         names = {(c.schema_name or "", c.table_name) for c in changes if c.table_name is not None}
         unnamed = any(c.table_name is None for c in changes)
         self.rels.forget_tables(None if unnamed else names)
@@ -138,7 +135,8 @@ class SchemaChanges:
             self.changed_at = changed = None
             self._in_session = None
         if changed is None:
-            yield self.catalog
+            # The relation cache owns the catalog connection's view (one owner).
+            yield self.rels.catalog
             return
         with session_view(self.session) as conn:
             if self._in_session is None:
