@@ -75,6 +75,25 @@ def test_group_create_read_drop(pair: Pair) -> None:
         assert {origin, f"{origin}_x", f"{origin}x_1"} <= left
 
 
+def test_another_workers_origin_is_never_a_member(pair: Pair) -> None:
+    """Config names origins with [a-z0-9_], and the default origin is the slot's
+    name: two workers ``a`` and ``a_2``, or ``pg`` beside a built-in subscription's
+    ``pg_16384``, are legal today. Reading ``a``'s restart point (every start of
+    ``run``) must never take another worker's position for its own."""
+    origin = f"o_{pair.pub_db}"
+    with connect(pair.sub_dsn, side="target", purpose="applier test") as conn:
+        pair.sub_exec(
+            f"SELECT pg_replication_origin_create('{origin}'), "
+            f"pg_replication_origin_create('{origin}_2')"
+        )
+        _advance(pair, origin, "0/1000000")
+        _advance(pair, f"{origin}_2", "9/0")  # another worker's stream, far ahead
+        assert restart_point(conn, origin) == Lsn(0x1000000)
+        assert group_progress(conn, origin) == {}
+        assert drop_group(conn, origin) == []
+        assert member(origin, 2) != f"{origin}_2"
+
+
 def test_sessions_hold_their_own_members(pair: Pair) -> None:
     """One backend per origin before 19 (why the group): a member taken by one
     session cannot be taken by another, and a live member cannot be dropped."""
