@@ -1,7 +1,7 @@
 """The origin group of parallel apply on real targets (PostgreSQL 15 and 18).
 
 Before PostgreSQL 19 each apply session holds an origin of its own
-(``<origin>_1 .. _N``) and the restart point is the largest progress among them
+(``<origin>.1 .. .N``) and the restart point is the largest progress among them
 and the plain origin (applier.apply.parallel.origins has the proof). Here:
 creating, reading and dropping the group, a restart point after the members
 advanced unequally, and the proof's cases played with real target sessions
