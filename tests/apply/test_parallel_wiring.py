@@ -8,6 +8,12 @@ transactions again. An ALWAYS trigger on the target counts every row applied.
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
 from applykit import Runner, wait_equal
 from conftest import Pair
 
@@ -15,6 +21,7 @@ from applier.apply.parallel.origins import create_group, member
 from applier.apply.target.session import TargetSession
 from applier.lsn import Lsn, now_pg_timestamp
 from applier.pgconn import connect
+from applier.schema import upgrade_target
 
 _COUNTER = """
 CREATE TABLE applied (id int NOT NULL);
@@ -63,3 +70,47 @@ def test_run_restarts_from_the_groups_restart_point(pair: Pair) -> None:
     assert runner.stop() == 0
     assert _applied_twice(pair) == []
     assert pair.sub_exec("SELECT count(*) FROM applied")[0][0] == 12
+
+
+def _status(cfg: Path) -> dict[str, Any]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "applier.cli", "status", "--config", str(cfg), "--json"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    out: dict[str, Any] = json.loads(proc.stdout or "{}")
+    return out
+
+
+def _drop(cfg: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "applier.cli", "drop", "--config", str(cfg), *args],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+def test_status_and_drop_read_the_group(pair: Pair) -> None:
+    """``status`` shows the restart point (the group's member ahead counts, another
+    worker's ``<origin>_2`` does not); ``drop`` removes the group with the origin."""
+    pair.pub_exec("CREATE TABLE t (id int primary key); CREATE PUBLICATION pub FOR TABLE t")
+    pair.pub_exec(f"SELECT pg_create_logical_replication_slot('{pair.slot}', 'pgoutput')")
+    upgrade_target(pair.sub_dsn)
+    cfg = pair.write_config()
+    origin = pair.slot
+    pair.sub_exec(
+        f"SELECT pg_replication_origin_create('{origin}'), "
+        f"pg_replication_origin_create('{origin}_2')"
+    )
+    with connect(pair.sub_dsn, side="target", purpose="applier test") as admin:
+        create_group(admin, origin, 2)
+    for name, lsn in ((origin, "0/1234ABC"), (member(origin, 2), "0/2000000")):
+        pair.sub_exec(f"SELECT pg_replication_origin_advance('{name}', '{lsn}')")
+    pair.sub_exec(f"SELECT pg_replication_origin_advance('{origin}_2', '9/0')")
+    assert _status(cfg)["origin_progress"]["remote_lsn"] == "0/2000000"
+
+    plan = _drop(cfg, "--origin")
+    assert plan.returncode == 0 and "2 parallel sessions' origins" in plan.stdout, plan.stderr
+    done = _drop(cfg, "--origin", "--yes")
+    assert done.returncode == 0, done.stderr
+    left = {r[0] for r in pair.sub_exec("SELECT roname FROM pg_replication_origin")}
+    assert left & {origin, member(origin, 1), member(origin, 2)} == set()
+    assert f"{origin}_2" in left  # another worker's
