@@ -109,6 +109,13 @@ def test_status_and_drop_read_the_group(pair: Pair) -> None:
 
     plan = _drop(cfg, "--origin")
     assert plan.returncode == 0 and "2 parallel sessions' origins" in plan.stdout, plan.stderr
+    # A session of a parallel run holding its member: refused, nothing removed.
+    with connect(pair.sub_dsn, side="target", purpose="applier test") as session:
+        session.execute("SELECT pg_replication_origin_session_setup(%s)", (member(origin, 1),))
+        refused = _drop(cfg, "--origin", "--yes")
+        assert refused.returncode == 1 and member(origin, 1) in refused.stderr, refused.stderr
+        session.execute("SELECT pg_replication_origin_session_reset()")
+    assert len(pair.sub_exec(f"SELECT 1 FROM pg_replication_origin WHERE roname = '{origin}'")) == 1
     done = _drop(cfg, "--origin", "--yes")
     assert done.returncode == 0, done.stderr
     left = {r[0] for r in pair.sub_exec("SELECT roname FROM pg_replication_origin")}

@@ -50,7 +50,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "verify": {"bootstrap", "config"},
     "synctables": {"apply", "bootstrap", "schema"},
     "cutover": {"apply", "bootstrap", "verify", "status"},
-    "drop": {"apply.target", "config"},
+    "drop": {"apply.parallel", "apply.target", "config"},
     "demo": {"bootstrap", "config"},
     "cli": {"apply", "bootstrap", "cutover", "ddl", "demo", "drop", "schema", "skip", "status",
             "stream", "synctables", "verify", "speedups", "config"},
