@@ -5,7 +5,8 @@ Three objects, each optional (none named means all three):
 * the **slot** on the source (``pg_drop_replication_slot``): the one thing
   that costs the source disk while nobody consumes it;
 * the **replication origin** on the target (``pg_replication_origin_drop``):
-  the applied position; without it a new ``applier run`` starts afresh;
+  the applied position; without it a new ``applier run`` starts afresh (with
+  it, the origins of a parallel run's sessions, ``<origin>.<n>``);
 * the **applier schema** on the target (``DROP SCHEMA applier CASCADE``):
   applier's own bookkeeping and nothing else: the worker's status row,
   conflict_log, skip rules and the changes they kept, the bootstrap's run,
@@ -48,6 +49,7 @@ from typing import Any, TextIO
 import psycopg
 from psycopg import sql
 
+from applier.apply.parallel.origins import drop_group, group_progress
 from applier.apply.target.holder import last_worker
 
 from . import pgconn
@@ -211,6 +213,8 @@ def _check_worker(tgt: Conn, hold: Conn | None, cfg: Config, plan: Plan) -> None
             hold.execute("SELECT pg_catalog.pg_replication_origin_session_setup(%s)", (cfg.origin,))
         except psycopg.errors.ObjectInUse as e:
             plan.refusals.append(f"a worker holds origin {cfg.origin!r}: {_first_line(e)}")
+    if hold is not None:
+        _check_members(tgt, cfg, plan)
     if not _exists(tgt, "applier.worker_status"):
         return
     last = last_worker(tgt, cfg.origin)
@@ -219,6 +223,23 @@ def _check_worker(tgt: Conn, hold: Conn | None, cfg: Config, plan: Plan) -> None
             f"a worker runs for origin {cfg.origin!r} (pid {last.pid} on {last.host}, "
             f"heartbeat {last.heartbeat_age or 0:.0f} s ago)"
         )
+
+
+def _check_members(tgt: Conn, cfg: Config, plan: Plan) -> None:
+    """A parallel run's session holding its origin (``<origin>.<n>``): a refusal.
+    Probed as the origin is, by taking each member and letting it go, on a
+    connection of its own (``hold`` keeps the plain origin)."""
+    members = list(group_progress(tgt, cfg.origin))
+    if not members:
+        return
+    with pgconn.connect(cfg.target.conninfo(), side="target", purpose="applier drop") as probe:
+        for name in members:
+            try:
+                probe.execute("SELECT pg_catalog.pg_replication_origin_session_setup(%s)", (name,))
+            except psycopg.errors.ObjectInUse as e:
+                plan.refusals.append(f"a worker holds origin {name!r}: {_first_line(e)}")
+                continue
+            probe.execute("SELECT pg_catalog.pg_replication_origin_session_reset()")
 
 
 def _inspect_origin(tgt: Conn, cfg: Config) -> Item:
@@ -230,6 +251,12 @@ def _inspect_origin(tgt: Conn, cfg: Config) -> Item:
     ).fetchone()
     if row is not None:
         item.present, item.detail = True, f"progress {row[0] or 'none'}"
+    members = group_progress(tgt, cfg.origin)  # a parallel run's (applier.apply.parallel)
+    if members:
+        item.present = True
+        item.detail = ", ".join(
+            filter(None, [item.detail, f"{len(members)} parallel sessions' origins"])
+        )
     return item
 
 
@@ -321,9 +348,11 @@ def _remove(
             _drop_schema(tgt, cfg, plan.sharers)
         elif item.kind == "origin":
             assert tgt is not None and hold is not None
-            # Ours until now; a held origin cannot be dropped, even by its holder.
-            hold.execute("SELECT pg_catalog.pg_replication_origin_session_reset()")
-            tgt.execute("SELECT pg_catalog.pg_replication_origin_drop(%s)", (cfg.origin,))
+            if _origin_exists(tgt, cfg.origin):
+                # Ours until now; a held origin cannot be dropped, even by its holder.
+                hold.execute("SELECT pg_catalog.pg_replication_origin_session_reset()")
+                tgt.execute("SELECT pg_catalog.pg_replication_origin_drop(%s)", (cfg.origin,))
+            drop_group(tgt, cfg.origin)
         else:
             assert src is not None
             src.execute("SELECT pg_catalog.pg_drop_replication_slot(%s)", (cfg.source.slot,))

@@ -27,8 +27,10 @@ Restart and idempotence
 
 The origin's progress is written in the same target transaction as the data,
 so after any crash (of us, of either server) it says exactly which source
-transactions the target has. We stream from it; the walsender skips every
-transaction whose commit record starts before it. We check again: a
+transactions the target has. We stream from it, or from its parallel group's
+(:func:`~.parallel.origins.restart_point`, read with one session too: the plain
+origin lags a group's); the walsender skips every transaction whose commit
+record starts before it. We check again: a
 transaction whose commit ``end_lsn`` is <= the progress is not applied.
 Begin carries ``final_lsn`` (the commit record's *start*), and since the
 progress is always a record boundary (a commit's end, or the slot's
@@ -57,11 +59,9 @@ second ``applier run`` on the same origin) is permanent (exit 3), naming it;
 only a backend abandoned by this process or this host's previous one is
 waited for (:mod:`.target.holder`). A missing or wrong slot, another source, an
 unfinished bootstrap (:mod:`.target.preflight`) are permanent (exit 3), never
-retried. Anything
-else the target refuses is an :class:`ApplyError` naming the source LSN, xid,
-table, key and SQLSTATE: the worker rolls back, records it in
-``applier.worker_status.last_error`` and exits non-zero; the origin has not
-moved, so nothing after the failed transaction was applied.
+retried. Anything else the target refuses is an :class:`ApplyError` naming the
+source LSN, xid, table, key and SQLSTATE: the worker rolls back, records it in
+``applier.worker_status.last_error`` and exits non-zero; the origin has not moved.
 
 Tables added to the publication (:mod:`applier.apply.rules.tablesync`): a table the
 target lacks and applier never copied is skipped with one warning until
@@ -118,11 +118,12 @@ from applier.apply.handlers.dispatch import Applier
 from applier.apply.handlers.spool import SpoolSet, check_spool_dir, default_spool_dir
 from applier.apply.handlers.streamed import LiveRestream
 from applier.apply.handlers.until import Until
+from applier.apply.parallel.origins import restart_point
 from applier.apply.rules.skiprules import REFRESH_INTERVAL, SkipRules
 from applier.apply.rules.tablesync import TableSyncs
 from applier.apply.sql.mapping import Catalog
 from applier.apply.sql.replan import Replan
-from applier.apply.target.origin import ensure_origin, origin_progress
+from applier.apply.target.origin import ensure_origin
 from applier.apply.target.session import TargetSession, connect
 from applier.config import Config
 from applier.errors import (
@@ -309,7 +310,7 @@ class Worker:
             # Only once the origin is ours: a refused second worker on this host must
             # not remove the running one's spool files.
             spools.clear_stale()
-            progress = origin_progress(session.conn, cfg.origin)
+            progress = restart_point(session.conn, cfg.origin)  # with the group's, if any
             self.rules.load(catalog_conn)
             self._rules_read = time.monotonic()
             our_origin_id = our_origin(cfg, catalog_conn)

@@ -73,8 +73,16 @@ LEFT JOIN pg_stat_replication r ON r.pid = s.active_pid
 WHERE s.slot_name = %s
 """).format(source_wal=SOURCE_WAL_LSN)
 
+# The progress is the restart point: the largest of the origin's and its parallel
+# group's (members '<origin>.<n>', applier.apply.parallel.origins, whose predicate
+# this repeats: status sits below apply in the layers).
 ORIGIN_SQL = """
-SELECT o.roident, pg_replication_origin_progress(o.roname, false)::text AS remote_lsn,
+SELECT o.roident,
+       (SELECT max(pg_replication_origin_progress(g.roname, false))
+          FROM pg_replication_origin g
+         WHERE g.roname = o.roname
+            OR (left(g.roname, length(o.roname) + 1) = o.roname || '.'
+                AND substr(g.roname, length(o.roname) + 2) ~ '^[0-9]+$'))::text AS remote_lsn,
        s.local_lsn::text AS local_lsn
 FROM pg_replication_origin o
 LEFT JOIN pg_replication_origin_status s ON s.local_id = o.roident

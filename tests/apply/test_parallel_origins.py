@@ -1,7 +1,7 @@
 """The origin group of parallel apply on real targets (PostgreSQL 15 and 18).
 
 Before PostgreSQL 19 each apply session holds an origin of its own
-(``<origin>_1 .. _N``) and the restart point is the largest progress among them
+(``<origin>.1 .. .N``) and the restart point is the largest progress among them
 and the plain origin (applier.apply.parallel.origins has the proof). Here:
 creating, reading and dropping the group, a restart point after the members
 advanced unequally, and the proof's cases played with real target sessions
@@ -73,6 +73,25 @@ def test_group_create_read_drop(pair: Pair) -> None:
         assert group_progress(conn, origin) == {}
         left = {r[0] for r in pair.sub_exec("SELECT roname FROM pg_replication_origin")}
         assert {origin, f"{origin}_x", f"{origin}x_1"} <= left
+
+
+def test_another_workers_origin_is_never_a_member(pair: Pair) -> None:
+    """Config names origins with [a-z0-9_], and the default origin is the slot's
+    name: two workers ``a`` and ``a_2``, or ``pg`` beside a built-in subscription's
+    ``pg_16384``, are legal today. Reading ``a``'s restart point (every start of
+    ``run``) must never take another worker's position for its own."""
+    origin = f"o_{pair.pub_db}"
+    with connect(pair.sub_dsn, side="target", purpose="applier test") as conn:
+        pair.sub_exec(
+            f"SELECT pg_replication_origin_create('{origin}'), "
+            f"pg_replication_origin_create('{origin}_2')"
+        )
+        _advance(pair, origin, "0/1000000")
+        _advance(pair, f"{origin}_2", "9/0")  # another worker's stream, far ahead
+        assert restart_point(conn, origin) == Lsn(0x1000000)
+        assert group_progress(conn, origin) == {}
+        assert drop_group(conn, origin) == []
+        assert member(origin, 2) != f"{origin}_2"
 
 
 def test_sessions_hold_their_own_members(pair: Pair) -> None:

@@ -42,15 +42,15 @@ MAY_IMPORT: dict[str, set[str]] = {
     "apply.rules": {"apply.target", "config"},
     "apply.batching": {"apply.rules", "speedups"},
     "apply.handlers": {"apply.batching", "ddl"},
-    # Parallel apply's groundwork (issue 36): not wired yet; its users will be the
-    # handlers and the worker process.
+    # Parallel apply (issue 36): the worker reads its restart point from the origin
+    # group at every start; its other users will be the handlers.
     "apply.parallel": {"apply.target", "ddl"},
-    "apply": {"apply.handlers", "schema", "speedups", "status", "stream"},
+    "apply": {"apply.handlers", "apply.parallel", "schema", "speedups", "status", "stream"},
     "bootstrap": {"apply.target", "apply.sql", "schema", "stream", "config"},
     "verify": {"bootstrap", "config"},
     "synctables": {"apply", "bootstrap", "schema"},
     "cutover": {"apply", "bootstrap", "verify", "status"},
-    "drop": {"apply.target", "config"},
+    "drop": {"apply.parallel", "apply.target", "config"},
     "demo": {"bootstrap", "config"},
     "cli": {"apply", "bootstrap", "cutover", "ddl", "demo", "drop", "schema", "skip", "status",
             "stream", "synctables", "verify", "speedups", "config"},

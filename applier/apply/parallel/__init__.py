@@ -1,6 +1,8 @@
 """Parallel apply, the groundwork (issue 36): write sets, the schedule, the origin group.
 
-Nothing here is wired into the running engine yet: these are the parts the
+Wired so far: ``run`` reads its restart point from the origin group at every
+start (:func:`~.origins.restart_point`), ``status`` and ``drop`` read the group,
+and ``[apply] workers`` refuses more than 1 (exit 2). The rest are the parts the
 leader and its N apply sessions will meet through, each tested on its own.
 ARCHITECTURE.md ("How several apply sessions would plug in") is the plan; this
 docstring is the design of what is built.
@@ -26,6 +28,9 @@ module each:
 * :mod:`.origins` - how progress stays exactly-once with N sessions: one origin
   per session before PostgreSQL 19 (the restart point is the largest progress
   among them), one shared origin on 19+.
+* :mod:`.turn` - each session waits for its commit turn (the predecessor's
+  COMMIT returned) and sends COMMIT with the stamp inside; a failed one stops
+  every later one.
 
 Why a key set is enough, and what it must hold
 ==============================================
@@ -97,15 +102,18 @@ Not done here (the engine is being changed by issue 33 at the same time):
   and write set) to the pool and the :class:`~.schedule.Schedule` instead of
   committing; group commit happens per session; two-phase adds its COMMIT
   PREPARED as an item with the prepared transaction's write set.
-* ``target/session.py``: a session waits for its commit turn before it sends
-  COMMIT (the stamp stays inside COMMIT), sets up its member of the group
-  (:func:`~.origins.setup_session`), and rewinds only its own origin.
+* A session waits for its commit turn before it sends COMMIT
+  (:func:`~.turn.commit_in_turn`, built; the stamp stays inside COMMIT), sets up
+  its member of the group (:func:`~.origins.setup_session`), and rewinds only
+  its own origin (``TargetSession`` given the member's name does).
 * ``target/origin.py``'s :class:`FlushTracker` gets commits in order from the
   pool (ordered commits keep its pairs in order as today).
 * ``worker.py`` reads :func:`~.origins.restart_point` at every start, with one
-  session too: after a run with N sessions the plain origin lags the group, and
-  reading it alone would apply the group's transactions again. ``status``,
-  ``drop`` and the second-worker check read the group; a pool watches
+  session too (done: after a run with N sessions the plain origin lags the
+  group, and reading it alone would apply the group's transactions again).
+  ``status`` and ``drop`` read the group (done); the second-worker check must
+  too once a pool holds members (a member is never another worker's origin:
+  ``<origin>.<n>``, :mod:`.origins`); a pool watches
   ``pg_blocking_pids()`` for a deadlock the keys missed (issue 36, item 4).
 """
 

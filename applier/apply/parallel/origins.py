@@ -9,7 +9,7 @@ and a commit advances the origin of the session that makes it. PostgreSQL 19
 lets several backends share one (``pg_replication_origin_session_setup(name,
 pid)``, naming the backend that first set it up), "to allow parallelization of
 SQL-level replication solutions". Before 19 each session holds an origin of
-its own: the *group* ``<origin>_1 .. <origin>_N``.
+its own: the *group* ``<origin>.1 .. <origin>.N``.
 
 The restart point is the largest progress in the group
 =======================================================
@@ -50,9 +50,13 @@ E_k accordingly. No transaction is skipped, none applied twice.
 
 A group of another size (``workers`` changed between runs) reads the same way:
 an origin left from a larger group holds the end of a committed transaction
-too. A name clash with another worker's origin (``a`` with N sessions and a
-worker whose origin is ``a_2``) would mix two streams' positions: the wiring's
-second-worker check must read the group and refuse it (not built yet).
+too.
+
+*Members cannot be another worker's origin.* The config allows origin names of
+``[a-z0-9_]`` and defaults to the slot's name, so workers ``a`` and ``a_2`` (or
+``pg`` beside a built-in subscription's ``pg_16384``) are legal; a member named
+``a_2`` would take another stream's position for ours. Members are named
+``<origin>.<n>``: a ``.`` no configured origin (nor a built-in one) contains.
 
 On PostgreSQL 19+ the sessions share ``<origin>``; every commit advances it,
 and ordered commits make it monotone: the restart point is read as today.
@@ -73,8 +77,12 @@ from applier.lsn import Lsn
 #: The first server version whose sessions can share an origin.
 SHARED_SINCE = 190000
 
-# Members of the group: '<origin>_' then digits (origin names are [a-z0-9_],
-# checked by the config, so no LIKE or regex escaping is needed around them).
+#: Between an origin's name and a member's number: outside the config's [a-z0-9_],
+#: so a member is never another worker's origin (see "Members cannot be ...").
+SEPARATOR = "."
+
+# Members of the group: '<origin>.' then digits (the prefix is compared with
+# left(), so no LIKE or regex escaping is needed around it).
 _MEMBERS = """
 SELECT roname, pg_catalog.pg_replication_origin_progress(roname, true)::text
   FROM pg_catalog.pg_replication_origin
@@ -99,7 +107,7 @@ def member(origin: str, index: int) -> str:
     """Session ``index``'s origin (1-based) in the group of ``origin``."""
     if index < 1:
         raise ValueError(f"session index {index}: sessions are numbered from 1")
-    return f"{origin}_{index}"
+    return f"{origin}{SEPARATOR}{index}"
 
 
 def create_group(conn: psycopg.Connection[Any], origin: str, sessions: int) -> list[str]:
@@ -110,7 +118,7 @@ def create_group(conn: psycopg.Connection[Any], origin: str, sessions: int) -> l
 
 def group_progress(conn: psycopg.Connection[Any], origin: str) -> dict[str, Lsn]:
     """Every origin of ``origin``'s group (whatever size it had) and its durable progress."""
-    prefix = origin + "_"
+    prefix = origin + SEPARATOR
     rows = conn.execute(_MEMBERS, {"n": len(prefix), "prefix": prefix}).fetchall()
     return {str(r[0]): Lsn(0) if r[1] is None else Lsn.parse(str(r[1])) for r in rows}
 

@@ -1,0 +1,112 @@
+"""The commit turn (applier.apply.parallel.turn) with real target sessions.
+
+Two sessions of an origin group, each on its own thread: the later transaction
+is applied first and waits for its turn; the commit records land in source
+order (each member's ``local_lsn`` says where its commit went in the target's
+WAL). A session lost before its COMMIT breaks the turn: the later one rolls
+back and the restart point stays where the last committed one left it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from conftest import Pair
+
+from applier.apply.parallel.origins import create_group, member, restart_point
+from applier.apply.parallel.turn import CommitTurn, TurnBroken, commit_in_turn
+from applier.apply.target.session import TargetSession
+from applier.errors import ApplierError
+from applier.lsn import Lsn, now_pg_timestamp
+from applier.pgconn import connect
+from applier.schema import upgrade_target
+
+E1, E2 = Lsn(0x1000000), Lsn(0x2000000)
+
+
+def _sessions(pair: Pair) -> tuple[str, TargetSession, TargetSession]:
+    origin = f"o_{pair.pub_db}"
+    upgrade_target(pair.sub_dsn)
+    pair.sub_exec("CREATE TABLE t (id int PRIMARY KEY)")
+    with connect(pair.sub_dsn, side="target", purpose="applier test") as admin:
+        create_group(admin, origin, 2)
+    a = TargetSession(pair.sub_dsn, member(origin, 1), "on")
+    b = TargetSession(pair.sub_dsn, member(origin, 2), "on")
+    return origin, a, b
+
+
+def _apply(s: TargetSession, row: int) -> None:
+    s.begin()
+    s.execute_sql(f"INSERT INTO public.t VALUES ({row})".encode(), "insert")
+
+
+def _later(b: TargetSession, turn: CommitTurn, errors: list[BaseException]) -> threading.Thread:
+    """T2 on session B, committed in its turn on a thread of its own."""
+
+    def run() -> None:
+        try:
+            commit_in_turn(b, turn, 2, E2, now_pg_timestamp(), lambda local: None)
+        except BaseException as e:
+            errors.append(e)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def _local_lsn(pair: Pair, name: str) -> Lsn:
+    row = pair.sub_exec(
+        f"SELECT local_lsn::text FROM pg_replication_origin_status WHERE external_id = '{name}'"
+    )
+    return Lsn.parse(str(row[0][0]))
+
+
+def test_the_later_transaction_commits_after_the_earlier(pair: Pair) -> None:
+    origin, a, b = _sessions(pair)
+    turn, errors = CommitTurn(), list[BaseException]()
+    try:
+        _apply(a, 1)
+        _apply(b, 2)
+        thread = _later(b, turn, errors)
+        time.sleep(0.3)  # room for B to commit out of turn, were it let
+        assert pair.sub_exec("SELECT id FROM t") == []  # B waits for its turn
+        commit_in_turn(a, turn, 1, E1, now_pg_timestamp(), lambda local: None)
+        thread.join(30)
+        assert not thread.is_alive() and errors == []
+    finally:
+        a.close()
+        b.close()
+    assert [r[0] for r in pair.sub_exec("SELECT id FROM t ORDER BY id")] == [1, 2]
+    assert turn.committed == 2
+    # Commit records in source order: T1's before T2's in the target's WAL.
+    assert _local_lsn(pair, member(origin, 1)) < _local_lsn(pair, member(origin, 2))
+    with connect(pair.sub_dsn, side="target", purpose="applier test") as admin:
+        assert restart_point(admin, origin) == E2
+
+
+def test_a_lost_session_breaks_the_turn(pair: Pair) -> None:
+    """A's backend is terminated before its COMMIT: T1 fails, so T2 must not commit."""
+    origin, a, b = _sessions(pair)
+    turn, errors = CommitTurn(), list[BaseException]()
+    try:
+        _apply(a, 1)
+        _apply(b, 2)
+        thread = _later(b, turn, errors)
+        a.settle()
+        pair.sub_exec(f"SELECT pg_terminate_backend({a.conn.info.backend_pid})")
+        with pytest.raises(ApplierError):
+            commit_in_turn(a, turn, 1, E1, now_pg_timestamp(), lambda local: None)
+        thread.join(30)
+        assert not thread.is_alive()
+        assert len(errors) == 1 and isinstance(errors[0], TurnBroken)
+        assert not b.in_txn  # rolled back
+        with pytest.raises(TurnBroken):
+            turn.wait(3)  # and no later one either
+    finally:
+        a.close()
+        b.close()
+    assert pair.sub_exec("SELECT id FROM t") == []
+    with connect(pair.sub_dsn, side="target", purpose="applier test") as admin:
+        assert restart_point(admin, origin) == Lsn(0)  # both are resent
