@@ -175,6 +175,10 @@ def test_lag_is_0_when_caught_up_and_grows_while_a_lock_blocks_the_apply(
         pair.pub_exec("UPDATE t SET v = 'b' WHERE id = 1")
         wait_for(lambda: pair.sub_exec(_WAITING)[0][0] > 0, 30, "the apply to wait on the lock")
         six.skip_to_now()
+        # Each place reports on its own clock (STATUS= every status_interval): wait
+        # until every place has seen the wait begin, then that each one grows.
+        wait_for(lambda: min(six.seconds(("--timeout", "1")).values()) > 0, 30,
+                 "every place to see the lag")  # fmt: skip
         first = six.seconds(("--timeout", "1"))
         second = six.seconds(("--timeout", "1"))
         grew = {p: (first[p], second[p]) for p in PLACES if not second[p] > first[p] > 0}

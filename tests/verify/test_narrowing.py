@@ -235,7 +235,10 @@ def test_integer_key_pieces_cut_evenly_in_its_values(pair: Pair) -> None:
         assert bounds == sorted(set(bounds))
         assert all((r.lo is None or int(r.lo[0]) < c) and (r.hi is None or c < int(r.hi[0]))
                    for c in bounds)  # fmt: skip
-    assert sum(len(r.cuts) + 1 for r in ranges) >= 20000 // INT_PIECE_ROWS
+    # About one piece per INT_PIECE_ROWS rows: the row count is estimated from a
+    # sample and rounded per range, so the exact count varies from run to run.
+    pieces = sum(len(r.cuts) + 1 for r in ranges)
+    assert 20000 // INT_PIECE_ROWS // 2 <= pieces <= 2 * 20000 // INT_PIECE_ROWS, pieces
     edge = [-9223372036854775808, -5, 1, 20000, 45000, 9223372036854775807]
     pair.sub_exec(f"UPDATE ints SET v = 'changed' WHERE id IN ({','.join(map(str, edge))})")
     pair.sub_exec("DELETE FROM ints WHERE id = 10000; INSERT INTO ints VALUES (25000, 'x')")
