@@ -17,7 +17,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from applier import pgconn
+from applier.apply.handlers.sourceconn import open_source
 from applier.ddl.capture import SCHEMA
 from applier.ddl.message import split
 from applier.errors import TransientError
@@ -55,14 +55,14 @@ class Signatures:
         return None if row[0] else "its signature is not the source's key's"
 
     def _source(self) -> psycopg.Connection[Any]:
-        try:
-            return pgconn.connect(self.source_conninfo, side="source", purpose="applier ddl verify")
-        except psycopg.OperationalError as e:
-            raise _lost(e) from None
+        return open_source(self.source_conninfo, "applier ddl verify", _DOING)
+
+
+_DOING = "verifying a captured DDL message on the source"
 
 
 def _lost(e: psycopg.OperationalError) -> TransientError:
-    return TransientError(f"verifying a captured DDL message on the source: {str(e).strip()}")
+    return TransientError(f"{_DOING}: {str(e).strip()}")
 
 
 __all__ = ["Signatures"]

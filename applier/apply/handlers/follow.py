@@ -79,10 +79,10 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from applier import pgconn
+from applier.apply.handlers.sourceconn import open_source
 from applier.apply.sql.ddlplan import SchemaStatement, widens
 from applier.apply.sql.mapping import FIRST_NORMAL_OID, TargetColumn, TargetTable
-from applier.errors import SchemaMismatch, TransientError
+from applier.errors import SchemaMismatch
 from applier.protocol import Column, Relation
 
 #: Runs a query on the apply session (its open transaction's view) and returns the rows.
@@ -143,14 +143,11 @@ class Follower:
         return plan.statements
 
     def _source(self) -> psycopg.Connection[Any]:
-        try:
-            return pgconn.connect(
-                self.source_conninfo, side="source", purpose="applier schema follow"
-            )
-        except psycopg.OperationalError as e:
-            raise TransientError(
-                f"reading the source's catalog for a schema change: {str(e).strip()}"
-            ) from None
+        return open_source(
+            self.source_conninfo,
+            "applier schema follow",
+            "reading the source's catalog for a schema change",
+        )
 
 
 def _retyped(
