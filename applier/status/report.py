@@ -48,6 +48,7 @@ from ..ddl import capture
 from ..errors import ApplierError, describe_error_record
 from ..lag import SOURCE_WAL_LSN, Lag, format_bytes, measure, not_running
 from ..lsn import Lsn
+from ..origingroup import progress_sql
 from ..redact import redact_dsn
 from .health import STALE_INTERVALS, assess
 
@@ -74,20 +75,16 @@ WHERE s.slot_name = %s
 """).format(source_wal=SOURCE_WAL_LSN)
 
 # The progress is the restart point: the largest of the origin's and its parallel
-# group's (members '<origin>.<n>', applier.apply.parallel.origins, whose predicate
-# this repeats: status sits below apply in the layers).
-ORIGIN_SQL = """
-SELECT o.roident,
-       (SELECT max(pg_replication_origin_progress(g.roname, false))
-          FROM pg_replication_origin g
-         WHERE g.roname = o.roname
-            OR (left(g.roname, length(o.roname) + 1) = o.roname || '.'
-                AND substr(g.roname, length(o.roname) + 2) ~ '^[0-9]+$'))::text AS remote_lsn,
-       s.local_lsn::text AS local_lsn
+# group's (members '<origin>.<n>', applier.origingroup).
+ORIGIN_SQL = (
+    "SELECT o.roident, "
+    + progress_sql("o.roname", flushed=False)
+    + """::text AS remote_lsn, s.local_lsn::text AS local_lsn
 FROM pg_replication_origin o
 LEFT JOIN pg_replication_origin_status s ON s.local_id = o.roident
 WHERE o.roname = %s
 """
+)
 
 WORKER_SQL = """
 SELECT state, pid, host, started_at, heartbeat_at,
