@@ -93,7 +93,8 @@ SELECT state, pid, host, started_at, heartbeat_at,
        last_commit_lsn::text AS last_commit_lsn, last_commit_time, last_error, last_error_at,
        -- 0010+: read through to_jsonb, so that a schema not upgraded yet gives NULL.
        (to_jsonb(w) ->> 'pending_since')::timestamptz AS pending_since,
-       extract(epoch FROM now() - (to_jsonb(w) ->> 'lag_at')::timestamptz)::float8 AS lag_age_s
+       extract(epoch FROM now() - (to_jsonb(w) ->> 'lag_at')::timestamptz)::float8 AS lag_age_s,
+       to_jsonb(w) -> 'parallel' AS parallel  -- 0013+
 FROM applier.worker_status w WHERE origin = %s
 """
 
@@ -354,6 +355,7 @@ def render_text(st: Status, out: TextIO) -> None:
         ("worker", f"{w.get('state')} pid {w.get('pid')} on {w.get('host')}" if w else "-"),
         ("worker heartbeat", w.get("heartbeat_at")),
         ("applied txns", w.get("applied_txns")),
+        ("parallel apply", _parallel(w.get("parallel"))),
         ("skipped changes", w.get("skipped_changes")),
         ("last error", _last_error_at(w)),
         ("active skip rules", st.active_skip_rules),
@@ -372,6 +374,18 @@ def render_text(st: Status, out: TextIO) -> None:
     for err in st.errors:
         console.print(f"[yellow]note:[/] {err}", markup=True)
     _verdict(st, out)
+
+
+def _parallel(p: dict[str, int] | None) -> str | None:
+    """The pool's line (``[apply] workers`` > 1), as of the worker's last heartbeat."""
+    if not p:
+        return None
+    return (
+        f"{p['sessions']} sessions, {p['in_flight']} transactions in flight "
+        f"({p['waiting']} waiting); serialised by a key {p['serialised_by_key']}, "
+        f"by a barrier {p['serialised_by_barrier']}; deadlocks resolved {p['deadlocks']}, "
+        f"applied again {p['retried']}"
+    )
 
 
 def _held(conn: psycopg.Connection[Any], cfg: Config) -> list[dict[str, Any]]:
