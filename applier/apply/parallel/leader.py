@@ -122,6 +122,7 @@ class Leader:
         self._syncs = syncs
         self._stopping = stopping
         self._trusted = tuple(cfg.apply.trusted_triggers)
+        self._origin_none = cfg.source.origin == "none"
         self._flag = Flag()
         # A barrier's commit must have returned before later transactions start.
         home.commit_waits = True
@@ -131,7 +132,7 @@ class Leader:
         self.relations: dict[int, Relation] = {}
         self.types: dict[int, Type] = {}
         self._space = KeySpace()
-        self._keys: dict[int, tuple[RelMap, TableKeys]] = {}
+        self._keys: dict[int, tuple[RelMap, Relation, TableKeys]] = {}
         #: The transaction being held (None: none), its write set, the tables it changes.
         self._held: list[tuple[Lsn, Any]] | None = None
         self._begin: Begin | None = None
@@ -233,7 +234,10 @@ class Leader:
             c.truncate()
         elif t is Message:
             c.message(msg)
-        elif t is not Origin:
+        elif t is Origin:
+            if self._origin_none:  # the home session decides whether it is applied
+                c.mark("a transaction from another origin, [source] origin = none")
+        else:
             c.mark(f"a {msg.kind} message inside a transaction")
         if len(held) > HELD_LIMIT:
             self._go_direct()
@@ -304,20 +308,20 @@ class Leader:
         """The keys of relation ``oid``'s changes, or None (the transaction is marked a
         barrier): the home session's mapping must be the one of the Relation in force."""
         self._touched.add(oid)
+        c = self._collector
+        if oid in self._syncs.cut:
+            c.mark(f"relation {oid} is being synced")
+            return None
         rm = self.home.relmaps.get(oid)
         rel = self.relations.get(oid)
-        c = self._collector
+        got = self._keys.get(oid)
+        if got is not None and got[0] is rm and got[1] is rel:
+            return got[2]  # per change: two lookups and two identity checks
         if rm is None or rel is None or not same_relation(rm.relation, rel):
             c.mark(f"relation {oid} is not mapped by the leader's session yet")
             return None
-        if oid in self._syncs.cut:
-            c.mark(f"table {rm.qualname} is being synced")
-            return None
-        got = self._keys.get(oid)
-        if got is not None and got[0] is rm:
-            return got[1]
         tk = self._build(rm)
-        self._keys[oid] = (rm, tk)
+        self._keys[oid] = (rm, rel, tk)
         return tk
 
     def _build(self, rm: RelMap) -> TableKeys:
