@@ -86,7 +86,8 @@ from applier.speedups import Flag
 
 log = logging.getLogger("applier.apply")
 
-#: Messages of one transaction held at most; a longer one goes to the home session.
+#: Messages (rows of a run of Inserts each) of one transaction held at most; a
+#: longer one goes to the home session as it arrives.
 HELD_LIMIT = 20_000
 
 #: Only the home session's spool sees these: nothing on the target, no drain.
@@ -138,6 +139,7 @@ class Leader:
         self._begin: Begin | None = None
         self._collector = Collector()
         self._touched: set[int] = set()
+        self._changes = 0
         #: The rest of the transaction in hand goes to the home session.
         self._direct = False
 
@@ -198,6 +200,7 @@ class Leader:
     def _start(self, lsn: Lsn, m: Begin) -> None:
         self._pending.received(m.final_lsn, m.commit_ts)
         self._held = [(lsn, m)]
+        self._changes = 0
         self._begin = m
         self._collector.take()  # a mark made outside a transaction is not this one's
         self._touched = set()
@@ -239,7 +242,8 @@ class Leader:
                 c.mark("a transaction from another origin, [source] origin = none")
         else:
             c.mark(f"a {msg.kind} message inside a transaction")
-        if len(held) > HELD_LIMIT:
+        self._changes += 1 if t is not InsertRun else 1 + len(msg.datas)
+        if self._changes > HELD_LIMIT:
             self._go_direct()
 
     def _hold_run(self, run: InsertRun) -> None:

@@ -95,6 +95,8 @@ class Report:
     items: list[Item]
     #: The target WAL position to see flushed before confirming (FLUSHED: none).
     local: Lsn = FLUSHED
+    #: The target's flush position its commit's result carried (releases earlier ones).
+    flushed: Lsn = FLUSHED
     error: BaseException | None = None
 
 
@@ -239,7 +241,7 @@ class Member:
         with self.lock:
             self.applier.commit_group(turn=True)
         local = FLUSHED if self._local is None else self._local
-        self._report(Report(self, items, local))
+        self._report(Report(self, items, local, self.session.flushed_seen))
         for item in items:
             self.turn.done(item.seq)
 

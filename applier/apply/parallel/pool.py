@@ -91,7 +91,7 @@ class Pool:
         members: Callable[[CommitTurn, Callable[[Report], None]], list[Member]],
         watch_conn: psycopg.Connection[Any],
         tally: Tally,
-        on_commit: Callable[[Item, Lsn], None],
+        on_commit: Callable[[Item, Lsn, Lsn], None],
         past: PoolStats | None = None,
         run_limit: int = RUN_LIMIT,
     ) -> None:
@@ -175,7 +175,7 @@ class Pool:
             self._tally.absorb(m.applier.tally)
         for item in r.items:
             self.schedule.commit(item.seq)
-            self._on_commit(item, r.local)
+            self._on_commit(item, r.local, r.flushed)
 
     def drain(self, stopping: Callable[[], bool] = lambda: False) -> None:
         """Wait until every transaction handed over has committed."""

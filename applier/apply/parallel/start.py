@@ -67,9 +67,11 @@ def open_leader(
             raise
         return out
 
-    def on_commit(item: Item, local: Lsn) -> None:
+    def on_commit(item: Item, local: Lsn, flushed: Lsn) -> None:
         # In source order (the pool takes results in commit order): as one session would.
         home.flush.store(item.end_lsn, local)
+        if flushed > home.session.flushed_seen:  # what confirm releases with (confirm.py)
+            home.session.flushed_seen = flushed
         home.applied_txns += 1
         home.last_commit_lsn = item.end_lsn
         home.last_commit_ts = item.commit_ts
