@@ -78,6 +78,7 @@ def test_the_pool_shows_what_it_serialised(pair: Pair) -> None:
         st, _ = _status(str(cfg))
         par = (st.get("worker") or {}).get("parallel")  # type: ignore[attr-defined]
         return bool(par) and par["sessions"] == 4 and par["serialised_by_key"] >= 20
+
     wait_for(beat, timeout=30, what="the heartbeat carries the pool")  # status_interval
     st, text = _status(str(cfg))
     assert "parallel apply" in text and "4 sessions" in text, text
@@ -87,4 +88,40 @@ def test_the_pool_shows_what_it_serialised(pair: Pair) -> None:
         f"FROM pg_replication_origin WHERE roname LIKE '{pair.slot}%'"
     )[0][0]
     assert st["origin_progress"]["remote_lsn"] == last  # type: ignore[index]
+    assert runner.stop() == 0
+
+
+@pytest.mark.parametrize("pair", ["18-18"], indirect=True)
+def test_a_refusal_beside_earlier_transactions_is_applied_again(pair: Pair) -> None:
+    """What the keys cannot see: a trusted target trigger that keeps a unique list of
+    names in a table of its own. T1 deletes the row named 'x' (its trigger sleeps 1 s
+    first), T2 inserts another row named 'x': run beside T1, T2's trigger meets the
+    'x' T1 has not removed yet (a unique violation); the member rolls T2 back, waits
+    for T1's commit and applies it again, and nothing stops."""
+    pair.both("CREATE TABLE t (id int PRIMARY KEY, name text)")
+    pair.sub_exec(
+        "CREATE TABLE names (name text UNIQUE);"
+        "CREATE FUNCTION names() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+        "IF TG_OP = 'DELETE' THEN "
+        "  IF OLD.id = 1 THEN PERFORM pg_sleep(1); END IF;"
+        "  DELETE FROM public.names WHERE name = OLD.name; RETURN OLD; END IF;"
+        "INSERT INTO public.names VALUES (NEW.name); RETURN NEW; END $$;"
+        "CREATE TRIGGER names AFTER INSERT OR DELETE ON t FOR EACH ROW EXECUTE FUNCTION names();"
+        "ALTER TABLE t ENABLE ALWAYS TRIGGER names"
+    )
+    pair.pub_exec("CREATE PUBLICATION pub FOR ALL TABLES")
+    port = free_port()
+    cfg = pair.write_config(
+        apply={"workers": 4, "trusted_triggers": ["public.t"]},
+        metrics={"listen": f"127.0.0.1:{port}"},
+    )
+    runner = Runner(pair, cfg).start().ready()
+    pair.pub_exec("INSERT INTO t VALUES (1, 'x'), (3, 'y')")
+    wait_equal(pair, ["t"], runner=runner)
+    pair.pub_exec("DELETE FROM t WHERE id = 1")
+    pair.pub_exec("INSERT INTO t VALUES (2, 'x')")
+    wait_equal(pair, ["t"], runner=runner)
+    assert pair.sub_exec("SELECT name FROM names ORDER BY 1") == [("x",), ("y",)]
+    assert (get(scrape(port), "applier_apply_retried_total") or 0) >= 1
+    assert "applying transactions again" in runner.log()
     assert runner.stop() == 0

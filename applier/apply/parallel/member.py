@@ -19,7 +19,9 @@ The life of a transaction in a member
    a trigger trusted wrongly) or a deadlock PostgreSQL broke (40P01) is not an
    error yet: the member rolls back, waits until every earlier transaction has
    committed, and applies it again alone; only a second failure is the
-   transaction's own, raised as with one session.
+   transaction's own, raised as with one session. A run of several
+   transactions that fails is applied again one by one the same way, so that an
+   error names its own transaction.
 3. *Turn*: wait until the transaction before it in source order has committed
    (:class:`~.turn.CommitTurn`). While it waits the leader may ask it to *back
    off* (:attr:`Member.backoff`): an earlier transaction's backend is blocked on a
@@ -190,12 +192,12 @@ class Member:
         try:
             self._statements(items)
         except ApplierError as e:
-            if not (beside or e.context.get("sqlstate") in _AGAIN):
+            if not (beside or len(items) > 1 or e.context.get("sqlstate") in _AGAIN):
                 raise
             self._again(items, f"refused beside earlier transactions: {e}")
-        else:
-            self._wait_turn(items)
-        self._commit(items)
+            return
+        if not self._wait_turn(items):
+            self._commit(items)
 
     def _statements(self, items: list[Item]) -> None:
         """Every message of the run, its Commits held (the Applier's ``hold_commits``),
@@ -207,22 +209,26 @@ class Member:
         if self.session.in_txn:
             self.session.check_in_txn()
 
-    def _wait_turn(self, items: list[Item]) -> None:
-        """Wait for the turn; back off (and apply again) if the leader asks."""
+    def _wait_turn(self, items: list[Item]) -> bool:
+        """Wait for the turn; True if the leader asked to back off (then the run was
+        applied again, and committed, after its predecessor)."""
         self.waiting_turn = True
         try:
             while not self.turn.wait(items[0].seq, _TURN_POLL):
                 if self.backoff.is_set():
                     self.deadlocks += 1
+                    self.waiting_turn = False
                     self._again(items, "an earlier transaction waits for a lock it holds")
-                    return
+                    return True
         finally:
             self.waiting_turn = False
+        return False
 
     def _again(self, items: list[Item], why: str) -> None:
-        """Roll back, wait until every earlier transaction committed, apply again."""
+        """Roll back, wait until every earlier transaction committed, then apply and
+        commit each alone (so that an error names its own transaction)."""
         log.info(
-            "applying transactions again after the one before them",
+            "applying transactions again after the ones before them",
             extra={"ctx": {"session": self.index, "xids": [i.xid for i in items], "why": why}},
         )
         self.retried += len(items)
@@ -233,7 +239,9 @@ class Member:
             self.turn.wait(items[0].seq)
         finally:
             self.waiting_turn = False
-        self._statements(items)
+        for item in items:
+            self._statements([item])
+            self._commit([item])
 
     def _commit(self, items: list[Item]) -> None:
         """The turn came: commit the run, report it, pass the turn on."""
