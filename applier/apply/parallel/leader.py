@@ -271,6 +271,7 @@ class Leader:
             begin.xid,
             {oid: self.relations[oid] for oid in self._touched},
             dict(self.types),
+            self._changes,
         )
         self.pool.make_room(self._stopping)
         self.pool.add(item, ws)

@@ -57,8 +57,11 @@ WATCH_AFTER = 0.2
 #: commit within the pool: consecutive ones only, :meth:`Schedule.next_run`) ...
 RUN_LIMIT = 8
 #: ... and in flight per member at most: enough to keep every member busy while
-#: the next to commit waits for one; the leader stops reading beyond it.
+#: the next to commit waits for one; the leader stops reading beyond it, or ...
 WINDOW_PER_MEMBER = 4 * RUN_LIMIT
+#: ... beyond this many row changes held in flight (memory stays bounded: one
+#: transaction alone holds at most leader.HELD_LIMIT).
+HELD_ROWS = 200_000
 
 _BLOCKERS = (
     "SELECT pid, pg_catalog.pg_blocking_pids(pid) "
@@ -94,8 +97,13 @@ class Pool:
         on_commit: Callable[[Item, Lsn, Lsn], None],
         past: PoolStats | None = None,
         run_limit: int = RUN_LIMIT,
+        chain_limit: int = RUN_LIMIT,
     ) -> None:
         self.run_limit = max(1, run_limit)
+        #: A run at the head of the commit order may take this many transactions
+        #: that wait only for it (a hot row's chain: as one session groups them).
+        self.chain_limit = max(self.run_limit, chain_limit)
+        self._held_rows = 0
         #: The counters of the worker's earlier sessions (they only grow).
         self._past = past
         self.turn = CommitTurn()
@@ -109,7 +117,8 @@ class Pool:
         self._on_commit = on_commit
         self._failure: BaseException | None = None
         self._turn_moved = time.monotonic()
-        self.window = WINDOW_PER_MEMBER * len(self.members)
+        # Room for a head run's whole chain besides the members' runs.
+        self.window = WINDOW_PER_MEMBER * len(self.members) + self.chain_limit
         #: Barriers applied by the leader's own session (counted with the schedule's).
         self.barriers = 0
         for m in self.members:
@@ -123,12 +132,13 @@ class Pool:
 
     @property
     def full(self) -> bool:
-        return self.schedule.in_flight >= self.window
+        return self.schedule.in_flight >= self.window or self._held_rows >= HELD_ROWS
 
     def add(self, item: Item, ws: WriteSet) -> None:
         """The next transaction in commit order (its write set keyed by the leader)."""
         item.seq = self.schedule.add(ws)
         self._items[item.seq] = item
+        self._held_rows += item.rows
         self._start_ready()
 
     def _start_ready(self) -> None:
@@ -137,7 +147,7 @@ class Pool:
         schedule, free = self.schedule, self._free
         while free:
             share = -(-schedule.ready_count // len(free))
-            run = schedule.next_run(min(self.run_limit, max(1, share)))
+            run = schedule.next_run(min(self.run_limit, max(1, share)), self.chain_limit)
             if not run:
                 return
             free.pop().give([self._items.pop(seq) for seq in run])
@@ -174,6 +184,7 @@ class Pool:
         with m.lock:
             self._tally.absorb(m.applier.tally)
         for item in r.items:
+            self._held_rows -= item.rows
             self.schedule.commit(item.seq)
             self._on_commit(item, r.local, r.flushed)
 

@@ -77,8 +77,8 @@ def open_leader(
         home.last_commit_ts = item.commit_ts
         home.progress = Lsn(max(home.progress, item.end_lsn))
 
-    run_limit = min(cfg.apply.group_commit, RUN_LIMIT)
-    pool = Pool(members, catalog, home.tally, on_commit, past, run_limit)
+    limit = cfg.apply.group_commit
+    pool = Pool(members, catalog, home.tally, on_commit, past, min(limit, RUN_LIMIT), limit)
     log.info("parallel apply: %d sessions", n, extra={"ctx": {"origins": f"{cfg.origin}.1..{n}"}})
     return Leader(cfg, home, pool, catalog, pending, syncs, stopping)
 
