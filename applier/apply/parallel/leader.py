@@ -172,6 +172,10 @@ class Leader:
         return batch
 
     def dispatch(self, batch: list[tuple[Lsn, Any]]) -> None:
+        self._route(batch)
+        self.pool.start_ready()
+
+    def _route(self, batch: list[tuple[Lsn, Any]]) -> None:
         for lsn, msg in batch:
             if self._stopping():
                 return

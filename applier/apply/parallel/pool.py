@@ -121,6 +121,8 @@ class Pool:
         self.window = WINDOW_PER_MEMBER * len(self.members) + self.chain_limit
         #: Barriers applied by the leader's own session (counted with the schedule's).
         self.barriers = 0
+        #: Runs handed out (transactions / runs: how much group commit the pool kept).
+        self.runs = 0
         for m in self.members:
             m.start()
 
@@ -139,6 +141,11 @@ class Pool:
         item.seq = self.schedule.add(ws)
         self._items[item.seq] = item
         self._held_rows += item.rows
+
+    def start_ready(self) -> None:
+        """Hand what is ready to the free members: after each batch the leader routed
+        (and whenever results come), not per transaction, so that a run takes what
+        the batch brought (longer runs, fewer commits, as one session's groups)."""
         self._start_ready()
 
     def _start_ready(self) -> None:
@@ -147,16 +154,21 @@ class Pool:
         schedule, free = self.schedule, self._free
         while free:
             share = -(-schedule.ready_count // len(free))
-            run = schedule.next_run(min(self.run_limit, max(1, share)), self.chain_limit)
+            # The head run (next to commit) may take ready ones beyond its share:
+            # waiting ones after them can then join it (a chain is not cut).
+            share = min(self.run_limit, max(1, share))
+            run = schedule.next_run(share, self.chain_limit, self.run_limit)
             if not run:
                 return
             free.pop().give([self._items.pop(seq) for seq in run])
+            self.runs += 1
 
     # -- results ---------------------------------------------------------------------
 
     def collect(self, wait: float = 0.0) -> None:
         """Take the members' reports (waiting up to ``wait`` s for the first one);
         raise the failure of a member, once every member has stopped committing."""
+        self._start_ready()
         try:
             report = self._reports.get(timeout=wait) if wait > 0 else self._reports.get_nowait()
         except queue.Empty:
@@ -231,6 +243,18 @@ class Pool:
 
     def stop(self) -> None:
         """Stop every member (what they hold rolls back) and close their sessions."""
+        counts = self.schedule.counts
+        log.info(
+            "parallel apply stopping",
+            extra={
+                "ctx": {
+                    "transactions": counts.added,
+                    "runs": self.runs,
+                    "serialised_by_key": counts.by_key,
+                    "barriers": self.barriers,
+                }
+            },
+        )
         self.turn.broken("the pool stops")
         for m in self.members:
             m.stop()

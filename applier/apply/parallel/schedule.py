@@ -150,12 +150,13 @@ class Schedule:
         self._started.add(seq)
         return seq
 
-    def next_run(self, limit: int, chain: int | None = None) -> list[int]:
+    def next_run(self, limit: int, chain: int | None = None, head_limit: int = 0) -> list[int]:
         """Take the lowest ready seq and the ones right after it, consecutive, that a
         session may apply in the same target transaction (its commit stands for all,
         so they must follow each other in commit order):
 
-        * ready ones, up to ``limit`` in all;
+        * ready ones, up to ``limit`` in all (``head_limit``, if larger, for a run
+          that starts at the next transaction to commit);
         * when the run starts at the next transaction to commit (everything before
           it has committed), also ones waiting only for a transaction in the run,
           up to ``chain`` in all: the session applies them after it, so a chain of
@@ -166,6 +167,8 @@ class Schedule:
             return []
         run = [first]
         head = first == self.committed + 1
+        if head:
+            limit = max(limit, head_limit)
         chain = limit if chain is None else max(limit, chain)
         ready, after = self._ready, self._after
         while True:

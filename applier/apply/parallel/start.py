@@ -19,7 +19,7 @@ from applier.apply.handlers.dispatch import Applier
 from applier.apply.handlers.spool import SpoolSet
 from applier.apply.parallel.leader import Leader
 from applier.apply.parallel.member import Item, Member, Report
-from applier.apply.parallel.origins import create_group, member
+from applier.apply.parallel.origins import check_capacity, create_group, member, trim_group
 from applier.apply.parallel.pool import RUN_LIMIT, Pool, PoolStats, member_applier
 from applier.apply.parallel.turn import CommitTurn
 from applier.apply.rules.skiprules import SkipRules
@@ -51,6 +51,12 @@ def open_leader(
     """The leader over ``home`` and a pool of ``[apply] workers`` members (``past``:
     the counters of the worker's earlier pools)."""
     n = cfg.apply.workers
+    gone = trim_group(catalog, cfg.origin, n)
+    if gone:
+        log.info(
+            "origins of sessions beyond [apply] workers dropped", extra={"ctx": {"origins": gone}}
+        )
+    check_capacity(catalog, cfg.origin, n)
     created = create_group(catalog, cfg.origin, n)
     if created:
         log.info("origins of the apply sessions created", extra={"ctx": {"origins": created}})
