@@ -175,12 +175,9 @@ class Member:
     # -- the member's thread ----------------------------------------------------------
 
     def _run(self) -> None:
-        import time as _t
-
         while True:
             items = self.inbox.get()
             if items is None:
-                log.info("member cpu %s %.3f", self.index, _t.thread_time())
                 return
             try:
                 self._apply(items)
