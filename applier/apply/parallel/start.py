@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
 import psycopg
@@ -62,16 +63,21 @@ def open_leader(
         log.info("origins of the apply sessions created", extra={"ctx": {"origins": created}})
 
     def members(turn: CommitTurn, report: Callable[[Report], None]) -> list[Member]:
-        out: list[Member] = []
-        try:
-            for i in range(1, n + 1):
-                out.append(_member(cfg, i, home, spools, rules, our_origin_id, turn, report))
-        except BaseException:
-            for m in out:
+        # Opened at once (each is a few round trips to the target); all or none.
+        with ThreadPoolExecutor(n, thread_name_prefix="applier open") as ex:
+            futures = [
+                ex.submit(_member, cfg, i, home, spools, rules, our_origin_id, turn, report)
+                for i in range(1, n + 1)
+            ]
+            wait(futures)
+        opened = [f.result() for f in futures if f.exception() is None]
+        failed = [f.exception() for f in futures if f.exception() is not None]
+        if failed:
+            for m in opened:
                 m.session.close()
                 close_quietly(m.catalog, "catalog")
-            raise
-        return out
+            raise failed[0]  # type: ignore[misc]
+        return opened
 
     def on_commit(item: Item, local: Lsn, flushed: Lsn) -> None:
         # In source order (the pool takes results in commit order): as one session would.
