@@ -16,7 +16,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from conftest import Pair
+from conftest import ONE_PAIR, Pair
 
 from applier.apply.confirm import Confirmer
 from applier.apply.core.states import State
@@ -55,6 +55,7 @@ def session(pair: Pair) -> Any:
     pair.sub_exec(f"SELECT pg_replication_origin_drop('{origin}')")
 
 
+@ONE_PAIR
 def test_busy_confirm_releases_from_commit_results_without_a_query(
     pair: Pair, session: TargetSession
 ) -> None:
@@ -81,6 +82,7 @@ def test_busy_confirm_releases_from_commit_results_without_a_query(
     assert stream.confirmed[-1] == Lsn(0x6000000) and not flush.pending
 
 
+@ONE_PAIR
 def test_busy_confirm_still_asks_the_target_once_a_second(
     pair: Pair, session: TargetSession, monkeypatch: pytest.MonkeyPatch
 ) -> None:
