@@ -258,6 +258,9 @@ SMOKE_PAIRS = [*CORE_PAIRS, "16-17", "18-14"]
 #: marked ``ONE_PAIR``; the source's versions are CORE_PAIRS', SMOKE_PAIRS' and
 #: ``any_pair``'s business.
 ONE_PAIR = pytest.mark.parametrize("pair", ["15-18"], indirect=True)
+#: The same rule for ``any_pair``: where only the source's version matters, its
+#: 15->15 adds nothing to 15->18, and both sources run onto the 18 target.
+TWO_SOURCES = pytest.mark.parametrize("any_pair", ["15-18", "18-18"], indirect=True)
 
 
 @pytest.fixture(params=["15-15", "15-18"])

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from applykit import Runner, table_rows, wait_for
-from conftest import ONE_PAIR, Pair
+from conftest import ONE_PAIR, TWO_SOURCES, Pair
 
 
 def _config(pair: Pair, conflicts: str, **sections: Any) -> Path:
@@ -75,6 +75,7 @@ def test_default_policies_skip_missing_rows_and_stop_on_insert_exists(any_pair: 
     assert runner.stop() == 0
 
 
+@TWO_SOURCES
 def test_policies_by_table_pattern(any_pair: Pair) -> None:
     """keep_local by pattern (also for a run long enough for COPY), apply_remote for
     insert_exists and update_missing; grouped transactions; one record per conflict."""

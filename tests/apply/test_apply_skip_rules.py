@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from applykit import ROOT, Runner, table_rows, wait_for
-from conftest import ONE_PAIR, Pair
+from conftest import ONE_PAIR, TWO_SOURCES, Pair
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -107,6 +107,7 @@ def test_rule_added_while_running_takes_effect(pair: Pair) -> None:
     assert runner.stop() == 0
 
 
+@TWO_SOURCES
 def test_skip_the_transaction_the_worker_stopped_on(any_pair: Pair) -> None:
     """The error prints the command; running it skips exactly that transaction, which is
     kept in the dump; everything after it is applied."""
