@@ -75,6 +75,7 @@ def test_added_column_in_a_streamed_transaction(pair: Pair) -> None:
     assert runner.stop() == 0
 
 
+@ONE_PAIR
 def test_volatile_default_stops_with_what_to_do(pair: Pair) -> None:
     runner = _start(pair, "CREATE TABLE t (id int PRIMARY KEY)")
     pair.pub_exec("INSERT INTO t VALUES (1), (2)")
