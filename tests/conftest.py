@@ -249,14 +249,14 @@ CORE_PAIRS = ["15-15", "15-18", "14-18", "17-18"]
 SMOKE_PAIRS = [*CORE_PAIRS, "16-17", "18-14"]
 #: The rule for a ``pair`` test: its 15->15 and 15->18 differ only in the target's
 #: version, so a test keeps both only where what it checks could differ by the
-#: target's version: the target's catalogs (types, generated columns, NOT NULL,
-#: indexes), its privileges and roles, its session settings, the server texts
-#: applier parses (COPY's CONTEXT line, 55006's PID), how a backend dies inside
-#: COMMIT, the migrations. A test of applier's own logic (lanes, grouping, merging,
-#: skips, conflict policies, status, cutover, the bootstrap's and verify's flow,
-#: what a malformed stream does) runs once, on 15->18 (the pair across versions),
-#: marked ``ONE_PAIR``; the source's versions are CORE_PAIRS', SMOKE_PAIRS' and
-#: ``any_pair``'s business.
+#: target's version: the target's catalogs (types, generated columns, NOT NULL),
+#: its privileges and roles, its session settings, the server texts applier
+#: parses (COPY's CONTEXT line, 55006's PID), how a backend dies inside COMMIT,
+#: the migrations. A test of applier's own logic (lanes, grouping, merging, skips,
+#: conflict policies, status, cutover, the bootstrap's and verify's flow, what a
+#: malformed stream does) runs once, on 15->18 (the pair across versions), marked
+#: ``ONE_PAIR`` (older tests spell it out as ``parametrize("pair", ["15-18"], ...)``);
+#: the source's versions are CORE_PAIRS', SMOKE_PAIRS' and ``any_pair``'s business.
 ONE_PAIR = pytest.mark.parametrize("pair", ["15-18"], indirect=True)
 #: The same rule for ``any_pair``: where only the source's version matters, its
 #: 15->15 adds nothing to 15->18, and both sources run onto the 18 target.
