@@ -24,6 +24,7 @@ from applier.apply.target.origin import FlushTracker
 from applier.apply.target.session import TargetSession
 from applier.lsn import Lsn, now_pg_timestamp
 from applier.schema import upgrade_target
+from applier.synctables.copy import drop_origin
 
 
 class _Stream:
@@ -52,7 +53,10 @@ def session(pair: Pair) -> Any:
     s = TargetSession(pair.sub_dsn, origin, "off")
     yield s
     s.close()
-    pair.sub_exec(f"SELECT pg_replication_origin_drop('{origin}')")
+    # Its backend lets go of the origin only when it exits, a moment after the close:
+    # dropped at once, a loaded machine failed the teardown with 55006.
+    with pair.sub_conn() as conn:
+        drop_origin(conn, origin)
 
 
 @ONE_PAIR
