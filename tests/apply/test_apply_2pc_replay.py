@@ -11,7 +11,7 @@ import threading
 from typing import Any
 
 from applykit import Runner, wait_equal, wait_for
-from conftest import Pair
+from conftest import ONE_PAIR, TWO_SOURCES, Pair
 
 
 def _slot_two_phase(pair: Pair) -> bool:
@@ -21,6 +21,7 @@ def _slot_two_phase(pair: Pair) -> bool:
     return bool(rows and rows[0][0])
 
 
+@TWO_SOURCES
 def test_prepared_before_two_phase_was_enabled(any_pair: Pair) -> None:
     pair = any_pair
     pair.both("CREATE TABLE t (id int PRIMARY KEY, v text)")
@@ -51,6 +52,7 @@ def _waits_for(pair: Pair, xid: str) -> bool:
     return bool(rows[0][0])
 
 
+@ONE_PAIR
 def test_prepared_before_the_consistent_point(pair: Pair) -> None:
     """As contrib/test_decoding's twophase_snapshot: prepared after the slot's full
     snapshot, before its consistent point, committed after it."""

@@ -14,7 +14,7 @@ import subprocess
 
 import pytest
 from applykit import Runner, wait_equal
-from conftest import Pair
+from conftest import ONE_PAIR, Pair
 from test_apply_faults import TABLES, _pgbench_setup
 
 SCRIPT = """
@@ -41,6 +41,7 @@ END;
 
 
 @pytest.mark.slow
+@ONE_PAIR
 def test_two_phase_mixed_workload_never_exits(pair: Pair) -> None:
     _pgbench_setup(pair)
     cfg = pair.write_config(apply={"two_phase": True, "status_interval": 1})

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from conftest import Pair
+from conftest import ONE_PAIR, Pair
 
 from applier.apply.handlers.dispatch import Applier
 from applier.apply.handlers.spool import SpoolSet
@@ -94,6 +94,7 @@ def _txn(xid: int, *changes: PgOutputMessage) -> list[PgOutputMessage]:
     ]
 
 
+@ONE_PAIR
 def test_good_row_applies(kit: Kit) -> None:
     kit.feed(*_txn(700, Insert(None, REL.oid, TupleData.text(b"1", b"a"))))
     assert kit.pair.sub_exec("SELECT id, v FROM t") == [(1, "a")]
@@ -103,6 +104,7 @@ def test_good_row_applies(kit: Kit) -> None:
 @pytest.mark.parametrize(
     "values", [(b"1", b"a", b"extra"), (b"1",)], ids=["more_columns", "fewer_columns"]
 )
+@ONE_PAIR
 def test_tuple_not_matching_its_relation(kit: Kit, values: tuple[bytes, ...]) -> None:
     bad = Insert(None, REL.oid, TupleData.text(*values))
     with pytest.raises(ProtocolError) as info:
@@ -116,6 +118,7 @@ def test_tuple_not_matching_its_relation(kit: Kit, values: tuple[bytes, ...]) ->
 
 
 @pytest.mark.parametrize("dump", ["skipped", "none"])
+@ONE_PAIR
 def test_tuple_not_matching_its_relation_on_a_skipped_table(kit: Kit, dump: str) -> None:
     """A skip rule does not hide a corrupt stream: the rule's check came before the
     width's, and a kept change wider than its relation failed with an IndexError at
@@ -139,6 +142,7 @@ def test_tuple_not_matching_its_relation_on_a_skipped_table(kit: Kit, dump: str)
 
 @pytest.mark.parametrize("skipped", [False, True], ids=["applied", "applied_before"])
 @pytest.mark.parametrize("cut", [1, -1], ids=["truncated", "trailing_byte"])
+@ONE_PAIR
 def test_a_malformed_insert_in_a_run_is_an_error_skipped_or_not(
     kit: Kit, skipped: bool, cut: int
 ) -> None:
@@ -166,6 +170,7 @@ def test_a_malformed_insert_in_a_run_is_an_error_skipped_or_not(
     assert kit.progress() == Lsn(0)
 
 
+@ONE_PAIR
 def test_stream_continuation_for_an_unknown_transaction(kit: Kit) -> None:
     with pytest.raises(ProtocolError) as info:
         kit.feed(StreamStart(702, False))
@@ -174,6 +179,7 @@ def test_stream_continuation_for_an_unknown_transaction(kit: Kit) -> None:
     assert kit.progress() == Lsn(0)
 
 
+@ONE_PAIR
 def test_commit_prepared_of_an_unknown_transaction(kit: Kit) -> None:
     msg = CommitPrepared(0, Lsn(0x6000), Lsn(0x6100), 0, 703, "g")
     with pytest.raises(ApplyError) as info:
@@ -184,12 +190,14 @@ def test_commit_prepared_of_an_unknown_transaction(kit: Kit) -> None:
     assert kit.progress() == Lsn(0)
 
 
+@ONE_PAIR
 def test_commit_prepared_already_applied_is_skipped(kit: Kit) -> None:
     kit.applier.progress = Lsn(0x7000)
     kit.feed(CommitPrepared(0, Lsn(0x6000), Lsn(0x6100), 0, 704, "g"))
     assert kit.applier.skipped_txns == 1
 
 
+@ONE_PAIR
 def test_catalog_error_is_an_apply_error(kit: Kit) -> None:
     """A catalog look-up the target refuses (not a lost connection): no traceback."""
     pair = kit.pair

@@ -6,7 +6,7 @@ import signal
 
 import pytest
 from applykit import Runner, origin_lsn, wait_equal, wait_for
-from conftest import CORE_PAIRS, SMOKE_PAIRS, Pair
+from conftest import CORE_PAIRS, ONE_PAIR, SMOKE_PAIRS, Pair
 
 
 @pytest.mark.parametrize("pair", SMOKE_PAIRS, indirect=True)
@@ -25,6 +25,7 @@ def test_insert_update_delete_default_identity(pair: Pair) -> None:
     assert "applier run stopped" in log
 
 
+@ONE_PAIR
 def test_sigterm_exits_zero_and_resume(pair: Pair) -> None:
     pair.both("CREATE TABLE t (id int PRIMARY KEY, v text)")
     pair.pub_exec("CREATE PUBLICATION pub FOR ALL TABLES")
@@ -43,6 +44,7 @@ def test_sigterm_exits_zero_and_resume(pair: Pair) -> None:
 
 
 @pytest.mark.parametrize("ident", ["full", "index"])
+@ONE_PAIR
 def test_replica_identity_full_and_index(pair: Pair, ident: str) -> None:
     ddl = "CREATE TABLE t (a int NOT NULL, b text, j json, p point, d int)"
     pair.both(ddl)
@@ -65,6 +67,7 @@ def test_replica_identity_full_and_index(pair: Pair, ident: str) -> None:
     assert runner.stop() == 0
 
 
+@ONE_PAIR
 def test_full_identity_duplicates_change_one_row(pair: Pair) -> None:
     pair.both("CREATE TABLE t (a int, b text)")
     pair.both("ALTER TABLE t REPLICA IDENTITY FULL")

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from applykit import Runner, table_rows, wait_for
-from conftest import Pair
+from conftest import ONE_PAIR, TWO_SOURCES, Pair
 
 
 def _config(pair: Pair, conflicts: str, **sections: Any) -> Path:
@@ -75,6 +75,7 @@ def test_default_policies_skip_missing_rows_and_stop_on_insert_exists(any_pair: 
     assert runner.stop() == 0
 
 
+@TWO_SOURCES
 def test_policies_by_table_pattern(any_pair: Pair) -> None:
     """keep_local by pattern (also for a run long enough for COPY), apply_remote for
     insert_exists and update_missing; grouped transactions; one record per conflict."""
@@ -132,6 +133,7 @@ def test_policies_by_table_pattern(any_pair: Pair) -> None:
     assert [loc["id"] for loc, _ in audit_recs] == [1, 700, 1499]
 
 
+@ONE_PAIR
 def test_update_exists_skip_keeps_the_rest_of_the_transaction(pair: Pair) -> None:
     """An UPDATE whose new row takes a unique key a target-only row holds: with
     update_exists = skip, only that change is skipped (careful replay), once."""
@@ -207,6 +209,7 @@ def test_origin_differs_and_last_update_wins(make_pair: Any) -> None:
     ], log
 
 
+@ONE_PAIR
 def test_commit_timestamps_required(pair: Pair) -> None:
     """A policy that needs commit timestamps on a target without them: exit 2, what to do."""
     pair.both("CREATE TABLE t (id int PRIMARY KEY)")
@@ -217,6 +220,7 @@ def test_commit_timestamps_required(pair: Pair) -> None:
     assert "track_commit_timestamp" in runner.log()
 
 
+@ONE_PAIR
 def test_update_missing_error_policy_names_the_skip(pair: Pair) -> None:
     """A policy of error for a conflict seen in a result (not a failed statement): the
     worker stops with the conflict and the skip command, recorded once; skipping works."""
@@ -255,6 +259,7 @@ def _recs(pair: Pair) -> list[tuple[Any, ...]]:
     return sorted(recs, key=lambda r: (r[0], r[1], r[2], json.dumps(r[3], sort_keys=True)))
 
 
+@ONE_PAIR
 def test_full_identity_with_a_primary_key_resolves_inserts_by_any_unique_key(pair: Pair) -> None:
     """REPLICA IDENTITY FULL beside a primary key and a unique key: an INSERT's conflict is
     met on whichever unique index holds its key; apply_remote updates that row, keep_local
@@ -312,6 +317,7 @@ def test_full_identity_with_a_primary_key_resolves_inserts_by_any_unique_key(pai
     ]
 
 
+@ONE_PAIR
 def test_insert_meeting_two_rows_is_multiple_unique_conflicts(pair: Pair) -> None:
     """An INSERT whose primary key one target row holds and whose unique key another
     holds (FULL identity): multiple_unique_conflicts, error by default (exit 3, named,
@@ -349,6 +355,7 @@ def test_insert_meeting_two_rows_is_multiple_unique_conflicts(pair: Pair) -> Non
     assert [r[:4] for r in recs] == [("t", "multiple_unique_conflicts", "skip", key)], recs
 
 
+@ONE_PAIR
 def test_update_missing_apply_remote_on_full_identity_with_keys(pair: Pair) -> None:
     """update_missing = apply_remote, REPLICA IDENTITY FULL beside a primary key and a
     unique key: an UPDATE whose old row the target lacks inserts the new row, and where
@@ -384,6 +391,7 @@ def test_update_missing_apply_remote_on_full_identity_with_keys(pair: Pair) -> N
     ]  # fmt: skip
 
 
+@ONE_PAIR
 def test_using_index_identity_beside_a_primary_key(pair: Pair) -> None:
     """REPLICA IDENTITY USING INDEX on one unique key beside the primary key: an INSERT
     meeting a row on either is resolved through that index (apply_remote updates it);
@@ -451,6 +459,7 @@ def test_last_update_wins_through_any_unique_key(make_pair: Any) -> None:
     ]  # fmt: skip
 
 
+@ONE_PAIR
 def test_apply_remote_beside_a_generated_always_identity_key(pair: Pair) -> None:
     """A GENERATED ALWAYS identity primary key beside a unique key: apply_remote updates
     the row that holds either key, leaving the identity column out of SET (an UPDATE may

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from applykit import Runner, origin_lsn, wait_equal, wait_for
-from conftest import Pair
+from conftest import ONE_PAIR, Pair
 
 from applier.apply.sql.copyrun import text_row
 
@@ -32,6 +32,7 @@ FROM generate_series(1, 300) g;
 
 
 @pytest.mark.parametrize("threshold", [0, 1, 64])
+@ONE_PAIR
 def test_insert_runs_text_values_equal(pair: Pair, threshold: int) -> None:
     pair.both(TRICKY_DDL)
     pair.pub_exec("CREATE PUBLICATION pub FOR ALL TABLES")
@@ -52,6 +53,7 @@ def test_insert_runs_text_values_equal(pair: Pair, threshold: int) -> None:
     assert runner.stop() == 0
 
 
+@ONE_PAIR
 def test_insert_runs_binary_values_equal(pair: Pair) -> None:
     pair.both(
         "CREATE TABLE bn (id int PRIMARY KEY, s text, a int[], n numeric, f float8, "

@@ -18,7 +18,7 @@ from typing import Any
 import psycopg
 import pytest
 from applykit import ROOT, Runner, wait_equal, wait_for
-from conftest import Pair
+from conftest import ONE_PAIR, Pair
 from psycopg import sql
 
 from applier.ddl import capture
@@ -178,6 +178,7 @@ def test_each_kind_replayed_in_place_among_rows(any_pair: Pair) -> None:
 
 
 @pytest.mark.parametrize("streaming", ["parallel", "on"])
+@ONE_PAIR
 def test_streamed_transaction_runs_its_ddl_at_its_place(pair: Pair, streaming: str) -> None:
     pair.pub.execute(f"ALTER DATABASE \"{pair.pub_db}\" SET logical_decoding_work_mem = '64kB'")
     pair.both("CREATE TABLE t (id int PRIMARY KEY, a int)")
@@ -193,6 +194,7 @@ def test_streamed_transaction_runs_its_ddl_at_its_place(pair: Pair, streaming: s
     assert runner.stop() == 0
 
 
+@ONE_PAIR
 def test_two_phase_transaction_runs_its_ddl_at_prepare(pair: Pair) -> None:
     pair.both("CREATE TABLE t (id int PRIMARY KEY, a int)")
     pair.pub_exec("CREATE PUBLICATION pub FOR ALL TABLES")
@@ -213,6 +215,7 @@ def test_two_phase_transaction_runs_its_ddl_at_prepare(pair: Pair) -> None:
     assert runner.stop() == 0
 
 
+@ONE_PAIR
 def test_a_kill_between_the_ddl_and_its_commit_runs_it_once(pair: Pair) -> None:
     pair.both("CREATE TABLE t (id int PRIMARY KEY); CREATE TABLE u (id int PRIMARY KEY)")
     pair.pub_exec("CREATE PUBLICATION pub FOR ALL TABLES")

@@ -8,9 +8,10 @@ import time
 
 import pytest
 from applykit import Runner, origin_lsn, wait_equal, wait_for
-from conftest import Pair
+from conftest import ONE_PAIR, Pair
 
 
+@ONE_PAIR
 def test_unique_violation_stops_with_context(pair: Pair) -> None:
     pair.both("CREATE TABLE t (id int PRIMARY KEY, v text)")
     pair.sub_exec("INSERT INTO t VALUES (2, 'diverged')")
@@ -145,6 +146,7 @@ _FAIL_IN_COMMIT = (
 
 @pytest.mark.parametrize("in_commit", [False, True], ids=["deferred", "in_commit"])
 @pytest.mark.parametrize("group_commit", [1, 100])
+@ONE_PAIR
 def test_commit_time_failure_stops_everything_after_it(
     pair: Pair, group_commit: int, in_commit: bool
 ) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from applykit import Runner, origin_lsn, wait_equal
-from conftest import Pair
+from conftest import ONE_PAIR, Pair
 
 #: The C speedups (read loop, fill, dispatch loop) or their Python twins in the worker.
 SPEEDUPS = pytest.mark.parametrize("pure", [False, True], ids=["c", "python"])
@@ -26,6 +26,7 @@ def _backlog(pair: Pair, group_commit: int | None = None, pure: bool = False) ->
 
 
 @SPEEDUPS
+@ONE_PAIR
 def test_group_commit_default_groups_backlog_exactly_once(pair: Pair, pure: bool) -> None:
     runner = _backlog(pair, pure=pure)
     for i in range(1, 301):
@@ -50,6 +51,7 @@ def test_group_commit_default_groups_backlog_exactly_once(pair: Pair, pure: bool
     assert runner.stop() == 0
 
 
+@ONE_PAIR
 def test_group_commit_off_applies_one_by_one(pair: Pair) -> None:
     runner = _backlog(pair, group_commit=1)
     for i in range(1, 51):
@@ -61,6 +63,7 @@ def test_group_commit_off_applies_one_by_one(pair: Pair) -> None:
 
 
 @SPEEDUPS
+@ONE_PAIR
 def test_failed_group_is_replayed_one_by_one_and_names_the_transaction(
     pair: Pair, pure: bool
 ) -> None:

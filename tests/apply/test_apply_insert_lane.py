@@ -14,11 +14,9 @@ import re
 
 import pytest
 from applykit import Runner, wait_equal
-from conftest import Pair
+from conftest import ONE_PAIR, Pair
 
 from applier.lsn import Lsn
-
-ONE_PAIR = pytest.mark.parametrize("pair", ["15-18"], indirect=True)
 
 _TABLES = (
     "CREATE TABLE t (id int PRIMARY KEY, v text, n numeric, a int[], j jsonb);"

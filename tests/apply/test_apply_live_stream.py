@@ -16,11 +16,9 @@ from pathlib import Path
 import psycopg
 import pytest
 from applykit import Runner, wait_equal, wait_for
-from conftest import Pair
+from conftest import ONE_PAIR, Pair
 
 from applier.lsn import Lsn
-
-ONE_PAIR = pytest.mark.parametrize("pair", ["15-18"], indirect=True)
 
 
 def _setup(pair: Pair, **apply: object) -> tuple[Runner, Path]:

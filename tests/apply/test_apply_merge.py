@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 from applykit import Runner, origin_lsn, wait_equal, wait_for
-from conftest import Pair
+from conftest import ONE_PAIR, Pair
 
 DDL = """
 CREATE TABLE acc (id int PRIMARY KEY, bal int, note text, big text);
@@ -59,6 +59,7 @@ def _updates(pair: Pair, table: str) -> int:
 
 
 @pytest.mark.parametrize("binary", [False, True])
+@ONE_PAIR
 def test_merged_updates_reach_the_source_state(pair: Pair, binary: bool) -> None:
     pair.both(DDL)
     pair.pub_exec("CREATE PUBLICATION pub FOR ALL TABLES")
@@ -77,6 +78,7 @@ def test_merged_updates_reach_the_source_state(pair: Pair, binary: bool) -> None
     assert "one by one" not in runner.log()
 
 
+@ONE_PAIR
 def test_merging_keeps_out_of_tables_where_the_order_shows(pair: Pair) -> None:
     pair.both(
         "CREATE TABLE uq (id int PRIMARY KEY, u int); INSERT INTO uq VALUES (1, 1), (2, 2);"
@@ -108,6 +110,7 @@ def test_merging_keeps_out_of_tables_where_the_order_shows(pair: Pair) -> None:
     assert "one by one" not in runner.log()
 
 
+@ONE_PAIR
 def test_merged_update_of_a_missing_row_is_reported_once(pair: Pair) -> None:
     pair.both("CREATE TABLE t (id int PRIMARY KEY, v int); INSERT INTO t VALUES (1, 0), (2, 0)")
     pair.sub_exec("DELETE FROM t WHERE id = 2")
@@ -123,6 +126,7 @@ def test_merged_update_of_a_missing_row_is_reported_once(pair: Pair) -> None:
     assert len(missing) == 1 and "'id': '2'" in missing[0], missing
 
 
+@ONE_PAIR
 def test_failing_merged_update_is_replayed_to_name_its_change(pair: Pair) -> None:
     pair.both("CREATE TABLE t (id int PRIMARY KEY, v int); INSERT INTO t VALUES (1, 0), (2, 0)")
     pair.sub_exec("ALTER TABLE t ADD CONSTRAINT small CHECK (v < 100)")
@@ -148,6 +152,7 @@ def test_failing_merged_update_is_replayed_to_name_its_change(pair: Pair) -> Non
     assert pair.sub_exec("SELECT id, v FROM t ORDER BY id") == [(1, 0), (2, 1)]
 
 
+@ONE_PAIR
 def test_short_insert_runs_as_multi_row_inserts_name_the_failing_row(pair: Pair) -> None:
     pair.both("CREATE TABLE t (id int PRIMARY KEY, v text)")
     pair.sub_exec("INSERT INTO t VALUES (17, 'diverged')")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from conftest import Pair
+from conftest import ONE_PAIR, Pair
 
 from applier.apply.target.session import TargetSession
 from applier.apply.target.stamp import PREPARE_STAMP, stamp_params
@@ -36,6 +36,7 @@ def _progress(pair: Pair, origin: str) -> str | None:
 
 
 @pytest.mark.parametrize("in_commit", [True, False], ids=["in_commit", "statement"])
+@ONE_PAIR
 def test_session_lost_before_commit_leaves_origin_alone(pair: Pair, in_commit: bool) -> None:
     origin = f"stamp_{pair.sub_db}"  # origins are per cluster, shared by the tests
     upgrade_target(pair.sub_dsn)
@@ -97,6 +98,7 @@ def _lose_session_after(session: TargetSession, pair: Pair) -> None:
 
 
 @pytest.mark.parametrize("in_prepare", [True, False], ids=["in_prepare", "statement"])
+@ONE_PAIR
 def test_session_lost_before_prepare_leaves_origin_alone(pair: Pair, in_prepare: bool) -> None:
     """Two-phase: the stamp is made inside PREPARE TRANSACTION (migration 0003)."""
     origin = f"stamp_{pair.sub_db}"

@@ -31,7 +31,7 @@ import time
 import psycopg
 import pytest
 from applykit import Runner, wait_equal, wait_for
-from conftest import Pair
+from conftest import TWO_SOURCES, Pair
 
 TABLES = ["k1", "k2", "f", "h"]
 ORDER = {"k1": "id", "k2": "a, b", "f": "x, y", "h": "id"}
@@ -220,6 +220,7 @@ MODES: dict[str, dict[str, object]] = {
 # and pairs are a parametrize away when hunting.
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [1])
+@TWO_SOURCES
 def test_random_mix_with_a_kill_converges(any_pair: Pair, seed: int) -> None:
     _run_mix(any_pair, seed, MODES["defaults"], kills=2)
 

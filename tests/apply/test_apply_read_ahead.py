@@ -13,7 +13,7 @@ import time
 
 import pytest
 from applykit import Runner, wait_equal
-from conftest import Pair
+from conftest import ONE_PAIR, Pair
 
 from applier.apply.target.session import TargetSession
 from applier.schema import upgrade_target
@@ -53,6 +53,7 @@ def test_stream_read_ahead_while_the_target_waits_applies_exactly_once(pair: Pai
     assert runner.stop() == 0
 
 
+@ONE_PAIR
 def test_a_stream_closed_under_the_read_ahead_leaves_the_target_wait_alone(pair: Pair) -> None:
     """A lost stream is found by the reader; the worker's rollback then waits on the
     target with the stream's socket closed. Found by test_connections_cut: the wait

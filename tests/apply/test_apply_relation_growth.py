@@ -13,7 +13,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import Pair
+from conftest import ONE_PAIR, Pair
 
 from applier.apply.handlers.dispatch import Applier
 from applier.apply.handlers.spool import SpoolSet
@@ -89,6 +89,7 @@ def _cycle(feed: Feed, i: int) -> None:
     feed.a.session.query_one(f"DELETE FROM public.part{i % TABLES} RETURNING 1")
 
 
+@ONE_PAIR
 def test_relation_changes_keep_statements_and_memory_bounded(applier: Applier) -> None:
     feed = Feed(applier)
     applier.rels.limit = 200  # the default is 1000; a smaller bound keeps this quick
@@ -108,6 +109,7 @@ def test_relation_changes_keep_statements_and_memory_bounded(applier: Applier) -
     assert applier.session.query_one("SELECT count(*) FROM public.t") == 1800
 
 
+@ONE_PAIR
 def test_unchanged_relation_message_keeps_its_mapping(applier: Applier) -> None:
     feed = Feed(applier)
     rel = Relation(None, 16400, "public", "t", "d", (ID, V))

@@ -13,7 +13,7 @@ import socket
 import subprocess
 
 from applykit import Runner, wait_equal, wait_for
-from conftest import Pair
+from conftest import ONE_PAIR, Pair
 
 from applier.errors import EXIT_PERMANENT
 
@@ -58,6 +58,7 @@ def test_second_worker_is_refused(pair: Pair) -> None:
     assert first.stop() == 0
 
 
+@ONE_PAIR
 def test_second_worker_leaves_the_running_workers_spool_files(pair: Pair) -> None:
     """The spool files of the origin belong to the worker that owns it."""
     _setup(pair)

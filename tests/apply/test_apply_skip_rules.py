@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from applykit import ROOT, Runner, table_rows, wait_for
-from conftest import Pair
+from conftest import ONE_PAIR, TWO_SOURCES, Pair
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -44,6 +44,7 @@ def _slot(pair: Pair, cfg: Path) -> None:
     assert Runner(pair, cfg, "slot.log").start().ready().stop() == 0
 
 
+@ONE_PAIR
 def test_object_txn_and_error_rules(pair: Pair) -> None:
     pair.both(
         "CREATE TABLE tmp_a (id int PRIMARY KEY, v text); CREATE TABLE t (id int PRIMARY KEY)"
@@ -84,6 +85,7 @@ def test_object_txn_and_error_rules(pair: Pair) -> None:
     assert missing == [("update_missing",)]
 
 
+@ONE_PAIR
 def test_rule_added_while_running_takes_effect(pair: Pair) -> None:
     pair.both("CREATE TABLE t (id int PRIMARY KEY); CREATE TABLE marker (id int PRIMARY KEY)")
     pair.pub_exec("CREATE PUBLICATION pub FOR ALL TABLES")
@@ -105,6 +107,7 @@ def test_rule_added_while_running_takes_effect(pair: Pair) -> None:
     assert runner.stop() == 0
 
 
+@TWO_SOURCES
 def test_skip_the_transaction_the_worker_stopped_on(any_pair: Pair) -> None:
     """The error prints the command; running it skips exactly that transaction, which is
     kept in the dump; everything after it is applied."""

@@ -6,7 +6,7 @@ import time
 
 import pytest
 from applykit import Runner, wait_equal, wait_for
-from conftest import SMOKE_PAIRS, Pair
+from conftest import ONE_PAIR, SMOKE_PAIRS, Pair
 
 
 def _small_decoding_memory(pair: Pair) -> None:
@@ -157,6 +157,7 @@ def test_streaming_parallel_interleaved_transactions(any_pair: Pair) -> None:
     assert "streamed transaction commits" in runner.log()
 
 
+@ONE_PAIR
 def test_logical_messages_among_rows_plain_and_streamed(pair: Pair) -> None:
     """Logical decoding messages (transactional or not) inside a plain transaction,
     inside a streamed one and alone: applied past, every row around them applied."""

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from applykit import Runner, origin_lsn, wait_equal, wait_for
-from conftest import Pair
+from conftest import ONE_PAIR, Pair
 
 SCHEMA = """
 CREATE TABLE p (id int PRIMARY KEY, v text);
@@ -12,6 +12,7 @@ CREATE TABLE c (id int PRIMARY KEY, p_id int REFERENCES p (id), w text);
 """
 
 
+@ONE_PAIR
 def test_truncate_cascade_lists_every_relation(pair: Pair) -> None:
     pair.both(SCHEMA)
     pair.pub_exec("CREATE PUBLICATION pub FOR ALL TABLES")
@@ -26,6 +27,7 @@ def test_truncate_cascade_lists_every_relation(pair: Pair) -> None:
     assert runner.stop() == 0
 
 
+@ONE_PAIR
 def test_truncate_refuses_a_target_only_referencing_table(pair: Pair) -> None:
     pair.both(SCHEMA)
     # Only on the target: a table that references a published one.
@@ -69,6 +71,7 @@ def _same_only(pair: Pair, tables: list[str]) -> bool:
     return all(_only(pair, "pub", t) == _only(pair, "sub", t) for t in tables)
 
 
+@ONE_PAIR
 def test_inheritance_parent_changes_only_its_own_rows(pair: Pair) -> None:
     pair.both(INHERIT)
     pair.pub_exec("CREATE PUBLICATION pub FOR ALL TABLES")

@@ -4,7 +4,7 @@ table without a replica identity replicates its INSERTs (issue 12, items 16 and 
 from __future__ import annotations
 
 from applykit import Runner, wait_equal, wait_for
-from conftest import Pair
+from conftest import ONE_PAIR, Pair
 
 WATCHED = """
 CREATE TABLE t (id int PRIMARY KEY, v text);
@@ -34,6 +34,7 @@ ALTER TABLE t ENABLE ALWAYS TRIGGER count_upd;
 """
 
 
+@ONE_PAIR
 def test_rules_and_statement_triggers_see_one_row_per_statement(pair: Pair) -> None:
     pair.both(WATCHED)
     pair.sub_exec(TARGET_WATCHERS)
@@ -60,6 +61,7 @@ def test_rules_and_statement_triggers_see_one_row_per_statement(pair: Pair) -> N
     assert runner.stop() == 0
 
 
+@ONE_PAIR
 def test_table_without_replica_identity_replicates_inserts(pair: Pair) -> None:
     pair.both("CREATE TABLE log (at timestamptz DEFAULT now(), msg text)")
     pair.pub_exec("CREATE PUBLICATION pub FOR TABLE log")

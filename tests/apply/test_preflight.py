@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from applykit import ROOT, Runner, origin_lsn, wait_equal, wait_for
-from conftest import Pair
+from conftest import ONE_PAIR, Pair
 
 from applier.errors import EXIT_PERMANENT
 
@@ -56,6 +56,7 @@ def _drop_slot(pair: Pair, name: str) -> None:
     )
 
 
+@ONE_PAIR
 def test_missing_slot_with_progress_is_not_recreated(pair: Pair) -> None:
     cfg = _replicated(pair)
     progress = origin_lsn(pair, pair.slot)
@@ -75,6 +76,7 @@ def test_missing_slot_with_progress_is_not_recreated(pair: Pair) -> None:
     assert status == [("error", "SlotMissing")]
 
 
+@ONE_PAIR
 def test_slot_of_another_kind_is_refused(pair: Pair) -> None:
     pair.both("CREATE TABLE t (id int PRIMARY KEY)")
     pair.pub_exec("CREATE PUBLICATION pub FOR TABLE t")
@@ -84,6 +86,7 @@ def test_slot_of_another_kind_is_refused(pair: Pair) -> None:
     assert "is a physical slot" in log and "Traceback" not in log
 
 
+@ONE_PAIR
 def test_slot_of_another_database_is_refused(pair: Pair) -> None:
     other = f"{pair.pub_db}_x"
     pair.pub.create_database(other)
@@ -97,6 +100,7 @@ def test_slot_of_another_database_is_refused(pair: Pair) -> None:
     assert f"belongs to database {other!r}" in log and "Traceback" not in log
 
 
+@ONE_PAIR
 def test_a_different_source_is_refused(pair: Pair) -> None:
     cfg = _replicated(pair)
     ident = pair.sub_exec("SELECT system_identifier, timeline, dbname FROM applier.source_identity")
@@ -129,6 +133,7 @@ def test_a_different_source_is_refused(pair: Pair) -> None:
     assert "system identifier" in log and "Traceback" not in log
 
 
+@ONE_PAIR
 def test_run_refuses_while_a_bootstrap_is_unfinished(pair: Pair) -> None:
     from applier.schema import upgrade_target
 
@@ -147,6 +152,7 @@ def test_run_refuses_while_a_bootstrap_is_unfinished(pair: Pair) -> None:
     assert runner.stop() == 0
 
 
+@ONE_PAIR
 def test_handoff_refuses_a_slot_moved_past_the_consistent_point(pair: Pair) -> None:
     from applier.bootstrap.job import PriorRun, finish
     from applier.bootstrap.sequences import connect

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from applykit import Runner, origin_lsn, wait_equal, wait_for
-from conftest import Pair
+from conftest import ONE_PAIR, Pair
 
 
 def _start(pair: Pair, setup: str, **sections: dict[str, object]) -> Runner:
@@ -58,6 +58,7 @@ def test_added_columns_follow_with_their_defaults(pair: Pair) -> None:
     assert runner.stop() == 0
 
 
+@ONE_PAIR
 def test_added_column_in_a_streamed_transaction(pair: Pair) -> None:
     pair.pub.execute(f"ALTER DATABASE \"{pair.pub_db}\" SET logical_decoding_work_mem = '64kB'")
     runner = _start(pair, "CREATE TABLE t (id int PRIMARY KEY, v text)")
@@ -74,6 +75,7 @@ def test_added_column_in_a_streamed_transaction(pair: Pair) -> None:
     assert runner.stop() == 0
 
 
+@ONE_PAIR
 def test_volatile_default_stops_with_what_to_do(pair: Pair) -> None:
     runner = _start(pair, "CREATE TABLE t (id int PRIMARY KEY)")
     pair.pub_exec("INSERT INTO t VALUES (1), (2)")
@@ -90,6 +92,7 @@ def test_volatile_default_stops_with_what_to_do(pair: Pair) -> None:
     assert _recorded(pair) == []
 
 
+@ONE_PAIR
 def test_follow_off_stops_with_the_alter(pair: Pair) -> None:
     runner = _start(pair, "CREATE TABLE t (id int PRIMARY KEY)", schema={"follow": False})
     pair.pub_exec("ALTER TABLE t ADD COLUMN d int DEFAULT 5")
@@ -146,6 +149,7 @@ def test_dropped_column_kept_and_its_not_null_dropped(pair: Pair) -> None:
     assert runner.stop() == 0
 
 
+@ONE_PAIR
 def test_kill_between_the_alter_and_its_commit(pair: Pair) -> None:
     """The ALTER and its record are in the target transaction the origin's stamp commits:
     a worker killed after the ALTER leaves either none of it or all of it, once."""

@@ -6,7 +6,7 @@ import itertools
 from typing import Any
 
 import pytest
-from conftest import SMOKE_PAIRS, Pair
+from conftest import ONE_PAIR, SMOKE_PAIRS, Pair
 
 from applier.bootstrap.job import run_bootstrap
 from bootstrap.helpers import assert_same, load
@@ -57,6 +57,7 @@ def test_bootstrap_copies_everything(pair: Pair, spark: Any) -> None:
     assert [r[1] for r in pair.sub_exec(options) if r[0] == "nopk"] == [["autovacuum_enabled=off"]]
 
 
+@ONE_PAIR
 def test_parallelism_caps_the_copies_at_once(pair: Pair, spark: Any) -> None:
     pair.pub_exec(
         "CREATE TABLE t (id int PRIMARY KEY, pad text);"
@@ -76,6 +77,7 @@ def test_parallelism_caps_the_copies_at_once(pair: Pair, spark: Any) -> None:
         assert start >= end, spans  # no two slices copied at the same time
 
 
+@ONE_PAIR
 def test_existing_slot_refused_then_recreated(pair: Pair, spark: Any) -> None:
     from applier.errors import BootstrapError
 

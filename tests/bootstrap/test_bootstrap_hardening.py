@@ -9,7 +9,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from conftest import Pair
+from conftest import ONE_PAIR, Pair
 
 from applier.bootstrap.job import run_bootstrap
 from applier.errors import BootstrapError
@@ -23,6 +23,7 @@ def _only(pair: Pair, side: str, table: str) -> list[tuple[Any, ...]]:
     return pair.pub_exec(q) if side == "pub" else pair.sub_exec(q)
 
 
+@ONE_PAIR
 def test_inheritance_parent_copied_without_its_children(pair: Pair, spark: Any) -> None:
     # Source: a parent and its inheritance child, both published (FOR TABLE
     # parent publishes its descendants too). Target: the parent exists with a
@@ -57,6 +58,7 @@ def test_inheritance_parent_copied_without_its_children(pair: Pair, spark: Any) 
     assert pair.sub_exec("SELECT * FROM local_child ORDER BY 1") == kept
 
 
+@ONE_PAIR
 def test_refusals_come_before_any_truncation(pair: Pair) -> None:
     pair.both("CREATE TABLE t (id int PRIMARY KEY)")
     pair.pub_exec(
@@ -176,6 +178,7 @@ def test_sessions_are_pinned_on_both_ends(pair: Pair, latin1_source: str, spark:
     assert _query(pair.sub_dsn, check) == _query(src_dsn, check)
 
 
+@ONE_PAIR
 def test_table_without_replica_identity_is_copied_with_a_warning(
     pair: Pair, spark: Any, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 from apply.applykit import Runner, wait_equal
-from conftest import Pair
+from conftest import ONE_PAIR, Pair
 
 from applier.bootstrap.job import run_bootstrap
 from applier.config import load_config
@@ -14,6 +14,7 @@ from applier.config import load_config
 pytestmark = pytest.mark.spark
 
 
+@ONE_PAIR
 def test_table_renamed_after_the_snapshot_stops_the_first_run(pair: Pair, spark: Any) -> None:
     """The worker has never applied the table when its first change comes under the
     new name: the bootstrap's record of its OID tells it is not a new table."""

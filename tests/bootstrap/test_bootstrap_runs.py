@@ -13,7 +13,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from conftest import Pair
+from conftest import ONE_PAIR, Pair
 
 from applier.bootstrap.job import run_bootstrap
 from applier.errors import BootstrapError, SourceError
@@ -62,6 +62,7 @@ class Writer(threading.Thread):
                 time.sleep(0.002)
 
 
+@ONE_PAIR
 def test_concurrent_writes_arrive_exactly_once(pair: Pair, spark: Any) -> None:
     pair.pub_exec(
         "CREATE TABLE w (id serial PRIMARY KEY, v text);"
@@ -95,6 +96,7 @@ def test_concurrent_writes_arrive_exactly_once(pair: Pair, spark: Any) -> None:
     assert n[0] == n[1] == writer.commits
 
 
+@ONE_PAIR
 def test_killed_bootstrap_rerun_converges(pair: Pair, spark: Any, tmp_path: Path) -> None:
     pair.pub_exec(
         "CREATE TABLE k (id serial PRIMARY KEY, pad text);"
@@ -173,6 +175,7 @@ def test_missing_type_refused(pair: Pair) -> None:
     ) == [(0,)]
 
 
+@ONE_PAIR
 def test_non_empty_target_needs_truncate(pair: Pair, spark: Any) -> None:
     pair.both("CREATE TABLE t (id int PRIMARY KEY, v text)")
     pair.pub_exec("INSERT INTO t VALUES (1, 'a'); CREATE PUBLICATION pub FOR TABLE t;")
@@ -184,6 +187,7 @@ def test_non_empty_target_needs_truncate(pair: Pair, spark: Any) -> None:
     assert pair.sub_exec("SELECT * FROM t") == [(1, "a")]
 
 
+@ONE_PAIR
 def test_copy_failure_is_one_line_and_rerun_finishes(pair: Pair, spark: Any) -> None:
     pair.pub_exec(
         "CREATE TABLE t (id int PRIMARY KEY, v text);"
@@ -205,6 +209,7 @@ def test_copy_failure_is_one_line_and_rerun_finishes(pair: Pair, spark: Any) -> 
 # -- a one-shot job at every start (docker compose) ----------------------------------
 
 
+@ONE_PAIR
 def test_if_needed_is_a_no_op_once_the_slot_was_bootstrapped(pair: Pair, spark: Any) -> None:
     pair.pub_exec(
         "CREATE TABLE once (id int PRIMARY KEY); INSERT INTO once VALUES (1), (2);"

@@ -10,7 +10,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from conftest import Pair
+from conftest import ONE_PAIR, Pair
 from psycopg.conninfo import conninfo_to_dict
 
 from applier.bootstrap.copy_task import SliceTask, copy_slice, source_command
@@ -93,6 +93,7 @@ def snapshot(tables: Pair) -> Iterator[str]:
         yield str(snap[0])
 
 
+@ONE_PAIR
 def test_copy_is_under_the_snapshot_password_only_in_env_and_retry_skips(
     tables: Pair, snapshot: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -127,6 +128,7 @@ def test_copy_is_under_the_snapshot_password_only_in_env_and_retry_skips(
     assert tables.sub_exec("SELECT count(*) FROM t") == [(5000,)]
 
 
+@ONE_PAIR
 def test_gone_snapshot_is_one_clear_error_and_leaves_nothing(tables: Pair) -> None:
     task = _task(tables.pub_dsn, tables.sub_dsn, "00000003-0000001B-1")
     with pytest.raises(BootstrapError, match=r"exported snapshot 00000003-0000001B-1 is gone"):
@@ -135,6 +137,7 @@ def test_gone_snapshot_is_one_clear_error_and_leaves_nothing(tables: Pair) -> No
     assert tables.sub_exec("SELECT count(*) FROM applier.bootstrap_slice") == [(0,)]
 
 
+@ONE_PAIR
 def test_source_error_aborts_the_target_transaction(tables: Pair, snapshot: str) -> None:
     # The error comes after some rows went out: the target must not keep them.
     task = _task(tables.pub_dsn, tables.sub_dsn, snapshot, where="1 / (4000 - id) >= 0")
@@ -144,6 +147,7 @@ def test_source_error_aborts_the_target_transaction(tables: Pair, snapshot: str)
     assert tables.sub_exec("SELECT count(*) FROM applier.bootstrap_slice") == [(0,)]
 
 
+@ONE_PAIR
 def test_target_error_names_the_slice(tables: Pair, snapshot: str) -> None:
     tables.sub_exec("ALTER TABLE t ADD CHECK (id < 100)")
     with pytest.raises(BootstrapError, match=r"slice public\.t#0 failed: .*check constraint"):

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Pair
+from conftest import ONE_PAIR, Pair
 from largeobjects.lokit import load, roles, state
 
 from applier.bootstrap.job import run_bootstrap
@@ -18,6 +18,7 @@ from test_cutover import _cutover
 pytestmark = pytest.mark.spark
 
 
+@ONE_PAIR
 def test_bootstrap_copies_large_objects_and_cutover_the_later_ones(pair: Pair, spark: Any) -> None:
     with roles(pair) as r:
         load(pair, r)

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import Pair
+from conftest import ONE_PAIR, Pair
 
 DDL = """
 CREATE SEQUENCE shared_seq START 500;
@@ -29,6 +29,7 @@ def _values(query: object, names: list[str]) -> dict[str, tuple[int, bool]]:
     return {n: tuple(query(SEQS.format(n))[0]) for n in names}  # type: ignore[operator]
 
 
+@ONE_PAIR
 def test_sync_sequences_copies_included_only(pair: Pair) -> None:
     pair.both(DDL)
     pair.pub_exec("CREATE PUBLICATION pub FOR ALL TABLES")
@@ -50,6 +51,7 @@ def test_sync_sequences_copies_included_only(pair: Pair) -> None:
     assert pair.sub_exec("SELECT nextval('a_id_seq')") == [(43,)]
 
 
+@ONE_PAIR
 def test_sync_sequences_missing_on_target_names_it(pair: Pair) -> None:
     pair.both("CREATE TABLE a (id serial PRIMARY KEY)")
     pair.pub_exec("CREATE SEQUENCE extra_seq; ALTER TABLE a ADD COLUMN n bigint "

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import CORE_PAIRS, Pair
+from conftest import CORE_PAIRS, ONE_PAIR, Pair
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "apply"))
 from applykit import ROOT, Runner, table_rows, wait_equal, wait_for
@@ -56,6 +56,7 @@ def _assert_caught_up(pair: Pair, rc: int, rep: dict[str, Any], err: str) -> Non
     assert any("point the application at the target" in s for s in rep["next_steps"]), rep
 
 
+@ONE_PAIR
 def test_cutover_without_a_worker_applies_in_process(pair: Pair) -> None:
     cfg, _ = _setup(pair)
     _write(pair, 20)  # then writes stop
@@ -87,6 +88,7 @@ def test_cutover_with_a_running_worker_waits_for_it(pair: Pair) -> None:
     assert runner.stop() == 0
 
 
+@ONE_PAIR
 def test_cutover_names_the_error_the_worker_stopped_on(pair: Pair) -> None:
     cfg, runner = _setup(pair)
     pair.sub_exec("INSERT INTO t VALUES (5, 'diverged')")

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import Pair
+from conftest import ONE_PAIR, Pair
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "apply"))
 from applykit import ROOT, Runner, origin_lsn
@@ -176,6 +176,7 @@ def test_until_options_exclude_each_other(pair: Pair) -> None:
     assert rc == 2, out
 
 
+@ONE_PAIR
 def test_until_lsn_with_streamed_and_prepared_transactions(pair: Pair) -> None:
     """A streamed transaction follows the rule at its Stream Commit; a PREPARE before the
     position whose COMMIT PREPARED comes after it is left prepared on the target."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from conftest import Pair
+from conftest import ONE_PAIR, Pair
 
 from applier import largeobjects as lo
 from applier import pgconn
@@ -62,6 +62,7 @@ def test_copy_under_the_snapshot_then_sync_then_rerun(pair: Pair) -> None:
                 assert (counts.created, counts.changed, counts.deleted) == (0, 0, 0)
 
 
+@ONE_PAIR
 def test_a_role_the_target_lacks_is_refused_before_anything_is_copied(pair: Pair) -> None:
     with roles(pair, 1, target=False) as r:
         pair.pub_exec(
@@ -75,6 +76,7 @@ def test_a_role_the_target_lacks_is_refused_before_anything_is_copied(pair: Pair
         assert pair.sub_exec(STATE) == []
 
 
+@ONE_PAIR
 def test_an_object_the_target_has_with_other_data_is_named(pair: Pair) -> None:
     pair.pub_exec("SELECT lo_from_bytea(30001, 'source'::bytea)")
     pair.sub_exec("SELECT lo_from_bytea(30001, 'target'::bytea)")
@@ -84,6 +86,7 @@ def test_an_object_the_target_has_with_other_data_is_named(pair: Pair) -> None:
     assert "30001" in e.value.message and "lo_unlink" in str(e.value.hint)
 
 
+@ONE_PAIR
 def test_truncate_replaces_an_object_the_target_has_with_other_data(pair: Pair) -> None:
     pair.pub_exec("SELECT lo_from_bytea(30001, 'source'::bytea)")
     pair.sub_exec("SELECT lo_from_bytea(30001, 'target'::bytea)")
@@ -100,6 +103,7 @@ def test_truncate_replaces_an_object_the_target_has_with_other_data(pair: Pair) 
     assert state(pair, "sub") == state(pair, "pub")
 
 
+@ONE_PAIR
 def test_not_copied_when_configured_so_and_said_once(
     pair: Pair, caplog: pytest.LogCaptureFixture
 ) -> None:

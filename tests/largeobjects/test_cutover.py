@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from conftest import Pair
+from conftest import ONE_PAIR, Pair
 
 from largeobjects.lokit import roles, state
 
@@ -16,6 +16,7 @@ from applykit import Runner
 from test_cutover import _cutover
 
 
+@ONE_PAIR
 def test_cutover_syncs_created_changed_and_deleted_objects(pair: Pair) -> None:
     with roles(pair, 1) as r:
         pair.both("CREATE TABLE t (id serial PRIMARY KEY, doc oid)")

@@ -6,7 +6,7 @@ import json
 import subprocess
 from pathlib import Path
 
-from conftest import Pair
+from conftest import ONE_PAIR, Pair
 from skipkit import add_rule, applier, keep
 
 TABLES = """
@@ -72,6 +72,7 @@ def _psql(pair: Pair, path: Path) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
+@ONE_PAIR
 def test_dump_sql_replays_the_skipped_changes_and_only_those(pair: Pair) -> None:
     cfg = pair.write_config()
     txn_rule = add_rule(cfg, "--xid", "100")
@@ -126,6 +127,7 @@ def test_dump_sql_replays_the_skipped_changes_and_only_those(pair: Pair) -> None
     )
 
 
+@ONE_PAIR
 def test_dump_one_transaction_and_json(pair: Pair) -> None:
     cfg = pair.write_config()
     rules = [

@@ -8,7 +8,7 @@ import sys
 
 import psycopg
 import pytest
-from conftest import SMOKE_PAIRS, Pair
+from conftest import ONE_PAIR, SMOKE_PAIRS, Pair
 from psycopg.rows import dict_row
 
 from applier.schema import upgrade_target
@@ -52,6 +52,7 @@ def test_status_reports_slot_origin_and_lag(pair: Pair) -> None:
     assert "password" not in json.dumps(st)
 
 
+@ONE_PAIR
 def test_status_names_the_side_that_is_down(pair: Pair) -> None:
     cfg = pair.write_config(target={"dsn": "host=127.0.0.1 port=1 dbname=x user=u password=s3cret"})
     rc, st, _ = _status(str(cfg))
@@ -77,6 +78,7 @@ def _text_status(cfg_path: str, code: int = 3) -> str:
     return proc.stdout
 
 
+@ONE_PAIR
 def test_status_counts_conflicts_and_prints_the_command_that_skips_the_failed_txn(
     pair: Pair,
 ) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Pair
+from conftest import TWO_SOURCES, Pair
 
 from applier.schema import upgrade_target
 
@@ -145,6 +145,7 @@ def test_retained_wal_over_the_threshold_is_5(pair: Pair) -> None:
     assert _code(off) == 4
 
 
+@TWO_SOURCES
 def test_slot_failover_flag_is_shown(any_pair: Pair) -> None:
     pair = any_pair
     failover = pair.pub.version >= 17

@@ -8,7 +8,7 @@ import sys
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from conftest import Pair
+from conftest import ONE_PAIR, Pair
 
 # The apply tests' helpers (run `applier run` as a real process).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "apply"))
@@ -31,6 +31,7 @@ def _worker(st: dict[str, object]) -> dict[str, object]:
     return w
 
 
+@ONE_PAIR
 def test_status_row_stays_fresh_after_target_backends_are_terminated(pair: Pair) -> None:
     pair.both("CREATE TABLE t (id int PRIMARY KEY)")
     pair.pub_exec("CREATE PUBLICATION pub FOR TABLE t")

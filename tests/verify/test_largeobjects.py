@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from conftest import Pair
+from conftest import ONE_PAIR, Pair
 from largeobjects.lokit import load, roles
 
 from applier import largeobjects as lo
@@ -22,6 +22,7 @@ def _objects(report: Report) -> Any:
     return t
 
 
+@ONE_PAIR
 def test_verify_equal_then_names_the_differing_oid(pair: Pair, spark: Any) -> None:
     with roles(pair) as r:
         load(pair, r)

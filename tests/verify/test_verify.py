@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 from bootstrap.helpers import load
-from conftest import Pair
+from conftest import ONE_PAIR, Pair
 
 from applier.bootstrap.job import run_bootstrap
 from applier.verify import run_verify
@@ -28,6 +28,7 @@ def _report(capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
     return dict(json.loads(out))
 
 
+@ONE_PAIR
 def test_equal_after_bootstrap(pair: Pair, spark: Any, capsys: pytest.CaptureFixture[str]) -> None:
     # Every type of the bootstrap's sample (floats, timestamps, intervals,
     # arrays, enums, json, NULLs) prints alike on 15 and 18; a partitioned
@@ -45,6 +46,7 @@ def test_equal_after_bootstrap(pair: Pair, spark: Any, capsys: pytest.CaptureFix
     assert all(t["differences"] == [] for t in report["tables"])
 
 
+@ONE_PAIR
 def test_differences_named_by_key(
     pair: Pair, spark: Any, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
