@@ -297,17 +297,13 @@ class ApplyConfig(_Section, frozen=True):
     #: applier/apply/sql/copyrun.py: a run this long pays for leaving the pipeline
     #: (bench/README-apply.md: 1000-row transactions, 4096 against 1000: 3.4 s vs 4.2 s).
     copy_threshold: Annotated[int, Meta(ge=0)] = 4096
-    #: Target sessions applying transactions at once (parallel apply, issue 36).
-    #: Only 1 for now: more is refused until the pool is wired (applier/apply/parallel).
-    workers: Annotated[int, Meta(ge=1)] = 1
-
-    def __post_init__(self) -> None:
-        if self.workers > 1:
-            raise _Invalid(
-                "workers",
-                f"{self.workers}: parallel apply is not available yet (issue 36); "
-                "set workers = 1 or leave it out",
-            )
+    #: Target sessions applying transactions at once (parallel apply:
+    #: applier/apply/parallel). 1: one session, as PostgreSQL's own subscriber.
+    workers: Annotated[int, Meta(ge=1, le=64)] = 1
+    #: Tables (``schema.table``, ``*`` and ``?`` as in shell patterns) whose target
+    #: triggers the operator trusts to touch only the row they fire for: with
+    #: workers > 1 their transactions may run beside others (else they are barriers).
+    trusted_triggers: list[str] = msgspec.field(default_factory=list)
 
 
 class BootstrapConfig(_Section, frozen=True):

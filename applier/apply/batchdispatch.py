@@ -13,10 +13,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from applier.apply.core.states import open_state_of
 from applier.speedups import Flag, dispatch_batch
 
 if TYPE_CHECKING:
-    from applier.apply.core.states import State
     from applier.apply.handlers.dispatch import Applier
     from applier.apply.handlers.until import Until
     from applier.lsn import Lsn
@@ -59,13 +59,3 @@ class BatchDispatch:
             dispatch(lsn, msg)
             if self.stopping:
                 break
-
-
-def open_state_of(applier: Applier) -> Callable[[], State | None]:
-    """What ``dispatch_batch`` calls per message: the applier's state while
-    Applier.dispatch's common path is open (no live transaction to drop), else None."""
-
-    def open_state() -> State | None:
-        return applier.state if applier.live is None else None
-
-    return open_state

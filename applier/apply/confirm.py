@@ -63,9 +63,11 @@ class Confirmer:
         catalog_conn: psycopg.Connection[Any],
         final: bool = False,
         busy: bool = False,
+        quiet: bool = True,
     ) -> None:
         """Tell the slot the source position durably applied on the target (``busy``:
-        the batch just applied was not empty)."""
+        the batch just applied was not empty; ``quiet``: nothing received is held or
+        in flight elsewhere, as with parallel apply's leader)."""
         flush = applier.flush
         try:
             if flush.pending:
@@ -76,7 +78,7 @@ class Confirmer:
                 self._checked = now
                 flush.release(local_flush_lsn(catalog_conn))
             position = flush.flushed_remote
-            idle = not final and applier.state is IDLE and not applier.session.in_txn
+            idle = quiet and not final and applier.state is IDLE and not applier.session.in_txn
             received = stream.last_received
             if self.until is not None:
                 received = self.until.confirmable(received)  # never past the position

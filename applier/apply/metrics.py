@@ -85,6 +85,7 @@ from applier.lsn import Lsn
 __all__ = ["WorkerCollector", "count_fault", "fault_side", "serve"]
 
 if TYPE_CHECKING:
+    from applier.apply.parallel.pool import PoolStats
     from applier.apply.worker import Worker
 
 log = logging.getLogger("applier.metrics")
@@ -178,6 +179,42 @@ class SlotProbe:
         return (None if row[0] is None else int(row[0])), int(row[1])
 
 
+def _parallel(stats: PoolStats | None) -> Iterator[Metric]:
+    """Parallel apply (``[apply] workers`` > 1): the sessions and what serialised them."""
+    if stats is None:
+        return
+    yield _gauge("applier_apply_sessions", "Target sessions applying at once", stats.sessions)
+    yield _gauge(
+        "applier_apply_in_flight_transactions",
+        "Transactions handed to the sessions and not committed yet",
+        stats.in_flight,
+    )
+    yield _gauge(
+        "applier_apply_waiting_transactions",
+        "Transactions in flight waiting (for an earlier one sharing a key, a session, "
+        "or their commit turn)",
+        stats.waiting,
+    )
+    yield _counter(
+        "applier_apply_serialised",
+        "Transactions that waited for all or some earlier ones to commit before starting, "
+        "by reason (key: a row or key an earlier one writes; barrier: one that cannot "
+        "run beside others, or came after one)",
+        ["reason"],
+        {("key",): stats.serialised_by_key, ("barrier",): stats.serialised_by_barrier},
+    )
+    yield CounterMetricFamily(
+        "applier_apply_deadlocks",
+        "Later transactions rolled back because an earlier one waited for their locks",
+        value=stats.deadlocks,
+    )
+    yield CounterMetricFamily(
+        "applier_apply_retried",
+        "Transactions rolled back and applied again after their predecessor committed",
+        value=stats.retried,
+    )
+
+
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, doc, value=value)
 
@@ -243,6 +280,7 @@ class WorkerCollector(Collector):
             {(side,): n for side, n in {"source": 0, "target": 0, **w.reconnects}.items()},
         )
         yield self._groups(tally.group_sizes.copy())
+        yield from _parallel(w.parallel_stats())
         spools = applier.spools if applier is not None else None
         memory = spools.mem_bytes if spools is not None else 0
         disk = sum(s.disk_bytes for s in list(spools.spools.values())) if spools else 0

@@ -96,12 +96,10 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import signal
 import socket
 import threading
 import time
 from collections.abc import Callable
-from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -118,7 +116,8 @@ from applier.apply.handlers.dispatch import Applier
 from applier.apply.handlers.spool import SpoolSet, check_spool_dir, default_spool_dir
 from applier.apply.handlers.streamed import LiveRestream
 from applier.apply.handlers.until import Until
-from applier.apply.parallel.origins import restart_point
+from applier.apply.lagview import done_lsn, lag_now
+from applier.apply.parallel import Leader, PoolStats, open_leader, restart_point
 from applier.apply.rules.skiprules import REFRESH_INTERVAL, SkipRules
 from applier.apply.rules.tablesync import TableSyncs
 from applier.apply.sql.mapping import Catalog
@@ -126,16 +125,11 @@ from applier.apply.sql.replan import Replan
 from applier.apply.target.origin import ensure_origin
 from applier.apply.target.session import TargetSession, connect
 from applier.config import Config
-from applier.errors import (
-    ApplierError,
-    ApplyError,
-    SchemaMismatch,
-    TransientError,
-)
-from applier.lag import Lag, PendingCommits, measure
-from applier.lsn import Lsn, now_pg_timestamp, pg_timestamp
+from applier.errors import ApplierError, ApplyError, SchemaMismatch, TransientError
+from applier.lag import Lag, PendingCommits
+from applier.lsn import Lsn
 from applier.pgconn import close_quietly
-from applier.service import Service, signal_wakeup
+from applier.service import Service
 from applier.speedups import describe as describe_speedups
 from applier.status.row import WorkerState
 
@@ -161,6 +155,10 @@ class Worker:
         #: Readable once a signal was handled (see run_worker): ends the stream's wait.
         self.wakeup: socket.socket | None = None
         self.applier: Applier | None = None
+        #: With ``[apply] workers`` > 1: the leader over the pool (applier.apply.parallel).
+        self.leader: Leader | None = None
+        #: The pools' counters over the worker's sessions before this one.
+        self.parallel_past = PoolStats.none(cfg.apply.workers)
         self.spool_dir = cfg.apply.spool_dir or default_spool_dir()
         self.status: WorkerState | None = None
         self.sessions = 0
@@ -301,6 +299,7 @@ class Worker:
         session: TargetSession | None = None
         stream: LogicalStream | None = None
         applier: Applier | None = None
+        leader: Leader | None = None
         spools = SpoolSet(self.spool_dir, cfg.origin, cfg.apply.memory_limit, cfg.apply.spool_limit)
         try:
             ensure_origin(catalog_conn, cfg.origin)
@@ -349,6 +348,11 @@ class Worker:
             applier.pending = self.pending
             applier.syncs = self.syncs
             self.applier = applier
+            if cfg.apply.workers > 1:  # chosen once per session: the pool, or not
+                leader = self.leader = open_leader(
+                    cfg, applier, catalog_conn, spools, self.rules, our_origin_id,
+                    self.pending, self.syncs, lambda: self.stopping, self.parallel_past,
+                )  # fmt: skip
             try:
                 self._loop(stream, applier, catalog_conn)
             except LiveRestream as e:
@@ -362,6 +366,9 @@ class Worker:
         except psycopg.OperationalError as e:
             raise TransientError(f"connection problem: {str(e).strip()}") from None
         finally:
+            if leader is not None:
+                leader.pool.stop()  # what the members hold rolls back
+                self.parallel_past, self.leader = leader.pool.stats(), None
             if session is not None:
                 session.read_ahead = None  # the stream is done with, or broken
                 try:
@@ -407,10 +414,14 @@ class Worker:
         dispatch = applier.dispatch
         assert self.status is not None
         beat = Beat(self.notify, self.status, applier, self.cfg.apply.status_interval)
+        leader = self.leader
         while not self.stopping:
             self._serve_signals()
-            batch = stream.read(0.5)
-            self._dispatch(batch, dispatch)
+            if leader is not None:
+                batch = leader.read(stream, self.until)
+            else:
+                batch = stream.read(0.5)
+                self._dispatch(batch, dispatch)
             # What arrived meanwhile joins the group open between transactions (at
             # most group_commit of them); the group ends with the messages in hand:
             # nothing waits for more.
@@ -420,7 +431,7 @@ class Worker:
             if self.stopping:
                 break
             self._after_batch(stream, applier, catalog_conn, bool(batch))
-            if self.until is not None and self.until.finished(stream, applier):
+            if self._until_done(stream, applier):
                 break
             now = self.loop_at = time.monotonic()
             self.pending.drop(self.done_lsn() or Lsn(0))
@@ -428,7 +439,10 @@ class Worker:
             if now - self._rules_read >= REFRESH_INTERVAL:
                 self._rules_read = now
                 self.rules.load(catalog_conn)
-            self.syncs.tick(now, applier, stream)
+            if leader is None or leader.between_txns:
+                if leader is not None and self.syncs.wants_handover:
+                    leader.drain()  # a hand-over pauses with everything before it applied
+                self.syncs.tick(now, applier, stream)
             applier.ddl.fill.tick(applier.session.committed)
             refresh_paths(applier)  # either may have changed what a lane may take
             if not healthy and (
@@ -441,17 +455,17 @@ class Worker:
 
     # -- lag (applier.lag), read from the reporter and metrics threads ------------------
 
-    def done_lsn(self) -> Lsn | None:
-        """The source position up to which everything is applied or had nothing for us:
-        the session's start (the origin), the last commit whose result came, what the
-        flush tracker released, what was confirmed (received, once nothing is in hand)."""
-        stream, applier = self.stream, self.applier
-        if stream is None:
+    def parallel_stats(self) -> PoolStats | None:
+        """The pool's (applier.apply.parallel.pool), None with one session."""
+        leader = self.leader
+        if self.cfg.apply.workers == 1:
             return None
-        done: int = max(stream.options.start_lsn, stream.confirmed)
-        if applier is not None:
-            done = max(done, applier.last_commit_lsn or 0, applier.flush.flushed_remote)
-        return Lsn(done)
+        return leader.pool.stats() if leader is not None else self.parallel_past
+
+    def done_lsn(self) -> Lsn | None:
+        """The source position up to which everything is applied or had nothing for us
+        (:func:`applier.apply.lagview.done_lsn`)."""
+        return done_lsn(self.stream, self.applier)
 
     def pending_since(self) -> dt.datetime | None:
         """The commit time of the oldest transaction received and not applied."""
@@ -459,13 +473,8 @@ class Worker:
         return None if done is None else self.pending.oldest(done)
 
     def lag(self, source: Lsn | None = None) -> Lag:
-        """The lag now: ``source`` the source's WAL position if known better than by the
-        walsender's last message (the metrics' probe)."""
-        stream, done = self.stream, self.done_lsn()
-        if stream is None or done is None:
-            return Lag(None, 0.0 if not self.pending else None)
-        at = Lsn(max(stream.last_received, source or 0))
-        return measure(at, done, self.pending.oldest(done), pg_timestamp(now_pg_timestamp()))
+        """The lag now (:func:`applier.apply.lagview.lag_now`)."""
+        return lag_now(self.stream, self.done_lsn(), self.pending, source)
 
     def _after_batch(
         self,
@@ -480,7 +489,18 @@ class Worker:
             applier.session.poll()
         else:
             applier.session.settle()  # idle: let the commits in flight be confirmed
-        self.confirmer.confirm(stream, applier, catalog_conn, busy=busy)
+        leader = self.leader
+        if leader is not None:
+            leader.pool.collect()
+        quiet = leader is None or leader.quiet
+        self.confirmer.confirm(stream, applier, catalog_conn, busy=busy, quiet=quiet)
+
+    def _until_done(self, stream: LogicalStream, applier: Applier) -> bool:
+        """``run --until``: everything up to the position applied and confirmed."""
+        until, leader = self.until, self.leader
+        if until is None or (leader is not None and not leader.may_finish(until)):
+            return False
+        return until.finished(stream, applier)
 
     def _dispatch(self, batch: list[tuple[Lsn, Any]], dispatch: Callable[[Lsn, Any], None]) -> None:
         applier = self.applier
@@ -496,25 +516,3 @@ class Worker:
     @stopping.setter
     def stopping(self, on: bool) -> None:
         self.batches.stopping = on
-
-
-def run_worker(cfg: Config, log_level: str | None = None, until: Lsn | None = None) -> int:
-    """``applier run``: apply until SIGTERM/SIGINT (exit 0) or an apply error (raised);
-    with ``until``, until every transaction ending at or before it is applied (exit 0)."""
-    worker = Worker(cfg, log_level)
-    worker.until = None if until is None else Until(until)
-    if cfg.metrics.listen is not None:
-        from applier.apply.metrics import serve  # prometheus_client only when asked for
-
-        serve(cfg, worker)  # before connecting: a port in use fails first
-    if threading.current_thread() is threading.main_thread():
-
-        def handler(signum: int, frame: FrameType | None) -> None:
-            worker.stop()
-
-        signal.signal(signal.SIGTERM, handler)
-        signal.signal(signal.SIGINT, handler)
-        signal.signal(signal.SIGHUP, worker.service.request_reload)
-        with signal_wakeup() as worker.wakeup:
-            return worker.run()
-    return worker.run()

@@ -61,7 +61,7 @@ def run(
     """
     import faulthandler
 
-    from ..apply.worker import run_worker
+    from ..apply.process import run_worker
 
     # systemd's watchdog kills a hung worker with SIGABRT: say where it hung.
     faulthandler.enable()

@@ -69,7 +69,7 @@ def test_contract_keys_and_defaults(tmp_path: Path) -> None:
         (lambda t: t + "\n[apply]\nmemory_limit = 'lots'\n", "apply.memory_limit"),
         (lambda t: t + "\n[apply]\nstreamin = 'on'\n", "apply.streamin"),
         (lambda t: t + "\n[apply]\nworkers = 0\n", "apply.workers"),
-        (lambda t: t + "\n[apply]\nworkers = 4\n", "apply.workers"),
+        (lambda t: t + "\n[apply]\nworkers = 65\n", "apply.workers"),
         (lambda t: t.replace("[target]", "[targt]"), "targt: unknown key"),
     ],
 )
@@ -83,14 +83,16 @@ def test_errors_name_file_and_key(tmp_path: Path, edit: object, key: str) -> Non
     assert err.value.exit_code == 2
 
 
-def test_workers_above_one_is_refused_not_yet(tmp_path: Path) -> None:
-    """Parallel apply is not wired: N > 1 must not run half-wired (exit 2, one line)."""
-    assert load_config(write(tmp_path, MINIMAL + "\n[apply]\nworkers = 1\n")).apply.workers == 1
-    path = write(tmp_path, MINIMAL + "\n[apply]\nworkers = 4\n")
+def test_workers_bounds_and_trusted_triggers(tmp_path: Path) -> None:
+    """1 to 64 sessions; trusted_triggers a list of table patterns; beyond: exit 2, one line."""
+    extra = '\n[apply]\nworkers = 4\ntrusted_triggers = ["public.*"]\n'
+    cfg = load_config(write(tmp_path, MINIMAL + extra))
+    assert cfg.apply.workers == 4 and cfg.apply.trusted_triggers == ["public.*"]
+    path = write(tmp_path, MINIMAL + "\n[apply]\nworkers = 65\n")
     proc = run_cli("run", "--config", str(path))
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "apply.workers" in lines[0] and "not available yet" in lines[0]
+    assert len(lines) == 1 and "apply.workers" in lines[0]
 
 
 def test_bad_toml_and_missing_file(tmp_path: Path) -> None:

@@ -42,9 +42,9 @@ MAY_IMPORT: dict[str, set[str]] = {
     "apply.rules": {"apply.target", "config"},
     "apply.batching": {"apply.rules", "speedups"},
     "apply.handlers": {"apply.batching", "ddl"},
-    # Parallel apply (issue 36): the worker reads its restart point from the origin
-    # group at every start; its other users will be the handlers.
-    "apply.parallel": {"apply.target", "ddl"},
+    # Parallel apply: the leader and its members run the handlers' Applier, one
+    # per target session; the worker chooses them once at start.
+    "apply.parallel": {"apply.handlers", "ddl", "speedups"},
     "apply": {"apply.handlers", "apply.parallel", "schema", "speedups", "status", "stream"},
     "bootstrap": {"apply.target", "apply.sql", "schema", "stream", "config"},
     "verify": {"bootstrap", "config"},

@@ -28,8 +28,9 @@ move set; it never sets it.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from applier.apply.sql.mapping import RelMap
 from applier.apply.sql.planner import key_of
@@ -224,3 +225,23 @@ class MergedCtx:
             "table": self.ctxs[0].rm.qualname,
             "merged_changes": len(self.ctxs),
         }
+
+
+class OpenHost(Protocol):
+    """What :func:`open_state_of` reads."""
+
+    state: State
+
+    @property
+    def live(self) -> object | None: ...
+
+
+def open_state_of(applier: OpenHost) -> Callable[[], State | None]:
+    """What the C dispatch loop (``dispatch_batch``) calls per message: the session
+    state while :meth:`Applier.dispatch`'s common path is open (no live transaction
+    to drop), else None."""
+
+    def open_state() -> State | None:
+        return applier.state if applier.live is None else None
+
+    return open_state

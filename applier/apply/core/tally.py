@@ -112,6 +112,17 @@ class Tally:
         """The open target transaction was rolled back: its changes will be replayed."""
         self.changes, self.skipped, self.conflicts = {}, {}, {}
 
+    def absorb(self, other: Tally) -> None:
+        """Add ``other``'s committed totals to these and empty them (a parallel apply
+        session's tally into the worker's, under the pool's lock)."""
+        _add(self.applied, other.applied)
+        _add(self.skipped_total, other.skipped_total)
+        _add(self.conflicts_total, other.conflicts_total)
+        for size, n in other.group_sizes.items():
+            self.group_sizes[size] = self.group_sizes.get(size, 0) + n
+        other.applied, other.skipped_total, other.conflicts_total = {}, {}, {}
+        other.group_sizes = {}
+
 
 def _add(total: Counts, more: Counts) -> None:
     for k, n in more.items():

@@ -90,6 +90,7 @@ from applier.apply.handlers.changes import RowChanges
 from applier.apply.handlers.ddl import DdlReplay
 from applier.apply.handlers.follow import Follower
 from applier.apply.handlers.groupcommit import max_age
+from applier.apply.handlers.pending import note_pending
 from applier.apply.handlers.relations import RelationCache
 from applier.apply.handlers.schema import SchemaChanges
 from applier.apply.handlers.spool import SpoolSet
@@ -145,18 +146,6 @@ _ANY = frozenset(State)
 #: Messages that need the session before a live streamed transaction commits
 #: (applier.apply.handlers.streamed, "Live apply"): it is dropped first.
 _DROPS_LIVE = frozenset({Begin, BeginPrepare, CommitPrepared, RollbackPrepared, StreamPrepare})
-#: The messages that bring a source commit (or prepare) to apply, with its position
-#: (the start of its record: finished once the done position is past it) and its
-#: time: noted as pending (applier.lag) before their handler runs.
-_PENDING_AT: dict[type, Callable[[Any], tuple[Lsn, int]]] = {
-    Begin: lambda m: (m.final_lsn, m.commit_ts),
-    StreamCommit: lambda m: (m.commit_lsn, m.commit_ts),
-    BeginPrepare: lambda m: (m.prepare_lsn, m.prepare_ts),
-    StreamPrepare: lambda m: (m.prepare_lsn, m.prepare_ts),
-    CommitPrepared: lambda m: (m.commit_lsn, m.commit_ts),
-    # It carries no start of its record: its end, less one, is passed exactly when it is.
-    RollbackPrepared: lambda m: (Lsn(m.rollback_end_lsn - 1), m.rollback_ts),
-}
 
 
 class Applier:
@@ -216,6 +205,11 @@ class Applier:
         self.group_txns = 0
         self.group_end: tuple[Lsn, int] = (Lsn(0), 0)
         self.group_opened = 0.0
+        #: Every commit waits for its result (a parallel apply session: the next
+        #: session's turn comes only once this COMMIT returned).
+        self.commit_waits = False
+        #: Called with (end_lsn, commit_ts, local_lsn) once a commit succeeded.
+        self.on_committed: Callable[[Lsn, int, Lsn], None] | None = None
         #: The send_time of the stream's last read (the worker sets it per batch).
         self.sent_at = 0
         self.rules = rules if rules is not None else SkipRules(cfg.origin)
@@ -295,22 +289,9 @@ class Applier:
         }
         #: Commits received and not finished (applier.lag); the worker's outlives sessions.
         self.pending = PendingCommits()
-        for kind, at in _PENDING_AT.items():
-            states, handler = self.handlers[kind]
-            self.handlers[kind] = (states, self._noting(at, handler))
+        note_pending(self.handlers, lambda: self.pending)
 
     # -- dispatch --------------------------------------------------------------------
-
-    def _noting(
-        self, at: Callable[[Any], tuple[Lsn, int]], handler: Callable[[Lsn, Any], None]
-    ) -> Callable[[Lsn, Any], None]:
-        """``handler``, after noting its message's commit as pending (applier.lag)."""
-
-        def handle(lsn: Lsn, m: Any) -> None:
-            self.pending.received(*at(m))
-            handler(lsn, m)
-
-        return handle
 
     def move(self, to: State) -> None:
         """Move the session state to ``to``: only as TRANSITIONS allows (states.py)."""
@@ -446,9 +427,12 @@ class Applier:
             self.last_commit_ts = ts
             for c in late:
                 self.resolver.record_alone(c)
+            if self.on_committed is not None:
+                self.on_committed(end_lsn, ts, local)
 
         # One by one after a failed group: wait, so an error names its transaction.
-        self.session.commit(end_lsn, ts, done, wait=end_lsn <= self.no_group_until)
+        wait = self.commit_waits or end_lsn <= self.no_group_until
+        self.session.commit(end_lsn, ts, done, wait=wait)
         # Only now: a failure raised by commit() regroups the transactions held here.
         self.group_txns = 0
         self.progress = Lsn(max(self.progress, end_lsn))

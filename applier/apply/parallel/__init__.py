@@ -117,7 +117,14 @@ Not done here (the engine is being changed by issue 33 at the same time):
   ``pg_blocking_pids()`` for a deadlock the keys missed (issue 36, item 4).
 """
 
+from applier.apply.parallel.leader import Leader
+from applier.apply.parallel.origins import restart_point
+from applier.apply.parallel.pool import PoolStats
 from applier.apply.parallel.schedule import Schedule
+from applier.apply.parallel.start import open_leader
 from applier.apply.parallel.writeset import Collector, KeySpace, TableKeys, WriteSet
 
-__all__ = ["Collector", "KeySpace", "Schedule", "TableKeys", "WriteSet"]
+__all__ = [
+    "Collector", "KeySpace", "Leader", "PoolStats", "Schedule", "TableKeys", "WriteSet",
+    "open_leader", "restart_point",
+]  # fmt: skip

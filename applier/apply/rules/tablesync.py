@@ -375,6 +375,11 @@ class TableSyncs:
 
     # -- the loop ----------------------------------------------------------------------
 
+    @property
+    def wants_handover(self) -> bool:
+        """A hand-over is to be answered at the next transaction boundary."""
+        return bool(self._answer)
+
     def tick(self, now: float, applier: SyncHost, stream: SyncStream) -> None:
         """Between batches: re-read the states (every few seconds), answer a syncwait."""
         if not self.enabled or self.conn is None:

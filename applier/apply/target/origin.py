@@ -28,12 +28,15 @@ idle periods and through transactions that had nothing for us.
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from typing import Any
 
 import psycopg
 
 from applier.lsn import Lsn
+
+log = logging.getLogger("applier.apply")
 
 #: Local LSN meaning "flushed already" (synchronous commit, empty transaction).
 FLUSHED = Lsn(0)
@@ -89,6 +92,39 @@ class FlushTracker:
 
     def __len__(self) -> int:
         return len(self._pairs)
+
+
+def session_progress(conn: psycopg.Connection[Any]) -> Lsn:
+    """The progress of the origin set up in ``conn``'s session."""
+    row = conn.execute(
+        "SELECT pg_catalog.pg_replication_origin_session_progress(false)::text"
+    ).fetchone()
+    return Lsn.parse(str(row[0])) if row and row[0] is not None else Lsn(0)
+
+
+def rewind(conn: psycopg.Connection[Any], origin: str, committed: Lsn) -> None:
+    """Undo an advance of ``conn``'s origin by a transaction that did not commit.
+
+    An abort record after the stamp advances the origin past a transaction
+    that did not commit (see "Origin stamp" in :mod:`.session`). The built-in
+    worker resets its origin state in its error path; from outside we put the
+    progress back to the last commit known to have succeeded (``committed``:
+    ``pg_replication_origin_advance`` may go backwards, and is WAL-logged after
+    the abort record, so a crash replays both in order).
+    """
+    position = session_progress(conn)
+    if position <= committed:
+        return
+    log.warning(
+        "a failed transaction moved the origin forward; putting it back",
+        extra={"ctx": {"origin": origin, "moved_to": position, "back_to": committed}},
+    )
+    conn.execute("SELECT pg_catalog.pg_replication_origin_session_reset()")
+    conn.execute(
+        "SELECT pg_catalog.pg_replication_origin_advance(%s, %s::pg_catalog.pg_lsn)",
+        (origin, str(committed)),
+    )
+    conn.execute("SELECT pg_catalog.pg_replication_origin_session_setup(%s)", (origin,))
 
 
 def ensure_origin(conn: psycopg.Connection[Any], name: str) -> bool:

@@ -77,6 +77,7 @@ from psycopg import pq
 from applier.apply.sql.planner import Formats, Params, Stmt
 from applier.apply.target.connection import DEFAULT_TIMEOUT, connect, pin, session_settings
 from applier.apply.target.insertruns import InsertRuns
+from applier.apply.target.origin import rewind, session_progress
 from applier.apply.target.pipeline import (
     _CHECK,
     _CHECKS,
@@ -133,6 +134,7 @@ class TargetSession(Pipeline):
         synchronous_commit: str,
         copy_threshold: int = 64,
         timeout: float = DEFAULT_TIMEOUT,
+        application_name: str = "applier apply",
     ) -> None:
         self.origin = origin
         #: Runs of INSERTs (COPY, multi-row, checked): a part of this session.
@@ -143,7 +145,7 @@ class TargetSession(Pipeline):
         self.copy_lines = runs.copy_lines
         self.run_in_hand = runs.run_in_hand
         self.copy_in_hand = runs.copy_in_hand
-        conn = connect(conninfo, "applier apply", timeout)
+        conn = connect(conninfo, application_name, timeout)
         assert conn.watchdog is not None
         super().__init__(conn, conn.watchdog)
         self.flush_wait = synchronous_commit == "off"
@@ -409,6 +411,25 @@ class TargetSession(Pipeline):
         # stays behind as '', not NULL).
         self._resync_guard()
 
+    def check_in_txn(self) -> None:
+        """Send what is held and wait for every result of the open transaction; raise
+        the first failure. Parallel apply (:mod:`applier.apply.parallel.member`) asks
+        before it waits for its commit turn, so that a change refused while earlier
+        transactions were still open can be rolled back and applied again, instead of
+        failing at COMMIT, which would stop every later session."""
+        assert self.in_txn
+        self.runs.end_run()
+        self.sync_pipeline()
+        self.reenter_pipeline()
+        if self.failure is not None:
+            self.raise_failure()
+
+    def forget_failure(self) -> None:
+        """After the rollback of a failed transaction, make the session usable again:
+        only for a transaction its caller applies again from the start."""
+        self.failure = None
+        self.failed_inflight = False
+
     def settle(self) -> None:
         """Wait for the commits in flight (their callbacks run); raise if one failed."""
         if self.in_txn or not self._pipeline:
@@ -434,36 +455,12 @@ class TargetSession(Pipeline):
             raise self._error(e, "resetting the target session") from None
 
     def _origin_position(self) -> Lsn:
-        row = self.conn.execute(
-            "SELECT pg_catalog.pg_replication_origin_session_progress(false)::text"
-        ).fetchone()
-        return Lsn.parse(str(row[0])) if row and row[0] is not None else Lsn(0)
+        return session_progress(self.conn)
 
     def _rewind_origin(self) -> None:
-        """Undo an advance of the origin by a transaction that did not commit.
-
-        An abort record after the stamp advances the origin past a transaction
-        that did not commit (see "Origin stamp"). The built-in worker resets its
-        origin state in its error path; from outside we put the progress back to
-        the last commit known to have succeeded (``pg_replication_origin_advance``
-        may go backwards, and is WAL-logged after the abort record, so a crash
-        replays both in order).
-        """
-        position = self._origin_position()
-        if position <= self.committed:
-            return
-        log.warning(
-            "a failed transaction moved the origin forward; putting it back",
-            extra={"ctx": {"origin": self.origin, "moved_to": position, "back_to": self.committed}},
-        )
-        self.conn.execute("SELECT pg_catalog.pg_replication_origin_session_reset()")
-        self.conn.execute(
-            "SELECT pg_catalog.pg_replication_origin_advance(%s, %s::pg_catalog.pg_lsn)",
-            (self.origin, str(self.committed)),
-        )
-        self.conn.execute(
-            "SELECT pg_catalog.pg_replication_origin_session_setup(%s)", (self.origin,)
-        )
+        """Undo an advance of the origin by a transaction that did not commit
+        (:func:`~applier.apply.target.origin.rewind`)."""
+        rewind(self.conn, self.origin, self.committed)
 
     # -- misc --------------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ server leaves the origin alone, and so does a backend terminated inside
 COMMIT: nothing between the stamp and the commit record checks for
 interrupts. A failure inside COMMIT after the stamp (a deferred trigger
 queued by another one, hence after ours) is undone while the session lives
-(``TargetSession._rewind_origin``). PREPARE TRANSACTION stamps the same way
+(``applier.apply.target.origin.rewind``). PREPARE TRANSACTION stamps the same way
 through ``applier.prepare_stamp`` (migration 0003).
 
 There is no other way: a role that cannot write those tables is refused at

@@ -1,0 +1,341 @@
+"""The leader: each message to the pool or to the leader's own session, in source order.
+
+With ``[apply] workers`` > 1 the worker's loop hands every batch to
+:meth:`Leader.dispatch` instead of the Applier. The leader owns the *home*
+Applier (the engine of ``workers = 1``, on the worker's thread, holding the plain
+origin) and the :class:`~.pool.Pool` of members (their origins ``<origin>.<n>``).
+
+Where each message goes
+=======================
+
+* An ordinary transaction (Begin .. Commit) is *held* while it arrives, its
+  write set collected change by change (:class:`~.writeset.Collector`; no round
+  trip), and at its Commit either added to the pool (keyed) or, if it is a
+  *barrier*, applied by the home session once every transaction before it has
+  committed (:meth:`~.pool.Pool.drain`), its commit waited for, so nothing after
+  it starts before it committed.
+* Stream blocks (Stream Start .. Stop, Stream Abort) go to the home session at
+  once: they only fill its spool (nothing is applied live with a pool). What
+  commits or prepares (Stream Commit, Stream Prepare, Begin Prepare .. Prepare,
+  Commit/Rollback Prepared) and anything else outside a transaction goes to
+  the home session after a drain.
+* A transaction held past :data:`HELD_LIMIT` messages stops being held: after a
+  drain, what was held and the rest of it go to the home session as they come
+  (memory stays bounded, as with one session).
+
+What is a barrier: one decision
+===============================
+
+:meth:`Leader._barrier_of_txn` (at Begin) and :meth:`Leader._keys` (per table)
+are the only places that say so, from the inputs the engine's path decision
+(:mod:`applier.apply.batching.paths`) weighs, plus what keys cannot express:
+
+* the transaction: applied before (the home session skips it), a careful or
+  one-by-one replay after an error, skip rules loaded, a table sync between
+  its hand-over and ready;
+* its tables: a Relation or Type message new to this session or changed (the
+  home session maps it, following a schema change on the target first), a
+  table without a mapping in the home session (evicted), a table being synced,
+  a target that fires triggers not trusted (``[apply] trusted_triggers``) and
+  what :class:`~.writeset.Collector` itself marks (TRUNCATE, captured DDL, a
+  foreign key it cannot key).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import psycopg
+
+from applier.apply.handlers.dispatch import Applier
+from applier.apply.handlers.relations import same_relation
+from applier.apply.handlers.until import Until
+from applier.apply.parallel.member import Item, run_handlers
+from applier.apply.parallel.pool import Pool
+from applier.apply.parallel.tablekeys import load as load_keys
+from applier.apply.parallel.writeset import Collector, KeySpace, TableKeys
+from applier.apply.rules.tablesync import TableSyncs
+from applier.apply.sql.mapping import RelMap
+from applier.config import Config
+from applier.lag import PendingCommits
+from applier.lsn import Lsn
+from applier.protocol import (
+    Begin,
+    Commit,
+    Delete,
+    Insert,
+    InsertRun,
+    Message,
+    Origin,
+    Prepare,
+    Relation,
+    StreamAbort,
+    StreamedChange,
+    StreamedRun,
+    StreamStart,
+    StreamStop,
+    Truncate,
+    Type,
+    Update,
+)
+from applier.protocol.decoder import decode_insert
+from applier.speedups import Flag
+
+log = logging.getLogger("applier.apply")
+
+#: Messages of one transaction held at most; a longer one goes to the home session.
+HELD_LIMIT = 20_000
+
+#: Only the home session's spool sees these: nothing on the target, no drain.
+_SPOOL_ONLY = frozenset({StreamStart, StreamedChange, StreamedRun, StreamStop, StreamAbort})
+
+
+class LeaderStream(Protocol):
+    """What the leader reads of the logical stream."""
+
+    @property
+    def last_send_time(self) -> int: ...
+
+    def read(self, timeout: float) -> list[tuple[Lsn, Any]]: ...
+
+
+class Leader:
+    """Routes messages between the home session and the pool (module docstring)."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        home: Applier,
+        pool: Pool,
+        catalog: psycopg.Connection[Any],
+        pending: PendingCommits,
+        syncs: TableSyncs,
+        stopping: Callable[[], bool],
+    ) -> None:
+        self.home = home
+        self.pool = pool
+        self._catalog = catalog
+        self._pending = pending
+        self._syncs = syncs
+        self._stopping = stopping
+        self._trusted = tuple(cfg.apply.trusted_triggers)
+        self._flag = Flag()
+        # A barrier's commit must have returned before later transactions start.
+        home.commit_waits = True
+        home.group_limit = 1
+        home.streamed.live_apply = False
+        #: The Relation and Type messages in force, as the members must see them.
+        self.relations: dict[int, Relation] = {}
+        self.types: dict[int, Type] = {}
+        self._space = KeySpace()
+        self._keys: dict[int, tuple[RelMap, TableKeys]] = {}
+        #: The transaction being held (None: none), its write set, the tables it changes.
+        self._held: list[tuple[Lsn, Any]] | None = None
+        self._begin: Begin | None = None
+        self._collector = Collector()
+        self._touched: set[int] = set()
+        #: The rest of the transaction in hand goes to the home session.
+        self._direct = False
+
+    @property
+    def quiet(self) -> bool:
+        """Nothing held, nothing in flight: every message received is applied."""
+        return self._held is None and not self._direct and not self.pool.in_flight
+
+    @property
+    def between_txns(self) -> bool:
+        """No transaction is being received (a hand-over may pause here)."""
+        return self._held is None and not self._direct
+
+    def may_finish(self, until: Until) -> bool:
+        """``run --until``: nothing in flight, and nothing held unless the position
+        was reached (a transaction cut at its Commit is dropped)."""
+        return not self.pool.in_flight and (until.reached or self.quiet)
+
+    # -- routing ---------------------------------------------------------------------
+
+    def read(self, stream: LeaderStream, until: Until | None) -> list[tuple[Lsn, Any]]:
+        """Read one batch and route it; while the pool has work the read does not
+        wait, so that the members' results are taken at once."""
+        pool = self.pool
+        batch = stream.read(0.01 if pool.in_flight else 0.5)
+        self.home.sent_at = stream.last_send_time
+        self.dispatch(batch if until is None else list(until.admit(batch, self.home)))
+        if not batch and pool.in_flight:
+            pool.collect(0.02)
+        return batch
+
+    def dispatch(self, batch: list[tuple[Lsn, Any]]) -> None:
+        for lsn, msg in batch:
+            if self._stopping():
+                return
+            if self._held is not None:
+                self._hold(lsn, msg)
+            elif self._direct:
+                self._note_schema(msg)
+                self.home.dispatch(lsn, msg)
+                if type(msg) in (Commit, Prepare):
+                    self._direct = False
+            elif type(msg) is Begin:
+                self._start(lsn, msg)
+            elif type(msg) in _SPOOL_ONLY:
+                self.home.dispatch(lsn, msg)
+            else:
+                self.drain()
+                self._note_schema(msg)
+                self.home.dispatch(lsn, msg)
+                # Begin Prepare .. Prepare: the home session takes all of it.
+                self._direct = self.home.txn is not None
+
+    def drain(self) -> None:
+        """Wait until everything handed to the pool has committed."""
+        self.pool.drain(self._stopping)
+
+    def _start(self, lsn: Lsn, m: Begin) -> None:
+        self._pending.received(m.final_lsn, m.commit_ts)
+        self._held = [(lsn, m)]
+        self._begin = m
+        self._collector.take()  # a mark made outside a transaction is not this one's
+        self._touched = set()
+        why = self._barrier_of_txn(m)
+        if why is not None:
+            self._collector.mark(why)
+
+    def _hold(self, lsn: Lsn, msg: Any) -> None:
+        held = self._held
+        assert held is not None
+        held.append((lsn, msg))
+        t = type(msg)
+        c = self._collector
+        if t is Update:
+            tk = self._keys_of(msg.relation_oid)
+            if tk is not None:
+                c.update(tk, msg)
+        elif t is Insert:
+            tk = self._keys_of(msg.relation_oid)
+            if tk is not None:
+                c.insert(tk, msg)
+        elif t is Delete:
+            tk = self._keys_of(msg.relation_oid)
+            if tk is not None:
+                c.delete(tk, msg)
+        elif t is InsertRun:
+            self._hold_run(msg)
+        elif t is Commit:
+            self._end(msg)
+            return
+        elif t is Relation or t is Type:
+            self._note_schema(msg)
+        elif t is Truncate:
+            c.truncate()
+        elif t is Message:
+            c.message(msg)
+        elif t is not Origin:
+            c.mark(f"a {msg.kind} message inside a transaction")
+        if len(held) > HELD_LIMIT:
+            self._go_direct()
+
+    def _hold_run(self, run: InsertRun) -> None:
+        tk = self._keys_of(run.first.relation_oid)
+        if tk is None:
+            return
+        c = self._collector
+        c.insert(tk, run.first)
+        for data in run.datas:
+            c.insert(tk, decode_insert(data))
+
+    def _end(self, commit: Commit) -> None:
+        held, begin = self._held, self._begin
+        assert held is not None and begin is not None
+        self._held = self._begin = None
+        ws = self._collector.take()
+        if ws.barrier is not None:
+            self._barrier(held)
+            return
+        item = Item(
+            0,
+            held,
+            commit.end_lsn,
+            commit.commit_ts,
+            begin.xid,
+            {oid: self.relations[oid] for oid in self._touched},
+            dict(self.types),
+        )
+        self.pool.make_room(self._stopping)
+        self.pool.add(item, ws)
+
+    def _barrier(self, held: list[tuple[Lsn, Any]]) -> None:
+        """Apply ``held`` on the home session after everything before it, and wait."""
+        self.drain()
+        if self._stopping():
+            return
+        self.pool.barriers += 1
+        home = self.home
+        run_handlers(home, held, self._flag)
+
+    def _go_direct(self) -> None:
+        """The transaction in hand is too long to hold: the home session takes it."""
+        held = self._held
+        assert held is not None
+        self._held = self._begin = None
+        self._collector.take()
+        self._direct = True
+        self._barrier(held)
+
+    # -- the one barrier decision ------------------------------------------------------
+
+    def _barrier_of_txn(self, m: Begin) -> str | None:
+        home = self.home
+        if m.final_lsn < home.progress:
+            return "applied before"
+        if m.final_lsn < home.careful_until or m.final_lsn < home.no_group_until:
+            return "replayed one by one after an error"
+        rules = home.rules
+        if rules.has_txn or rules.has_object or rules.dump_all:
+            return "skip rules are loaded"
+        if self._syncs.commit_dependent():
+            return "a table sync is handing over"
+        return None
+
+    def _keys_of(self, oid: int) -> TableKeys | None:
+        """The keys of relation ``oid``'s changes, or None (the transaction is marked a
+        barrier): the home session's mapping must be the one of the Relation in force."""
+        self._touched.add(oid)
+        rm = self.home.relmaps.get(oid)
+        rel = self.relations.get(oid)
+        c = self._collector
+        if rm is None or rel is None or not same_relation(rm.relation, rel):
+            c.mark(f"relation {oid} is not mapped by the leader's session yet")
+            return None
+        if oid in self._syncs.cut:
+            c.mark(f"table {rm.qualname} is being synced")
+            return None
+        got = self._keys.get(oid)
+        if got is not None and got[0] is rm:
+            return got[1]
+        tk = self._build(rm)
+        self._keys[oid] = (rm, tk)
+        return tk
+
+    def _build(self, rm: RelMap) -> TableKeys:
+        target = rm.target
+        if not rm.included or target is None:
+            return TableKeys()
+        trusted = any(fnmatch.fnmatchcase(rm.qualname, p) for p in self._trusted)
+        return TableKeys.build(rm, load_keys(self._catalog, target.oid), self._space, trusted)
+
+    def _note_schema(self, msg: Any) -> None:
+        """Keep the Relation and Type messages in force; a new or changed one makes
+        its transaction a barrier (the home session maps it first)."""
+        t = type(msg)
+        if t is Relation:
+            if not same_relation(self.relations.get(msg.oid), msg):
+                self.relations[msg.oid] = msg
+                self._keys.pop(msg.oid, None)
+                self._collector.mark(f"table {msg.namespace}.{msg.name}: a new Relation message")
+        elif t is Type and self.types.get(msg.oid) != msg:
+            self.types[msg.oid] = msg
+            self._collector.mark(f"type {msg.namespace}.{msg.name}: a new Type message")

@@ -1,0 +1,254 @@
+"""One apply session of the pool: a thread, a target session holding its origin, an Applier.
+
+A member is the engine of ``workers = 1`` (:class:`~applier.apply.handlers.dispatch.Applier`
+with everything it owns: the target session and its pipeline, the lanes, the
+conflict resolver) run on a thread of its own over whole transactions the
+leader hands it (:class:`Item`): the same handlers, the same one path decision,
+the same lanes, nothing re-implemented. What differs is only around COMMIT.
+
+The life of a transaction in a member
+=====================================
+
+1. The Relation and Type messages the member has not seen yet (the leader
+   knows which) and the transaction's messages up to its Commit go through the
+   handlers, pipelined as with one session.
+2. *Check*: what is held is sent and every result read (one round trip,
+   :meth:`~applier.apply.target.session.TargetSession.check_in_txn`). A change
+   refused here while an earlier transaction was still open (a key the write
+   set did not see: a unique index whose equal values are spelt differently,
+   a trigger trusted wrongly) or a deadlock PostgreSQL broke (40P01) is not an
+   error yet: the member rolls back, waits until every earlier transaction has
+   committed, and applies it again alone; only a second failure is the
+   transaction's own, raised as with one session.
+3. *Turn*: wait until the transaction before it in source order has committed
+   (:class:`~.turn.CommitTurn`). While it waits the leader may ask it to *back
+   off* (:attr:`Member.backoff`): an earlier transaction's backend is blocked on a
+   lock this one holds, a deadlock PostgreSQL cannot see, since this side waits
+   in applier. It rolls back (its locks go), waits for its turn, applies again.
+4. *Commit*: the Commit message goes through the handlers with the member's
+   Applier set to wait for the result (the stamp of the member's origin is
+   inside COMMIT); its result is reported to the leader *before* the turn passes
+   on, so the leader receives results in source order.
+
+A failure anywhere else breaks the turn (no later transaction commits) and is
+reported; the leader stops every member and the worker starts over from the
+restart point (:mod:`.origins`).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+
+from applier.apply.core.states import open_state_of
+from applier.apply.handlers.dispatch import Applier
+from applier.apply.parallel.turn import CommitTurn, TurnBroken
+from applier.apply.target.origin import FLUSHED
+from applier.errors import ApplierError
+from applier.lsn import Lsn
+from applier.protocol import Relation, Type
+from applier.speedups import Flag, StopFlag, dispatch_batch
+
+log = logging.getLogger("applier.apply")
+
+#: SQLSTATEs after which a transaction is applied again alone even when it was
+#: next in turn: PostgreSQL broke a deadlock (or a serialization failure) by
+#: choosing it, and the other side will have committed or backed off.
+_AGAIN = ("40P01", "40001")
+
+#: Seconds between two looks at the back-off request while waiting for the turn.
+_TURN_POLL = 0.05
+
+
+def run_handlers(applier: Applier, msgs: list[tuple[Lsn, Any]], flag: StopFlag) -> None:
+    """``msgs`` through ``applier``'s handlers on their common path, as the worker's
+    batches go (``dispatch_batch``, C or its Python twin)."""
+    dispatch_batch(msgs, applier.handlers, open_state_of(applier), applier.dispatch, flag)
+
+
+@dataclass(slots=True)
+class Item:
+    """One source transaction for a member: its messages, Begin to Commit."""
+
+    seq: int
+    msgs: list[tuple[Lsn, Any]]
+    end_lsn: Lsn
+    commit_ts: int
+    xid: int
+    #: The Relation messages current when it was received, of the tables it changes.
+    relations: dict[int, Relation] = field(default_factory=dict)
+    #: The Type messages current when it was received.
+    types: dict[int, Type] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Report:
+    """What a member tells the leader about an item: committed, or failed."""
+
+    member: Member
+    item: Item
+    #: The target WAL position to see flushed before confirming (FLUSHED: none).
+    local: Lsn = FLUSHED
+    error: BaseException | None = None
+
+
+class Member:
+    """One apply session of the pool (see the module docstring)."""
+
+    def __init__(
+        self,
+        index: int,
+        applier: Applier,
+        turn: CommitTurn,
+        report: Callable[[Report], None],
+        catalog: psycopg.Connection[Any],
+    ) -> None:
+        self.index = index
+        self.applier = applier
+        self.session = applier.session
+        #: The member's own catalog connection (its Applier's look-ups), closed with it.
+        self.catalog = catalog
+        self.turn = turn
+        self._report = report
+        #: Held while a commit's counts are added up, so the leader can take them.
+        self.lock = threading.Lock()
+        applier.commit_waits = True
+        applier.on_committed = self._committed
+        self._local: Lsn | None = None
+        self._flag = Flag()
+        self.inbox: queue.SimpleQueue[Item | None] = queue.SimpleQueue()
+        #: The leader asks this member to roll back and wait (a deadlock it cannot see).
+        self.backoff = threading.Event()
+        #: The backend's pid, for the leader's deadlock watch.
+        self.pid = self.session.conn.info.backend_pid
+        #: Leader's side: the item in hand (None: free), what the member has seen.
+        self.item: Item | None = None
+        self.relations: dict[int, Relation] = {}
+        self.types: dict[int, Type] = {}
+        #: What the member is doing, read by the leader's watch and status.
+        self.waiting_turn = False
+        #: Counted on the member's thread, read by the metrics.
+        self.deadlocks = 0
+        self.retried = 0
+        self.thread = threading.Thread(target=self._run, name=f"applier apply {index}", daemon=True)
+
+    # -- the leader's side ------------------------------------------------------------
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def give(self, item: Item) -> None:
+        """Hand ``item`` over, with the Relation and Type messages the member lacks."""
+        self.item = item
+        prelude: list[tuple[Lsn, Any]] = []
+        for oid, t in item.types.items():
+            if self.types.get(oid) is not t:
+                self.types[oid] = t
+                prelude.append((Lsn(0), t))
+        for oid, r in item.relations.items():
+            if self.relations.get(oid) is not r:
+                self.relations[oid] = r
+                prelude.append((Lsn(0), r))
+        if prelude:
+            item.msgs = prelude + item.msgs
+        self.inbox.put(item)
+
+    def stop(self) -> None:
+        """Ask the thread to end after what it holds (the turn is broken first)."""
+        self.inbox.put(None)
+
+    # -- the member's thread ----------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            item = self.inbox.get()
+            if item is None:
+                return
+            try:
+                self._apply(item)
+            except TurnBroken as e:
+                self._abandon()
+                self._report(Report(self, item, error=e))
+            except BaseException as e:  # reported: the leader raises it in the worker
+                self.turn.broken(f"session {self.index}: {e}")
+                self._abandon()
+                self._report(Report(self, item, error=e))
+
+    def _apply(self, item: Item) -> None:
+        seq = item.seq
+        beside = self.turn.committed < seq - 1
+        try:
+            self._statements(item)
+        except ApplierError as e:
+            if not (beside or e.context.get("sqlstate") in _AGAIN):
+                raise
+            self._again(item, f"refused beside earlier transactions: {e}")
+        else:
+            self._wait_turn(item)
+        self._commit(item)
+
+    def _statements(self, item: Item) -> None:
+        """Everything but the Commit, sent and checked."""
+        applier = self.applier
+        run_handlers(applier, item.msgs[:-1], self._flag)
+        applier.send_held()
+        if self.session.in_txn:
+            self.session.check_in_txn()
+
+    def _wait_turn(self, item: Item) -> None:
+        """Wait for the turn; back off (and apply again) if the leader asks."""
+        self.waiting_turn = True
+        try:
+            while not self.turn.wait(item.seq, _TURN_POLL):
+                if self.backoff.is_set():
+                    self.deadlocks += 1
+                    self._again(item, "an earlier transaction waits for a lock it holds")
+                    return
+        finally:
+            self.waiting_turn = False
+
+    def _again(self, item: Item, why: str) -> None:
+        """Roll back, wait until every earlier transaction committed, apply again."""
+        log.info(
+            "applying a transaction again after the one before it",
+            extra={"ctx": {"session": self.index, "xid": item.xid, "why": why}},
+        )
+        self.retried += 1
+        self.backoff.clear()
+        self._abandon(recover=True)
+        self.waiting_turn = True
+        try:
+            self.turn.wait(item.seq)
+        finally:
+            self.waiting_turn = False
+        self._statements(item)
+
+    def _commit(self, item: Item) -> None:
+        self._local = None
+        lsn, commit = item.msgs[-1]
+        with self.lock:
+            self.applier.dispatch(lsn, commit)
+        local = FLUSHED if self._local is None else self._local
+        self._report(Report(self, item, local))
+        self.turn.done(item.seq)
+
+    def _committed(self, end_lsn: Lsn, ts: int, local: Lsn) -> None:
+        self._local = local
+
+    def _abandon(self, recover: bool = False) -> None:
+        """Roll back what is in hand (the origin untouched); ``recover``: to apply
+        the transaction again, so the session must be usable (a failure there raises)."""
+        try:
+            self.applier.abandon()
+            if recover:
+                self.session.forget_failure()
+        except ApplierError as e:
+            if recover:
+                raise
+            log.debug("session %s: rollback failed: %s", self.index, e)

@@ -1,0 +1,254 @@
+"""The pool: N members, the schedule that feeds them, the turn they commit in.
+
+Everything here runs on the leader's thread except the members' own threads
+(:mod:`.member`); the :class:`~.schedule.Schedule` is the leader's alone, the
+:class:`~.turn.CommitTurn` is shared. Members report on one queue, committed
+items in source order (a member reports before it passes the turn on), so the
+leader keeps the flush tracker, counters and progress as one session would.
+
+Deadlocks the keys missed
+=========================
+
+An earlier transaction whose backend waits for a lock held by a later one that
+waits for its commit turn will wait forever: PostgreSQL sees one backend
+waiting and the other idle in a transaction. When the turn has not moved for
+:data:`WATCH_AFTER` s, :meth:`Pool.collect` asks ``pg_blocking_pids()`` for the
+members applying (not waiting for their turn); a member holding a *later*
+transaction among the blockers is told to back off: it rolls back and applies
+again after its predecessor (:mod:`.member`). A deadlock PostgreSQL does see
+(both sides applying) it breaks itself (40P01), and the member it chose does
+the same. Both are counted (:attr:`Member.deadlocks`, :attr:`Member.retried`).
+
+Failures
+========
+
+A member that fails breaks the turn: nothing later commits, every member rolls
+back what it holds at its next step, and :meth:`Pool.collect` raises the
+failure of the *earliest* transaction that failed for a reason of its own (not
+:class:`~.turn.TurnBroken`), with its LSN, xid, table and key; the worker
+stops the pool and starts over from the restart point.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from applier.apply.core.tally import Tally
+from applier.apply.handlers.dispatch import Applier
+from applier.apply.parallel.member import Item, Member, Report
+from applier.apply.parallel.schedule import Schedule
+from applier.apply.parallel.turn import CommitTurn, TurnBroken
+from applier.apply.parallel.writeset import WriteSet
+from applier.errors import TransientError
+from applier.lsn import Lsn
+
+log = logging.getLogger("applier.apply")
+
+#: Seconds the turn may stand still before the deadlock watch asks the server.
+WATCH_AFTER = 0.2
+#: Transactions in flight per member at most: enough to keep every member busy
+#: while the next to commit waits for one; the leader stops reading beyond it.
+WINDOW_PER_MEMBER = 8
+
+_BLOCKERS = (
+    "SELECT pid, pg_catalog.pg_blocking_pids(pid) "
+    "FROM pg_catalog.unnest(%s::pg_catalog.int4[]) AS pid"
+)
+
+
+@dataclass(slots=True)
+class PoolStats:
+    """What status and the metrics show of the pool."""
+
+    sessions: int
+    in_flight: int
+    waiting: int
+    serialised_by_key: int
+    serialised_by_barrier: int
+    deadlocks: int
+    retried: int
+
+    @classmethod
+    def none(cls, sessions: int) -> PoolStats:
+        return cls(sessions, 0, 0, 0, 0, 0, 0)
+
+
+class Pool:
+    """The members and their schedule (see the module docstring)."""
+
+    def __init__(
+        self,
+        members: Callable[[CommitTurn, Callable[[Report], None]], list[Member]],
+        watch_conn: psycopg.Connection[Any],
+        tally: Tally,
+        on_commit: Callable[[Item, Lsn], None],
+        past: PoolStats | None = None,
+    ) -> None:
+        #: The counters of the worker's earlier sessions (they only grow).
+        self._past = past
+        self.turn = CommitTurn()
+        self.schedule = Schedule()
+        self._reports: queue.SimpleQueue[Report] = queue.SimpleQueue()
+        self.members = members(self.turn, self._reports.put)
+        self._free = list(reversed(self.members))
+        self._items: dict[int, Item] = {}
+        self._watch_conn = watch_conn
+        self._tally = tally
+        self._on_commit = on_commit
+        self._failure: BaseException | None = None
+        self._turn_moved = time.monotonic()
+        self.window = WINDOW_PER_MEMBER * len(self.members)
+        #: Barriers applied by the leader's own session (counted with the schedule's).
+        self.barriers = 0
+        for m in self.members:
+            m.start()
+
+    # -- feeding ---------------------------------------------------------------------
+
+    @property
+    def in_flight(self) -> int:
+        return self.schedule.in_flight
+
+    @property
+    def full(self) -> bool:
+        return self.schedule.in_flight >= self.window
+
+    def add(self, item: Item, ws: WriteSet) -> None:
+        """The next transaction in commit order (its write set keyed by the leader)."""
+        item.seq = self.schedule.add(ws)
+        self._items[item.seq] = item
+        self._start_ready()
+
+    def _start_ready(self) -> None:
+        while self._free:
+            seq = self.schedule.next_ready()
+            if seq is None:
+                return
+            self._free.pop().give(self._items.pop(seq))
+
+    # -- results ---------------------------------------------------------------------
+
+    def collect(self, wait: float = 0.0) -> None:
+        """Take the members' reports (waiting up to ``wait`` s for the first one);
+        raise the failure of a member, once every member has stopped committing."""
+        try:
+            report = self._reports.get(timeout=wait) if wait > 0 else self._reports.get_nowait()
+        except queue.Empty:
+            self._watch()
+            return
+        while True:
+            self._take(report)
+            try:
+                report = self._reports.get_nowait()
+            except queue.Empty:
+                break
+        if self._failure is not None:
+            raise self._failure
+        self._start_ready()
+
+    def _take(self, r: Report) -> None:
+        m, item = r.member, r.item
+        m.item = None
+        self._free.append(m)
+        if r.error is not None:
+            if self._failure is None or isinstance(self._failure, TurnBroken):
+                self._failure = r.error
+            return
+        self.schedule.commit(item.seq)
+        self._turn_moved = time.monotonic()
+        with m.lock:
+            self._tally.absorb(m.applier.tally)
+        self._on_commit(item, r.local)
+
+    def drain(self, stopping: Callable[[], bool] = lambda: False) -> None:
+        """Wait until every transaction handed over has committed."""
+        while self.schedule.in_flight and not stopping():
+            self.collect(0.05)
+
+    def make_room(self, stopping: Callable[[], bool] = lambda: False) -> None:
+        """Wait until the window has room for one more transaction."""
+        while self.full and not stopping():
+            self.collect(0.05)
+
+    # -- deadlocks the keys missed ---------------------------------------------------
+
+    def _watch(self) -> None:
+        if not self.schedule.in_flight or time.monotonic() - self._turn_moved < WATCH_AFTER:
+            return
+        busy = {m.pid: m for m in self.members if m.item is not None}
+        applying = [pid for pid, m in busy.items() if not m.waiting_turn]
+        if not applying:
+            return
+        try:
+            rows = self._watch_conn.execute(_BLOCKERS, (applying,)).fetchall()
+        except psycopg.OperationalError as e:
+            raise TransientError(f"the deadlock watch lost the target: {e}") from None
+        for pid, blockers in rows:
+            victim = busy[pid]
+            assert victim.item is not None
+            for b in blockers or ():
+                holder = busy.get(b)
+                held = None if holder is None else holder.item
+                if held is None or held.seq < victim.item.seq or holder is None:
+                    continue
+                if not holder.backoff.is_set():
+                    log.info(
+                        "a later transaction holds a lock an earlier one waits for: "
+                        "rolling it back",
+                        extra={"ctx": {"waits": victim.item.xid, "holds": held.xid}},
+                    )
+                    holder.backoff.set()
+        self._turn_moved = time.monotonic()  # look again in WATCH_AFTER s
+
+    # -- the end ---------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Stop every member (what they hold rolls back) and close their sessions."""
+        self.turn.broken("the pool stops")
+        for m in self.members:
+            m.stop()
+        for m in self.members:
+            m.thread.join(timeout=30)
+            if m.thread.is_alive():
+                log.warning("apply session %s did not stop in 30 s", m.index)
+        for m in self.members:
+            try:
+                m.session.close()
+            except Exception as e:  # closing a broken session: nothing more to do
+                log.debug("closing apply session %s: %s", m.index, e)
+            try:
+                m.catalog.close()
+            except Exception as e:
+                log.debug("closing apply session %s's catalog: %s", m.index, e)
+
+    def stats(self) -> PoolStats:
+        """Now: sessions, in flight, waiting (for a dependency, a session or the
+        turn); since the worker started: how often each thing serialised."""
+        waiting = sum(1 for m in self.members if m.waiting_turn)
+        counts = self.schedule.counts
+        past = self._past or PoolStats.none(0)
+        return PoolStats(
+            sessions=len(self.members),
+            in_flight=self.schedule.in_flight,
+            waiting=waiting + len(self._items),
+            serialised_by_key=past.serialised_by_key + counts.by_key,
+            serialised_by_barrier=past.serialised_by_barrier + counts.by_barrier + self.barriers,
+            deadlocks=past.deadlocks + sum(m.deadlocks for m in self.members),
+            retried=past.retried + sum(m.retried for m in self.members),
+        )
+
+
+def member_applier(applier: Applier) -> Applier:
+    """``applier`` made a member's: one source transaction per target transaction,
+    nothing applied live, no schema following (the leader's session does both)."""
+    applier.group_limit = 1
+    applier.streamed.live_apply = False
+    applier.rels.follow = None
+    return applier
