@@ -452,6 +452,11 @@ ALTER TABLE t ENABLE ALWAYS TRIGGER bump;
 @pytest.mark.slow
 @pytest.mark.parametrize("pair", ["15-18"], indirect=True)  # not version-specific
 def test_a_deadlock_the_keys_miss_is_broken(pair: Pair) -> None:
+    """T1 (row 1) sleeps in the trigger; T2 (row 2) takes the counter row and waits for
+    its commit turn; T3 (row 3) queues on the counter behind T2, holding the row's
+    tuple lock; T1 wakes and queues behind T3. ``pg_blocking_pids(T1)`` names T3 (the
+    tuple lock's holder), itself blocked by T2: the later transaction to roll back
+    is T2, found through T3. Twice over (rows 1-3 again), all back to back."""
     pair.both("CREATE TABLE t (id int PRIMARY KEY, v int NOT NULL)")
     pair.sub_exec(_LYING_TRIGGER)
     pair.pub_exec("CREATE PUBLICATION pub FOR TABLE t")
