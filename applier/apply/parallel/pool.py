@@ -14,7 +14,8 @@ waits for its commit turn will wait forever: PostgreSQL sees one backend
 waiting and the other idle in a transaction. When the turn has not moved for
 :data:`WATCH_AFTER` s, :meth:`Pool.collect` asks ``pg_blocking_pids()`` for the
 members applying (not waiting for their turn); a member holding a *later*
-transaction among the blockers is told to back off: it rolls back and applies
+transaction among the blockers, or among the blockers of a blocker that is a
+member applying (:func:`_behind`), is told to back off: it rolls back and applies
 again after its predecessor (:mod:`.member`). A deadlock PostgreSQL does see
 (both sides applying) it breaks itself (40P01), and the member it chose does
 the same. Both are counted (:attr:`Member.deadlocks`, :attr:`Member.retried`).
@@ -190,13 +191,13 @@ class Pool:
             rows = self._watch_conn.execute(_BLOCKERS, (applying,)).fetchall()
         except psycopg.OperationalError as e:
             raise TransientError(f"the deadlock watch lost the target: {e}") from None
-        for pid, blockers in rows:
+        waits_for = {int(pid): [int(b) for b in blockers or ()] for pid, blockers in rows}
+        for pid in waits_for:
             victim = busy[pid]
             assert victim.item is not None
-            for b in blockers or ():
-                holder = busy.get(b)
-                held = None if holder is None else holder.item
-                if held is None or held.seq < victim.item.seq or holder is None:
+            for holder in _behind(pid, waits_for, busy):
+                held = holder.item
+                if held is None or held.seq < victim.item.seq:
                     continue
                 if not holder.backoff.is_set():
                     log.info(
@@ -243,6 +244,26 @@ class Pool:
             deadlocks=past.deadlocks + sum(m.deadlocks for m in self.members),
             retried=past.retried + sum(m.retried for m in self.members),
         )
+
+
+def _behind(pid: int, waits_for: dict[int, list[int]], busy: dict[int, Member]) -> list[Member]:
+    """The members ``pid`` waits for, directly or through members that wait themselves.
+
+    Not only the direct blockers: a backend queued for a row lock is reported
+    blocked by whoever holds the *tuple* lock, the first in the queue, which may be a
+    later member applying and itself waiting for one idle in its commit turn (T1
+    behind T3 behind T2, T2 waiting for T1): backing off T3 frees nothing, T2 must."""
+    found: list[Member] = []
+    seen = {pid}
+    queue_ = list(waits_for.get(pid, ()))
+    while queue_:
+        b = queue_.pop(0)
+        if b in seen or b not in busy:
+            continue
+        seen.add(b)
+        found.append(busy[b])
+        queue_.extend(waits_for.get(b, ()))
+    return found
 
 
 def member_applier(applier: Applier) -> Applier:
