@@ -281,13 +281,14 @@ def _stop_on_signals(worker: Any) -> Any:
 
 def _positions(cfg: Config) -> tuple[str | None, str | None, list[str]]:
     """The origin's progress, the slot's confirmed position, the prepared GIDs left."""
-    from applier.apply.target.origin import origin_progress, prepared_gids
+    from applier.apply.parallel.origins import restart_point
+    from applier.apply.target.origin import prepared_gids
 
     try:
         with pgconn.connect(
             cfg.target.conninfo(), side="target", purpose="applier cutover", connect_timeout=30
         ) as tgt:
-            progress = origin_progress(tgt, cfg.origin)
+            progress = restart_point(tgt, cfg.origin)  # with the group's (parallel apply)
             gids = sorted(prepared_gids(tgt, f"applier_{cfg.origin}_"))
         with pgconn.connect(
             cfg.source.conninfo(), side="source", purpose="applier cutover", connect_timeout=30

@@ -30,6 +30,7 @@ from rich.table import Table
 from .config import load_config
 from .errors import ApplierError
 from .localpg import LocalCluster, make_base_dir
+from .origingroup import progress_sql
 
 log = logging.getLogger("applier.demo")
 
@@ -139,7 +140,7 @@ def _wait_caught_up(
     with dst.connect(db) as conn:
         while time.monotonic() - start < timeout:
             row = conn.execute(
-                "SELECT coalesce(pg_replication_origin_progress(%s, true) >= %s::pg_lsn, false)",
+                f"SELECT coalesce({progress_sql()} >= %s::pg_lsn, false)",
                 (origin, target_lsn),
             ).fetchone()
             if row and row[0]:

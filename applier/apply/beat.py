@@ -35,12 +35,15 @@ watchdog interval.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from applier.apply.handlers.dispatch import Applier
+from applier.apply.parallel import PoolStats
 from applier.lag import Lag
 from applier.lsn import pg_timestamp
 from applier.service import Notifier
@@ -56,8 +59,15 @@ class Beat:
     """The apply loop's liveness: the heartbeat row and the watchdog."""
 
     def __init__(
-        self, notifier: Notifier, status: WorkerState, applier: Applier, interval: float
+        self,
+        notifier: Notifier,
+        status: WorkerState,
+        applier: Applier,
+        interval: float,
+        parallel: Callable[[], PoolStats | None] = lambda: None,
     ) -> None:
+        #: The pool's figures (parallel apply), written with the heartbeat.
+        self.parallel = parallel
         self.notifier = notifier
         self.status = status
         self.applier = applier
@@ -69,8 +79,13 @@ class Beat:
         if now - self.last_beat >= self.interval:
             self.last_beat = now
             a = self.applier
+            stats = self.parallel()
             self.status.heartbeat(
-                a.applied_txns, a.skipped_changes, a.last_commit_lsn, a.last_commit_ts
+                a.applied_txns,
+                a.skipped_changes,
+                a.last_commit_lsn,
+                a.last_commit_ts,
+                None if stats is None else dataclasses.asdict(stats),
             )
 
 

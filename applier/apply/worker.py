@@ -413,7 +413,9 @@ class Worker:
         healthy = False
         dispatch = applier.dispatch
         assert self.status is not None
-        beat = Beat(self.notify, self.status, applier, self.cfg.apply.status_interval)
+        beat = Beat(
+            self.notify, self.status, applier, self.cfg.apply.status_interval, self.parallel_stats
+        )
         leader = self.leader
         while not self.stopping:
             self._serve_signals()

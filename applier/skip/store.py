@@ -45,6 +45,7 @@ from .. import pgconn
 from ..config import Config, check_table_pattern
 from ..errors import ConfigError, PermanentError, TransientError
 from ..lsn import Lsn
+from ..origingroup import progress_sql
 from ..redact import redact_dsn
 
 KINDS = ("object", "txn", "error", "ddl")
@@ -329,11 +330,8 @@ def add_rule(conn: psycopg.Connection[Any], origin: str, rule: NewRule) -> tuple
 
 def applied_past(conn: psycopg.Connection[Any], origin: str, lsn: Lsn) -> Lsn | None:
     """The origin's progress when it is past ``lsn`` (that transaction was applied)."""
-    row = conn.execute(
-        "SELECT pg_catalog.pg_replication_origin_progress(roname, false)::text "
-        "FROM pg_catalog.pg_replication_origin WHERE roname = %s",
-        (origin,),
-    ).fetchone()
+    # With parallel apply the group's largest progress (applier.origingroup).
+    row = conn.execute(f"SELECT {progress_sql(flushed=False)}::text", (origin,)).fetchone()
     if not row or row[0] is None:
         return None
     progress = Lsn.parse(row[0])

@@ -48,6 +48,7 @@ from ..ddl import capture
 from ..errors import ApplierError, describe_error_record
 from ..lag import SOURCE_WAL_LSN, Lag, format_bytes, measure, not_running
 from ..lsn import Lsn
+from ..origingroup import progress_sql
 from ..redact import redact_dsn
 from .health import STALE_INTERVALS, assess
 
@@ -74,20 +75,16 @@ WHERE s.slot_name = %s
 """).format(source_wal=SOURCE_WAL_LSN)
 
 # The progress is the restart point: the largest of the origin's and its parallel
-# group's (members '<origin>.<n>', applier.apply.parallel.origins, whose predicate
-# this repeats: status sits below apply in the layers).
-ORIGIN_SQL = """
-SELECT o.roident,
-       (SELECT max(pg_replication_origin_progress(g.roname, false))
-          FROM pg_replication_origin g
-         WHERE g.roname = o.roname
-            OR (left(g.roname, length(o.roname) + 1) = o.roname || '.'
-                AND substr(g.roname, length(o.roname) + 2) ~ '^[0-9]+$'))::text AS remote_lsn,
-       s.local_lsn::text AS local_lsn
+# group's (members '<origin>.<n>', applier.origingroup).
+ORIGIN_SQL = (
+    "SELECT o.roident, "
+    + progress_sql("o.roname", flushed=False)
+    + """::text AS remote_lsn, s.local_lsn::text AS local_lsn
 FROM pg_replication_origin o
 LEFT JOIN pg_replication_origin_status s ON s.local_id = o.roident
 WHERE o.roname = %s
 """
+)
 
 WORKER_SQL = """
 SELECT state, pid, host, started_at, heartbeat_at,
@@ -96,7 +93,8 @@ SELECT state, pid, host, started_at, heartbeat_at,
        last_commit_lsn::text AS last_commit_lsn, last_commit_time, last_error, last_error_at,
        -- 0010+: read through to_jsonb, so that a schema not upgraded yet gives NULL.
        (to_jsonb(w) ->> 'pending_since')::timestamptz AS pending_since,
-       extract(epoch FROM now() - (to_jsonb(w) ->> 'lag_at')::timestamptz)::float8 AS lag_age_s
+       extract(epoch FROM now() - (to_jsonb(w) ->> 'lag_at')::timestamptz)::float8 AS lag_age_s,
+       to_jsonb(w) -> 'parallel' AS parallel  -- 0013+
 FROM applier.worker_status w WHERE origin = %s
 """
 
@@ -357,6 +355,7 @@ def render_text(st: Status, out: TextIO) -> None:
         ("worker", f"{w.get('state')} pid {w.get('pid')} on {w.get('host')}" if w else "-"),
         ("worker heartbeat", w.get("heartbeat_at")),
         ("applied txns", w.get("applied_txns")),
+        ("parallel apply", _parallel(w.get("parallel"))),
         ("skipped changes", w.get("skipped_changes")),
         ("last error", _last_error_at(w)),
         ("active skip rules", st.active_skip_rules),
@@ -375,6 +374,18 @@ def render_text(st: Status, out: TextIO) -> None:
     for err in st.errors:
         console.print(f"[yellow]note:[/] {err}", markup=True)
     _verdict(st, out)
+
+
+def _parallel(p: dict[str, int] | None) -> str | None:
+    """The pool's line (``[apply] workers`` > 1), as of the worker's last heartbeat."""
+    if not p:
+        return None
+    return (
+        f"{p['sessions']} sessions, {p['in_flight']} transactions in flight "
+        f"({p['waiting']} waiting); serialised by a key {p['serialised_by_key']}, "
+        f"by a barrier {p['serialised_by_barrier']}; deadlocks resolved {p['deadlocks']}, "
+        f"applied again {p['retried']}"
+    )
 
 
 def _held(conn: psycopg.Connection[Any], cfg: Config) -> list[dict[str, Any]]:

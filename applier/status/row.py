@@ -129,15 +129,22 @@ class WorkerState:
         )
 
     def heartbeat(
-        self, applied: int, skipped: int, last_lsn: Lsn | None, last_ts: int | None
+        self,
+        applied: int,
+        skipped: int,
+        last_lsn: Lsn | None,
+        last_ts: int | None,
+        parallel: dict[str, int] | None = None,
     ) -> None:
+        """``parallel``: the pool's figures with ``[apply] workers`` > 1 (migration 0013)."""
         self._exec(
             """
             UPDATE applier.worker_status
                SET heartbeat_at = now(), state = 'running', pid = %s, host = %s,
                    applied_txns = %s, skipped_changes = %s,
                    last_commit_lsn = coalesce(%s::pg_lsn, last_commit_lsn),
-                   last_commit_time = coalesce(%s, last_commit_time)
+                   last_commit_time = coalesce(%s, last_commit_time),
+                   parallel = %s::jsonb
              WHERE origin = %s
             """,
             (
@@ -147,6 +154,7 @@ class WorkerState:
                 skipped,
                 str(last_lsn) if last_lsn else None,
                 pg_timestamp(last_ts) if last_ts else None,
+                None if parallel is None else json.dumps(parallel),
                 self.origin,
             ),
         )

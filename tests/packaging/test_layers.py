@@ -20,7 +20,7 @@ APPLIER = Path(__file__).resolve().parents[2] / "applier"
 
 #: The edge's vocabulary: a root module may import the ones listed before it.
 BASE = [
-    "errors", "lsn", "redact", "configenv", "log", "console", "extras", "lag",
+    "errors", "lsn", "origingroup", "redact", "configenv", "log", "console", "extras", "lag",
     "refusal", "pgconn", "privileges", "localpg", "largeobjects",
 ]  # fmt: skip
 

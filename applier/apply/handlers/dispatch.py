@@ -208,6 +208,9 @@ class Applier:
         #: Every commit waits for its result (a parallel apply session: the next
         #: session's turn comes only once this COMMIT returned).
         self.commit_waits = False
+        #: Every transaction joins the open group, committed only when its turn comes
+        #: (a parallel member: :meth:`commit_group` with ``turn``).
+        self.hold_commits = False
         #: Called with (end_lsn, commit_ts, local_lsn) once a commit succeeded.
         self.on_committed: Callable[[Lsn, int, Lsn], None] | None = None
         #: The send_time of the stream's last read (the worker sets it per batch).
@@ -379,31 +382,34 @@ class Applier:
         if self.session.in_txn:
             # An empty transaction inside an open group joins it (its position must
             # not be confirmed before the group's commit).
-            if (
-                groupable
-                and not txn.barrier
-                and self.group_txns + 1 < self.group_limit
-                and end_lsn > self.no_group_until
-            ):
-                now = monotonic()
-                if not self.group_txns:
-                    self.group_opened = now
-                if now - self.group_opened < max_age(self.sent_at, commit_ts):
-                    self.group_txns += 1
-                    self.group_end = (end_lsn, commit_ts)
-                    return
+            if groupable and not txn.barrier and self._joins(end_lsn, commit_ts):
+                self.group_txns += 1
+                self.group_end = (end_lsn, commit_ts)
+                return
             self._commit(end_lsn, commit_ts, self.group_txns + 1)
         else:
             self.flush.store(end_lsn, FLUSHED)  # empty for us: nothing to wait for
             self.tally.commit(self.tally.take(self.relmaps), 0)  # what it skipped
 
-    def commit_group(self) -> None:
+    def _joins(self, end_lsn: Lsn, commit_ts: int) -> bool:
+        """Whether the transaction ending now joins the open group (else it commits)."""
+        if self.hold_commits:
+            return True
+        if self.group_txns + 1 >= self.group_limit or end_lsn <= self.no_group_until:
+            return False
+        now = monotonic()
+        if not self.group_txns:
+            self.group_opened = now
+        return now - self.group_opened < max_age(self.sent_at, commit_ts)
+
+    def commit_group(self, turn: bool = False) -> None:
         """Commit the open group (if any), stamped with its last transaction's position.
 
         Only between transactions: a batch may end inside one, whose rows are already
-        in the open target transaction; the group then commits at its Commit.
+        in the open target transaction; the group then commits at its Commit. With
+        :attr:`hold_commits`, only when ``turn`` (a parallel member's turn came).
         """
-        if self.group_txns and self.txn is None:
+        if self.group_txns and self.txn is None and (turn or not self.hold_commits):
             end_lsn, ts = self.group_end
             self._commit(end_lsn, ts, self.group_txns)
 

@@ -40,6 +40,7 @@ from typing import Protocol
 from applier.apply.rules.tablesync import Name, TableSyncs
 from applier.config import Config
 from applier.lsn import Lsn
+from applier.origingroup import progress_sql
 
 log = logging.getLogger("applier.apply")
 
@@ -54,8 +55,7 @@ RETRY_MAX = 300.0
 _HELD = """
 SELECT schema_name, table_name FROM applier.table_sync
  WHERE origin = %s AND state = 'skipped' AND lsn IS NOT NULL
-   AND lsn < pg_catalog.pg_replication_origin_progress(%s, true)
-"""
+   AND lsn < """ + progress_sql()
 _UNFINISHED = (
     "SELECT schema_name, table_name FROM applier.table_sync "
     "WHERE origin = %s AND state NOT IN ('syncdone', 'ready')"

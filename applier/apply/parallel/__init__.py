@@ -1,11 +1,13 @@
-"""Parallel apply, the groundwork (issue 36): write sets, the schedule, the origin group.
+"""Parallel apply: N target sessions apply independent transactions at once, in commit order.
 
-Wired so far: ``run`` reads its restart point from the origin group at every
-start (:func:`~.origins.restart_point`), ``status`` and ``drop`` read the group,
-and ``[apply] workers`` refuses more than 1 (exit 2). The rest are the parts the
-leader and its N apply sessions will meet through, each tested on its own.
-ARCHITECTURE.md ("How several apply sessions would plug in") is the plan; this
-docstring is the design of what is built.
+``[apply] workers = N`` (N > 1). The worker chooses once per session
+(:func:`~.start.open_leader`): with one session it runs the Applier as before;
+with more, the :class:`~.leader.Leader` takes every batch. Its own *home*
+Applier (holding the plain origin, on the worker's thread) applies what cannot
+run beside others; the :class:`~.pool.Pool`'s members (:mod:`.member`, one
+thread and target session each, origin ``<origin>.<n>``) apply the rest. Each
+member runs the same Applier over whole transactions: the handlers, the one path
+decision, the lanes and the conflict rules are the engine's, not copies.
 
 The idea
 ========
@@ -79,42 +81,39 @@ index, a unique column the source does not send) is not a barrier for the
 whole stream: its changes *write the table's key*, which every change of that
 table reads, so they are ordered against that table only.
 
-What the wiring will need
-=========================
+How it is wired
+===============
 
-Not done here (the engine is being changed by issue 33 at the same time):
+* :mod:`.leader` - holds each ordinary transaction while it arrives, keying
+  its changes (:class:`~.writeset.Collector`, per change, no round trip), and
+  at its Commit adds it to the pool or, if it is a *barrier*, drains the pool and
+  applies it on the home session, its commit waited for. One method says what is
+  a barrier from the transaction (applied before, careful or one-by-one replay,
+  skip rules loaded, a table sync handing over, another origin filtered) and
+  one from its tables (a new or changed Relation or Type message, no mapping
+  yet, a table being synced, a trigger not trusted, what the collector marks).
+  Stream blocks only fill the home session's spool; Stream Commit, two-phase
+  and anything outside a transaction go to the home session after a drain; a
+  transaction too long to hold goes there as it arrives.
+* :mod:`.pool` - the :class:`~.schedule.Schedule` (dependencies, commit order),
+  runs of consecutive ready transactions handed to free members (one target
+  transaction per run: group commit inside the pool), the members' results
+  taken in order (flush tracker, counters, progress, as one session keeps
+  them), the deadlock watch over ``pg_blocking_pids()``.
+* :mod:`.member` - applies a run, checks its results before its turn (a
+  refusal beside earlier transactions, or a deadlock PostgreSQL broke, is
+  applied again alone after them), waits for the turn (backing off when the
+  watch says a predecessor waits for its locks), commits, reports, passes the
+  turn on.
+* :mod:`.start` - the members' origins, sessions and Appliers.
+* Everything that asks how far the target is reads the group's largest
+  progress (:mod:`applier.origingroup`): the worker's restart point, ``status``,
+  ``drop``, ``cutover``, ``skip add``, table syncs.
 
-* ``handlers/changes.py``: each change the leader handles is added to a
-  :class:`~.writeset.Collector` (``insert``/``update``/``delete``/``truncate``),
-  ``handlers/dispatch.py``'s ``on_message`` passes messages to
-  :meth:`~.writeset.Collector.message`, and a Relation message that replans a
-  table mid-transaction, a table sync cut, careful and one-by-one replay mark
-  the transaction a barrier (:meth:`~.writeset.Collector.mark`).
-* The lanes past the handlers (``batching/copylane``, ``insertlane``,
-  ``mergelane`` and their C twins in ``speedups/``) take rows from their bytes
-  without a Collector: with more than one session they either key what they
-  take (a C twin of :meth:`~.writeset.KeyCols.key`) or stay off.
-* ``handlers/relations.py``: a :class:`~.writeset.TableKeys` built with each
-  mapping (:func:`~.tablekeys.load` on the catalog connection, once per table),
-  kept beside the RelMap and forgotten with it; a config setting naming the
-  tables whose triggers the operator trusts to touch only their own row.
-* ``handlers/dispatch.py``: ``end_txn`` hands the transaction (its statements
-  and write set) to the pool and the :class:`~.schedule.Schedule` instead of
-  committing; group commit happens per session; two-phase adds its COMMIT
-  PREPARED as an item with the prepared transaction's write set.
-* A session waits for its commit turn before it sends COMMIT
-  (:func:`~.turn.commit_in_turn`, built; the stamp stays inside COMMIT), sets up
-  its member of the group (:func:`~.origins.setup_session`), and rewinds only
-  its own origin (``TargetSession`` given the member's name does).
-* ``target/origin.py``'s :class:`FlushTracker` gets commits in order from the
-  pool (ordered commits keep its pairs in order as today).
-* ``worker.py`` reads :func:`~.origins.restart_point` at every start, with one
-  session too (done: after a run with N sessions the plain origin lags the
-  group, and reading it alone would apply the group's transactions again).
-  ``status`` and ``drop`` read the group (done); the second-worker check must
-  too once a pool holds members (a member is never another worker's origin:
-  ``<origin>.<n>``, :mod:`.origins`); a pool watches
-  ``pg_blocking_pids()`` for a deadlock the keys missed (issue 36, item 4).
+Not done: PostgreSQL 19's shared origin (:func:`~.origins.setup_session`) is
+written but not used (no 19 here to test it on); every target uses the group.
+Streamed transactions are not applied live with a pool (they are spooled and
+applied at their Stream Commit as barriers).
 """
 
 from applier.apply.parallel.leader import Leader

@@ -86,7 +86,8 @@ from applier.speedups import Flag
 
 log = logging.getLogger("applier.apply")
 
-#: Messages of one transaction held at most; a longer one goes to the home session.
+#: Messages (rows of a run of Inserts each) of one transaction held at most; a
+#: longer one goes to the home session as it arrives.
 HELD_LIMIT = 20_000
 
 #: Only the home session's spool sees these: nothing on the target, no drain.
@@ -122,6 +123,7 @@ class Leader:
         self._syncs = syncs
         self._stopping = stopping
         self._trusted = tuple(cfg.apply.trusted_triggers)
+        self._origin_none = cfg.source.origin == "none"
         self._flag = Flag()
         # A barrier's commit must have returned before later transactions start.
         home.commit_waits = True
@@ -131,12 +133,13 @@ class Leader:
         self.relations: dict[int, Relation] = {}
         self.types: dict[int, Type] = {}
         self._space = KeySpace()
-        self._keys: dict[int, tuple[RelMap, TableKeys]] = {}
+        self._keys: dict[int, tuple[RelMap, Relation, TableKeys]] = {}
         #: The transaction being held (None: none), its write set, the tables it changes.
         self._held: list[tuple[Lsn, Any]] | None = None
         self._begin: Begin | None = None
         self._collector = Collector()
         self._touched: set[int] = set()
+        self._changes = 0
         #: The rest of the transaction in hand goes to the home session.
         self._direct = False
 
@@ -197,6 +200,7 @@ class Leader:
     def _start(self, lsn: Lsn, m: Begin) -> None:
         self._pending.received(m.final_lsn, m.commit_ts)
         self._held = [(lsn, m)]
+        self._changes = 0
         self._begin = m
         self._collector.take()  # a mark made outside a transaction is not this one's
         self._touched = set()
@@ -233,9 +237,13 @@ class Leader:
             c.truncate()
         elif t is Message:
             c.message(msg)
-        elif t is not Origin:
+        elif t is Origin:
+            if self._origin_none:  # the home session decides whether it is applied
+                c.mark("a transaction from another origin, [source] origin = none")
+        else:
             c.mark(f"a {msg.kind} message inside a transaction")
-        if len(held) > HELD_LIMIT:
+        self._changes += 1 if t is not InsertRun else 1 + len(msg.datas)
+        if self._changes > HELD_LIMIT:
             self._go_direct()
 
     def _hold_run(self, run: InsertRun) -> None:
@@ -304,20 +312,20 @@ class Leader:
         """The keys of relation ``oid``'s changes, or None (the transaction is marked a
         barrier): the home session's mapping must be the one of the Relation in force."""
         self._touched.add(oid)
+        c = self._collector
+        if oid in self._syncs.cut:
+            c.mark(f"relation {oid} is being synced")
+            return None
         rm = self.home.relmaps.get(oid)
         rel = self.relations.get(oid)
-        c = self._collector
+        got = self._keys.get(oid)
+        if got is not None and got[0] is rm and got[1] is rel:
+            return got[2]  # per change: two lookups and two identity checks
         if rm is None or rel is None or not same_relation(rm.relation, rel):
             c.mark(f"relation {oid} is not mapped by the leader's session yet")
             return None
-        if oid in self._syncs.cut:
-            c.mark(f"table {rm.qualname} is being synced")
-            return None
-        got = self._keys.get(oid)
-        if got is not None and got[0] is rm:
-            return got[1]
         tk = self._build(rm)
-        self._keys[oid] = (rm, tk)
+        self._keys[oid] = (rm, rel, tk)
         return tk
 
     def _build(self, rm: RelMap) -> TableKeys:

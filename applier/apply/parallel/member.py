@@ -19,7 +19,9 @@ The life of a transaction in a member
    a trigger trusted wrongly) or a deadlock PostgreSQL broke (40P01) is not an
    error yet: the member rolls back, waits until every earlier transaction has
    committed, and applies it again alone; only a second failure is the
-   transaction's own, raised as with one session.
+   transaction's own, raised as with one session. A run of several
+   transactions that fails is applied again one by one the same way, so that an
+   error names its own transaction.
 3. *Turn*: wait until the transaction before it in source order has committed
    (:class:`~.turn.CommitTurn`). While it waits the leader may ask it to *back
    off* (:attr:`Member.backoff`): an earlier transaction's backend is blocked on a
@@ -89,12 +91,14 @@ class Item:
 
 @dataclass(slots=True)
 class Report:
-    """What a member tells the leader about an item: committed, or failed."""
+    """What a member tells the leader about a run of items: committed, or failed."""
 
     member: Member
-    item: Item
+    items: list[Item]
     #: The target WAL position to see flushed before confirming (FLUSHED: none).
     local: Lsn = FLUSHED
+    #: The target's flush position its commit's result carried (releases earlier ones).
+    flushed: Lsn = FLUSHED
     error: BaseException | None = None
 
 
@@ -119,16 +123,17 @@ class Member:
         #: Held while a commit's counts are added up, so the leader can take them.
         self.lock = threading.Lock()
         applier.commit_waits = True
+        applier.hold_commits = True
         applier.on_committed = self._committed
         self._local: Lsn | None = None
         self._flag = Flag()
-        self.inbox: queue.SimpleQueue[Item | None] = queue.SimpleQueue()
+        self.inbox: queue.SimpleQueue[list[Item] | None] = queue.SimpleQueue()
         #: The leader asks this member to roll back and wait (a deadlock it cannot see).
         self.backoff = threading.Event()
         #: The backend's pid, for the leader's deadlock watch.
         self.pid = self.session.conn.info.backend_pid
-        #: Leader's side: the item in hand (None: free), what the member has seen.
-        self.item: Item | None = None
+        #: Leader's side: the run in hand (None: free), what the member has seen.
+        self.items: list[Item] | None = None
         self.relations: dict[int, Relation] = {}
         self.types: dict[int, Type] = {}
         #: What the member is doing, read by the leader's watch and status.
@@ -143,21 +148,23 @@ class Member:
     def start(self) -> None:
         self.thread.start()
 
-    def give(self, item: Item) -> None:
-        """Hand ``item`` over, with the Relation and Type messages the member lacks."""
-        self.item = item
-        prelude: list[tuple[Lsn, Any]] = []
-        for oid, t in item.types.items():
-            if self.types.get(oid) is not t:
-                self.types[oid] = t
-                prelude.append((Lsn(0), t))
-        for oid, r in item.relations.items():
-            if self.relations.get(oid) is not r:
-                self.relations[oid] = r
-                prelude.append((Lsn(0), r))
-        if prelude:
-            item.msgs = prelude + item.msgs
-        self.inbox.put(item)
+    def give(self, items: list[Item]) -> None:
+        """Hand a run of consecutive items over (one target transaction), with the
+        Relation and Type messages the member lacks before each."""
+        self.items = items
+        for item in items:
+            prelude: list[tuple[Lsn, Any]] = []
+            for oid, t in item.types.items():
+                if self.types.get(oid) is not t:
+                    self.types[oid] = t
+                    prelude.append((Lsn(0), t))
+            for oid, r in item.relations.items():
+                if self.relations.get(oid) is not r:
+                    self.relations[oid] = r
+                    prelude.append((Lsn(0), r))
+            if prelude:
+                item.msgs = prelude + item.msgs
+        self.inbox.put(items)
 
     def stop(self) -> None:
         """Ask the thread to end after what it holds (the turn is broken first)."""
@@ -167,76 +174,84 @@ class Member:
 
     def _run(self) -> None:
         while True:
-            item = self.inbox.get()
-            if item is None:
+            items = self.inbox.get()
+            if items is None:
                 return
             try:
-                self._apply(item)
+                self._apply(items)
             except TurnBroken as e:
                 self._abandon()
-                self._report(Report(self, item, error=e))
+                self._report(Report(self, items, error=e))
             except BaseException as e:  # reported: the leader raises it in the worker
                 self.turn.broken(f"session {self.index}: {e}")
                 self._abandon()
-                self._report(Report(self, item, error=e))
+                self._report(Report(self, items, error=e))
 
-    def _apply(self, item: Item) -> None:
-        seq = item.seq
-        beside = self.turn.committed < seq - 1
+    def _apply(self, items: list[Item]) -> None:
+        beside = self.turn.committed < items[0].seq - 1
         try:
-            self._statements(item)
+            self._statements(items)
         except ApplierError as e:
-            if not (beside or e.context.get("sqlstate") in _AGAIN):
+            if not (beside or len(items) > 1 or e.context.get("sqlstate") in _AGAIN):
                 raise
-            self._again(item, f"refused beside earlier transactions: {e}")
-        else:
-            self._wait_turn(item)
-        self._commit(item)
+            self._again(items, f"refused beside earlier transactions: {e}")
+            return
+        if not self._wait_turn(items):
+            self._commit(items)
 
-    def _statements(self, item: Item) -> None:
-        """Everything but the Commit, sent and checked."""
+    def _statements(self, items: list[Item]) -> None:
+        """Every message of the run, its Commits held (the Applier's ``hold_commits``),
+        then what is held sent and checked."""
         applier = self.applier
-        run_handlers(applier, item.msgs[:-1], self._flag)
+        for item in items:
+            run_handlers(applier, item.msgs, self._flag)
         applier.send_held()
         if self.session.in_txn:
             self.session.check_in_txn()
 
-    def _wait_turn(self, item: Item) -> None:
-        """Wait for the turn; back off (and apply again) if the leader asks."""
+    def _wait_turn(self, items: list[Item]) -> bool:
+        """Wait for the turn; True if the leader asked to back off (then the run was
+        applied again, and committed, after its predecessor)."""
         self.waiting_turn = True
         try:
-            while not self.turn.wait(item.seq, _TURN_POLL):
+            while not self.turn.wait(items[0].seq, _TURN_POLL):
                 if self.backoff.is_set():
                     self.deadlocks += 1
-                    self._again(item, "an earlier transaction waits for a lock it holds")
-                    return
+                    self.waiting_turn = False
+                    self._again(items, "an earlier transaction waits for a lock it holds")
+                    return True
         finally:
             self.waiting_turn = False
+        return False
 
-    def _again(self, item: Item, why: str) -> None:
-        """Roll back, wait until every earlier transaction committed, apply again."""
+    def _again(self, items: list[Item], why: str) -> None:
+        """Roll back, wait until every earlier transaction committed, then apply and
+        commit each alone (so that an error names its own transaction)."""
         log.info(
-            "applying a transaction again after the one before it",
-            extra={"ctx": {"session": self.index, "xid": item.xid, "why": why}},
+            "applying transactions again after the ones before them",
+            extra={"ctx": {"session": self.index, "xids": [i.xid for i in items], "why": why}},
         )
-        self.retried += 1
+        self.retried += len(items)
         self.backoff.clear()
         self._abandon(recover=True)
         self.waiting_turn = True
         try:
-            self.turn.wait(item.seq)
+            self.turn.wait(items[0].seq)
         finally:
             self.waiting_turn = False
-        self._statements(item)
+        for item in items:
+            self._statements([item])
+            self._commit([item])
 
-    def _commit(self, item: Item) -> None:
+    def _commit(self, items: list[Item]) -> None:
+        """The turn came: commit the run, report it, pass the turn on."""
         self._local = None
-        lsn, commit = item.msgs[-1]
         with self.lock:
-            self.applier.dispatch(lsn, commit)
+            self.applier.commit_group(turn=True)
         local = FLUSHED if self._local is None else self._local
-        self._report(Report(self, item, local))
-        self.turn.done(item.seq)
+        self._report(Report(self, items, local, self.session.flushed_seen))
+        for item in items:
+            self.turn.done(item.seq)
 
     def _committed(self, end_lsn: Lsn, ts: int, local: Lsn) -> None:
         self._local = local

@@ -73,13 +73,15 @@ import psycopg
 from applier.apply.target.origin import ensure_origin
 from applier.errors import PermanentError
 from applier.lsn import Lsn
+from applier.origingroup import SEPARATOR, member, progress_sql
+
+__all__ = [
+    "SEPARATOR", "SHARED_SINCE", "create_group", "drop_group", "group_progress", "member",
+    "restart_point", "setup_session", "shares_origin",
+]  # fmt: skip
 
 #: The first server version whose sessions can share an origin.
 SHARED_SINCE = 190000
-
-#: Between an origin's name and a member's number: outside the config's [a-z0-9_],
-#: so a member is never another worker's origin (see "Members cannot be ...").
-SEPARATOR = "."
 
 # Members of the group: '<origin>.' then digits (the prefix is compared with
 # left(), so no LIKE or regex escaping is needed around it).
@@ -92,22 +94,9 @@ SELECT roname, pg_catalog.pg_replication_origin_progress(roname, true)::text
 """
 
 
-_PLAIN = """
-SELECT pg_catalog.pg_replication_origin_progress(roname, true)::text
-  FROM pg_catalog.pg_replication_origin WHERE roname = %(name)s
-"""
-
-
 def shares_origin(server_version_num: int) -> bool:
     """Whether the target's sessions share one origin (19+) rather than a group."""
     return server_version_num >= SHARED_SINCE
-
-
-def member(origin: str, index: int) -> str:
-    """Session ``index``'s origin (1-based) in the group of ``origin``."""
-    if index < 1:
-        raise ValueError(f"session index {index}: sessions are numbered from 1")
-    return f"{origin}{SEPARATOR}{index}"
 
 
 def create_group(conn: psycopg.Connection[Any], origin: str, sessions: int) -> list[str]:
@@ -126,9 +115,8 @@ def group_progress(conn: psycopg.Connection[Any], origin: str) -> dict[str, Lsn]
 def restart_point(conn: psycopg.Connection[Any], origin: str) -> Lsn:
     """Where the stream restarts: the largest progress of ``origin`` and its group
     (``Lsn(0)`` when none of them exists or has progress)."""
-    row = conn.execute(_PLAIN, {"name": origin}).fetchone()
-    plain = Lsn(0) if row is None or row[0] is None else Lsn.parse(str(row[0]))
-    return max([plain, *group_progress(conn, origin).values()])
+    row = conn.execute(f"SELECT {progress_sql()}::text", (origin,)).fetchone()
+    return Lsn(0) if row is None or row[0] is None else Lsn.parse(str(row[0]))
 
 
 def drop_group(conn: psycopg.Connection[Any], origin: str) -> list[str]:

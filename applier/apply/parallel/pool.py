@@ -54,9 +54,12 @@ log = logging.getLogger("applier.apply")
 
 #: Seconds the turn may stand still before the deadlock watch asks the server.
 WATCH_AFTER = 0.2
-#: Transactions in flight per member at most: enough to keep every member busy
-#: while the next to commit waits for one; the leader stops reading beyond it.
-WINDOW_PER_MEMBER = 8
+#: Transactions one member applies in one target transaction at most (group
+#: commit within the pool: consecutive ones only, :meth:`Schedule.next_run`) ...
+RUN_LIMIT = 8
+#: ... and in flight per member at most: enough to keep every member busy while
+#: the next to commit waits for one; the leader stops reading beyond it.
+WINDOW_PER_MEMBER = 4 * RUN_LIMIT
 
 _BLOCKERS = (
     "SELECT pid, pg_catalog.pg_blocking_pids(pid) "
@@ -89,9 +92,11 @@ class Pool:
         members: Callable[[CommitTurn, Callable[[Report], None]], list[Member]],
         watch_conn: psycopg.Connection[Any],
         tally: Tally,
-        on_commit: Callable[[Item, Lsn], None],
+        on_commit: Callable[[Item, Lsn, Lsn], None],
         past: PoolStats | None = None,
+        run_limit: int = RUN_LIMIT,
     ) -> None:
+        self.run_limit = max(1, run_limit)
         #: The counters of the worker's earlier sessions (they only grow).
         self._past = past
         self.turn = CommitTurn()
@@ -128,11 +133,15 @@ class Pool:
         self._start_ready()
 
     def _start_ready(self) -> None:
-        while self._free:
-            seq = self.schedule.next_ready()
-            if seq is None:
+        """Hand ready transactions to free members: runs of consecutive ones, the
+        ready shared evenly among the free (a run is applied by one session)."""
+        schedule, free = self.schedule, self._free
+        while free:
+            share = -(-schedule.ready_count // len(free))
+            run = schedule.next_run(min(self.run_limit, max(1, share)))
+            if not run:
                 return
-            self._free.pop().give(self._items.pop(seq))
+            free.pop().give([self._items.pop(seq) for seq in run])
 
     # -- results ---------------------------------------------------------------------
 
@@ -155,18 +164,19 @@ class Pool:
         self._start_ready()
 
     def _take(self, r: Report) -> None:
-        m, item = r.member, r.item
-        m.item = None
+        m = r.member
+        m.items = None
         self._free.append(m)
         if r.error is not None:
             if self._failure is None or isinstance(self._failure, TurnBroken):
                 self._failure = r.error
             return
-        self.schedule.commit(item.seq)
         self._turn_moved = time.monotonic()
         with m.lock:
             self._tally.absorb(m.applier.tally)
-        self._on_commit(item, r.local)
+        for item in r.items:
+            self.schedule.commit(item.seq)
+            self._on_commit(item, r.local, r.flushed)
 
     def drain(self, stopping: Callable[[], bool] = lambda: False) -> None:
         """Wait until every transaction handed over has committed."""
@@ -183,7 +193,7 @@ class Pool:
     def _watch(self) -> None:
         if not self.schedule.in_flight or time.monotonic() - self._turn_moved < WATCH_AFTER:
             return
-        busy = {m.pid: m for m in self.members if m.item is not None}
+        busy = {m.pid: m for m in self.members if m.items}
         applying = [pid for pid, m in busy.items() if not m.waiting_turn]
         if not applying:
             return
@@ -193,17 +203,16 @@ class Pool:
             raise TransientError(f"the deadlock watch lost the target: {e}") from None
         waits_for = {int(pid): [int(b) for b in blockers or ()] for pid, blockers in rows}
         for pid in waits_for:
-            victim = busy[pid]
-            assert victim.item is not None
+            waits = busy[pid].items
             for holder in _behind(pid, waits_for, busy):
-                held = holder.item
-                if held is None or held.seq < victim.item.seq:
+                holds = holder.items
+                if not holds or not waits or holds[0].seq < waits[0].seq:
                     continue
                 if not holder.backoff.is_set():
                     log.info(
                         "a later transaction holds a lock an earlier one waits for: "
                         "rolling it back",
-                        extra={"ctx": {"waits": victim.item.xid, "holds": held.xid}},
+                        extra={"ctx": {"waits": waits[0].xid, "holds": holds[0].xid}},
                     )
                     holder.backoff.set()
         self._turn_moved = time.monotonic()  # look again in WATCH_AFTER s

@@ -146,6 +146,25 @@ class Schedule:
         self._started.add(seq)
         return seq
 
+    def next_run(self, limit: int) -> list[int]:
+        """Take the lowest ready seq and the ones ready right after it, consecutive, up
+        to ``limit``: a session applies them in one target transaction (its commit
+        stands for all, so they must follow each other in commit order)."""
+        first = self.next_ready()
+        if first is None:
+            return []
+        run = [first]
+        ready = self._ready
+        while len(run) < limit and ready and ready[0] == run[-1] + 1:
+            seq = heapq.heappop(ready)
+            self._started.add(seq)
+            run.append(seq)
+        return run
+
+    @property
+    def ready_count(self) -> int:
+        return len(self._ready)
+
     def may_commit(self, seq: int) -> bool:
         """Whether ``seq`` (started) may commit now: its predecessor has committed."""
         return seq == self.committed + 1 and seq in self._started

@@ -20,7 +20,7 @@ from applier.apply.handlers.spool import SpoolSet
 from applier.apply.parallel.leader import Leader
 from applier.apply.parallel.member import Item, Member, Report
 from applier.apply.parallel.origins import create_group, member
-from applier.apply.parallel.pool import Pool, PoolStats, member_applier
+from applier.apply.parallel.pool import RUN_LIMIT, Pool, PoolStats, member_applier
 from applier.apply.parallel.turn import CommitTurn
 from applier.apply.rules.skiprules import SkipRules
 from applier.apply.rules.tablesync import TableSyncs
@@ -67,15 +67,18 @@ def open_leader(
             raise
         return out
 
-    def on_commit(item: Item, local: Lsn) -> None:
+    def on_commit(item: Item, local: Lsn, flushed: Lsn) -> None:
         # In source order (the pool takes results in commit order): as one session would.
         home.flush.store(item.end_lsn, local)
+        if flushed > home.session.flushed_seen:  # what confirm releases with (confirm.py)
+            home.session.flushed_seen = flushed
         home.applied_txns += 1
         home.last_commit_lsn = item.end_lsn
         home.last_commit_ts = item.commit_ts
         home.progress = Lsn(max(home.progress, item.end_lsn))
 
-    pool = Pool(members, catalog, home.tally, on_commit, past)
+    run_limit = min(cfg.apply.group_commit, RUN_LIMIT)
+    pool = Pool(members, catalog, home.tally, on_commit, past, run_limit)
     log.info("parallel apply: %d sessions", n, extra={"ctx": {"origins": f"{cfg.origin}.1..{n}"}})
     return Leader(cfg, home, pool, catalog, pending, syncs, stopping)
 

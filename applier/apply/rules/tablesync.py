@@ -49,6 +49,7 @@ from psycopg import sql
 from applier.config import Config
 from applier.errors import SchemaMismatch
 from applier.lsn import Lsn
+from applier.origingroup import progress_sql
 
 if TYPE_CHECKING:
     from applier.apply.core.states import State
@@ -122,8 +123,7 @@ _BASELINE = (
 MARK_READY = """
 UPDATE applier.table_sync SET state = 'ready', slot = NULL, updated_at = pg_catalog.now()
  WHERE origin = %s AND state = 'syncdone'
-   AND lsn <= pg_catalog.pg_replication_origin_progress(%s, true)
-"""
+   AND lsn <= """ + progress_sql()
 
 
 def read_states(conn: Conn, origin: str, slot: str) -> dict[Name, tuple[str, Lsn | None]]:
