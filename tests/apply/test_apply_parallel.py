@@ -385,6 +385,32 @@ def test_a_parent_deleted_after_its_children_is_applied_again_after_them(pair: P
     assert runner.stop() == 0
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("pair", ["15-18"], indirect=True)  # two-phase: a 15+ source
+@pytest.mark.parametrize("workers", [1, 4])
+def test_a_column_followed_in_a_prepared_transaction_rolled_back(pair: Pair, workers: int) -> None:
+    """A column added on the source; the first change after it is in a prepared
+    transaction, so the leader's session follows the column inside it, and ROLLBACK
+    PREPARED takes the column away again on the target. The next change of the table
+    must find it added again (as with one session), not be refused on a member."""
+    pair.both("CREATE TABLE c (id int PRIMARY KEY, v int)")
+    pair.pub_exec("CREATE PUBLICATION pub FOR ALL TABLES")
+    cfg = pair.write_config(apply=apply_section(workers, two_phase=True))
+    runner = Runner(pair, cfg).start().ready()
+    pair.pub_exec("INSERT INTO c VALUES (1, 0), (2, 0)")
+    wait_equal(pair, ["c"], runner=runner)
+    pair.pub_exec("ALTER TABLE c ADD COLUMN note int")
+    with pair.pub_conn(autocommit=False) as conn:
+        conn.tpc_begin("followed")
+        conn.execute("UPDATE c SET v = 1 WHERE id = 1")
+        conn.tpc_prepare()
+        conn.tpc_rollback()
+    pair.pub_exec("UPDATE c SET v = 2, note = 5 WHERE id = 2")
+    pair.pub_exec("UPDATE c SET v = 3 WHERE id = 1")
+    wait_equal(pair, ["c"], timeout=60, runner=runner)
+    assert runner.stop() == 0
+
+
 # --- commit order ------------------------------------------------------------------
 
 ORDER_TXNS = 300
