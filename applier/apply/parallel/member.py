@@ -54,7 +54,7 @@ from applier.apply.parallel.turn import CommitTurn, TurnBroken
 from applier.apply.target.origin import FLUSHED
 from applier.errors import ApplierError
 from applier.lsn import Lsn
-from applier.protocol import Relation, Type
+from applier.protocol import InsertRun, Relation, Type
 from applier.speedups import Flag, StopFlag, dispatch_batch
 
 log = logging.getLogger("applier.apply")
@@ -72,6 +72,19 @@ def run_handlers(applier: Applier, msgs: list[tuple[Lsn, Any]], flag: StopFlag) 
     """``msgs`` through ``applier``'s handlers on their common path, as the worker's
     batches go (``dispatch_batch``, C or its Python twin)."""
     dispatch_batch(msgs, applier.handlers, open_state_of(applier), applier.dispatch, flag)
+
+
+def _whole(msgs: list[tuple[Lsn, Any]]) -> list[tuple[Lsn, Any]]:
+    """``msgs`` to apply, the held ones left whole for another application: the
+    handlers take an InsertRun's rows out of its ``datas`` as they apply them
+    (:meth:`~applier.apply.handlers.changes.RowChanges.on_insert_run`), so a run applied
+    again (a refusal beside earlier transactions, a back-off) would find them gone."""
+    if not any(type(m) is InsertRun for _, m in msgs):
+        return msgs
+    return [
+        (lsn, InsertRun(m.first, list(m.datas), list(m.lsns)) if type(m) is InsertRun else m)
+        for lsn, m in msgs
+    ]
 
 
 @dataclass(slots=True)
@@ -204,7 +217,7 @@ class Member:
         then what is held sent and checked."""
         applier = self.applier
         for item in items:
-            run_handlers(applier, item.msgs, self._flag)
+            run_handlers(applier, _whole(item.msgs), self._flag)
         applier.send_held()
         if self.session.in_txn:
             self.session.check_in_txn()
