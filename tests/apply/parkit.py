@@ -24,6 +24,7 @@ import psycopg
 from applykit import Runner
 from conftest import Pair
 from prometheus_client.parser import text_string_to_metric_families
+from psycopg import sql
 
 WORKERS = 4
 
@@ -105,9 +106,10 @@ def pool_backends(pair: Pair) -> dict[str, int]:
 
 
 def end_target_backends_at_teardown(pair: Pair) -> None:
-    """At teardown, after applier is killed, end its target backends and wait for them:
-    a backend of a killed client runs on until its statement ends (the trigger's sleeps)
-    and holds its origin, which the harness then could not drop."""
+    """At teardown, after applier is killed, end its target backends and wait for them,
+    and roll back what a failed test left prepared: a backend of a killed client runs on
+    until its statement ends (the trigger's sleeps) and holds its origin, and a
+    prepared transaction holds the database; the harness could drop neither."""
 
     def end() -> None:
         query = (
@@ -115,6 +117,11 @@ def end_target_backends_at_teardown(pair: Pair) -> None:
             f"WHERE datname = '{pair.sub_db}' AND pid <> pg_catalog.pg_backend_pid()"
         )
         pair.sub.execute(query)
+        with pair.sub_conn(autocommit=True) as conn:
+            for (gid,) in conn.execute(
+                "SELECT gid FROM pg_catalog.pg_prepared_xacts WHERE database = current_database()"
+            ).fetchall():
+                conn.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid)))
 
     pair.cleanup.insert(0, end)  # cleanups run last first: this one after every kill
 

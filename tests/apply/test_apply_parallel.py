@@ -33,10 +33,11 @@ from typing import Any
 
 import psycopg
 import pytest
-from applykit import Runner, wait_equal, wait_for
+from applykit import Runner, table_rows, wait_equal, wait_for
 from conftest import Pair
 from parkit import (
     apply_section,
+    end_target_backends_at_teardown,
     install_change_log,
     metric,
     pool_backends,
@@ -290,15 +291,22 @@ def _mix_writer(
 #: ``[schema] follow`` adds them on the target (a default kept for the old rows, and
 #: none).
 ADD_COLUMNS = {
-    20: "ALTER TABLE k ADD COLUMN extra text DEFAULT 'x'",
-    50: "ALTER TABLE c ADD COLUMN note int",
+    20: "ALTER TABLE k ADD COLUMN extra text DEFAULT 'x'; UPDATE k SET n = n WHERE id = 1",
+    50: "ALTER TABLE c ADD COLUMN note int; "
+    "INSERT INTO p VALUES (-1, 'p'); INSERT INTO c VALUES (-1, -1, 0)",
 }
+# Each with a change of its table in the same transaction: the first change after a
+# column added must not be a prepared one (then the column is added on the target
+# inside the prepared transaction, which holds the table until COMMIT PREPARED:
+# test_a_column_followed_in_a_prepared_transaction_locks_nothing_past_it).
 
 
 def _add_column(conn: psycopg.Connection[Any], ddl: str) -> None:
     while True:
         try:
-            conn.execute(ddl)
+            with conn.transaction():
+                for statement in ddl.split("; "):
+                    conn.execute(statement)
             return
         except psycopg.errors.DeadlockDetected:  # its lock against the other writers' rows
             continue
@@ -308,6 +316,7 @@ def _add_column(conn: psycopg.Connection[Any], ddl: str) -> None:
 @pytest.mark.parametrize("seed", [1])
 def test_random_mix_with_four_sessions_converges(any_pair: Pair, seed: int) -> None:
     pair = any_pair
+    end_target_backends_at_teardown(pair)
     pair.both(_MIX)
     pair.sub_exec(_FK_ALWAYS)
     pair.pub_exec(f"INSERT INTO k (id, u) SELECT g, 'hot' || g FROM generate_series(1, {HOT}) g")
@@ -332,9 +341,6 @@ def test_random_mix_with_four_sessions_converges(any_pair: Pair, seed: int) -> N
     assert not errors, errors
     kinds = ("streamed", "truncate", "moved", "family", "prepared", "schema")
     assert all(progress.kinds[k] for k in kinds), progress.kinds  # the mix held each
-    # A Relation message shows an added column with the table's next change: make sure
-    # there is one after the last column added.
-    pair.pub_exec("UPDATE k SET n = n WHERE id = 1; UPDATE c SET v = v")
     for table, order in MIX_TABLES.items():
         wait_equal(pair, [table], timeout=120, runner=runner, order=order)
     assert pair.sub_exec("SELECT count(*) FROM pg_catalog.pg_prepared_xacts") == [(0,)]
@@ -424,6 +430,48 @@ def test_a_column_followed_in_a_prepared_transaction_rolled_back(pair: Pair, wor
     pair.pub_exec("UPDATE c SET v = 2, note = 5 WHERE id = 2")
     pair.pub_exec("UPDATE c SET v = 3 WHERE id = 1")
     wait_equal(pair, ["c"], timeout=60, runner=runner)
+    assert runner.stop() == 0
+
+
+def _target_rows(pair: Pair, table: str) -> list[str] | None:
+    """``table``'s rows on the target, or None while a lock keeps them (2 s at most)."""
+    try:
+        with pair.sub_conn(autocommit=True) as conn:
+            conn.execute("SET lock_timeout = '2s'")
+            rows = conn.execute(f"SELECT row_to_json(t)::text FROM {table} t ORDER BY 1")
+            return [r[0] for r in rows.fetchall()]
+    except psycopg.errors.LockNotAvailable:
+        return None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pair", ["15-18"], indirect=True)  # two-phase: a 15+ source
+@pytest.mark.parametrize("workers", [1, 4])
+def test_a_column_followed_in_a_prepared_transaction_locks_nothing_past_it(
+    pair: Pair, workers: int
+) -> None:
+    """The first change after a column added on the source is in a prepared
+    transaction, and another transaction changes the table before COMMIT PREPARED (the
+    source's prepared transaction holds only its row). The column added on the target
+    inside the prepared transaction must not hold the table (ACCESS EXCLUSIVE until
+    COMMIT PREPARED): the next transaction would wait for it, and COMMIT PREPARED for
+    that one. Reads use a lock timeout, so a stuck target fails the test, not hangs it."""
+    end_target_backends_at_teardown(pair)
+    pair.both("CREATE TABLE c (id int PRIMARY KEY, v int)")
+    pair.pub_exec("CREATE PUBLICATION pub FOR ALL TABLES")
+    cfg = pair.write_config(apply=apply_section(workers, two_phase=True))
+    runner = Runner(pair, cfg).start().ready()
+    pair.pub_exec("INSERT INTO c VALUES (1, 0), (2, 0)")
+    wait_equal(pair, ["c"], runner=runner)
+    pair.pub_exec("ALTER TABLE c ADD COLUMN note int")
+    with pair.pub_conn(autocommit=False) as conn:
+        conn.tpc_begin("followed")
+        conn.execute("UPDATE c SET v = 1 WHERE id = 1")
+        conn.tpc_prepare()
+        pair.pub_exec("UPDATE c SET v = 2, note = 5 WHERE id = 2")
+        conn.tpc_commit()
+    src = table_rows(pair.pub_exec, "c")
+    wait_for(lambda: _target_rows(pair, "c") == src, 30, "the target's c to equal the source's")
     assert runner.stop() == 0
 
 
