@@ -408,6 +408,44 @@ def test_a_parent_deleted_after_its_children_is_applied_again_after_them(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("pair", ["15-18"], indirect=True)  # not version-specific
+def test_a_run_applied_again_frees_its_session_once(pair: Pair) -> None:
+    """A backlog, so that members take runs of several transactions (group commit in
+    the pool): a run holding L (the parent deleted after E deleted its children,
+    refused beside E) is applied again one transaction at a time; the member must be
+    free once, when the whole run committed, not once per transaction (a member free
+    twice is given two runs, and the pool stops moving)."""
+    end_target_backends_at_teardown(pair)
+    pair.both(_MIX)
+    pair.sub_exec(_FK_ALWAYS + _SLOW_TR)
+    pair.pub_exec("CREATE PUBLICATION pub FOR ALL TABLES")
+    cfg = pair.write_config(apply=apply_section(trusted_triggers=["public.tr"]))
+    runner = Runner(pair, cfg).start().ready()
+    pair.pub_exec("INSERT INTO tr VALUES (0, 0); INSERT INTO big VALUES (0, 'x')")
+    pair.pub_exec("INSERT INTO p SELECT g, 'p' FROM generate_series(1, 8) g")
+    pair.pub_exec("INSERT INTO c SELECT g, g, 0 FROM generate_series(1, 8) g")
+    wait_equal(pair, ["c"], timeout=60, runner=runner)
+    assert runner.stop() == 0
+    for n in range(1, 9):  # E_n, L_n and independent ones, queued in the slot
+        pair.pub_exec(f"UPDATE tr SET v = {n} WHERE id = 0; DELETE FROM c WHERE pid = {n}")
+        pair.pub_exec(f"DELETE FROM p WHERE id = {n}")
+        pair.pub_exec(f"INSERT INTO big VALUES ({n}, 'a'); INSERT INTO big VALUES (-{n}, 'b')")
+    # Then a transaction that waits for a slow one (a key of tr) while later ones run:
+    # it is ready only after them, and must find a session that is really free.
+    for n in range(10, 14):
+        pair.pub_exec(f"UPDATE tr SET v = {n} WHERE id = 0")
+        pair.pub_exec(f"INSERT INTO tr VALUES ({n}, 0)")
+        pair.pub_exec(f"UPDATE tr SET v = -{n} WHERE id = 0")
+        for k in range(6):
+            pair.pub_exec(f"INSERT INTO big VALUES ({n * 100 + k}, 'c')")
+    runner = Runner(pair, cfg, "applier-2.log").start()
+    for table in ("tr", "p", "c", "big"):
+        wait_equal(pair, [table], timeout=60, runner=runner)
+    assert "applying transactions again" in runner.log()
+    assert runner.stop() == 0
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("pair", ["15-18"], indirect=True)  # two-phase: a 15+ source
 @pytest.mark.parametrize("workers", [1, 4])
 def test_a_column_followed_in_a_prepared_transaction_rolled_back(pair: Pair, workers: int) -> None:
