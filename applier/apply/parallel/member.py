@@ -113,6 +113,9 @@ class Report:
     #: The target's flush position its commit's result carried (releases earlier ones).
     flushed: Lsn = FLUSHED
     error: BaseException | None = None
+    #: The member is free after this report: False for all but the last of a run
+    #: applied again one transaction at a time (each is reported as it commits).
+    last: bool = True
 
 
 class Member:
@@ -252,17 +255,17 @@ class Member:
             self.turn.wait(items[0].seq)
         finally:
             self.waiting_turn = False
-        for item in items:
+        for n, item in enumerate(items, 1):
             self._statements([item])
-            self._commit([item])
+            self._commit([item], last=n == len(items))
 
-    def _commit(self, items: list[Item]) -> None:
+    def _commit(self, items: list[Item], last: bool = True) -> None:
         """The turn came: commit the run, report it, pass the turn on."""
         self._local = None
         with self.lock:
             self.applier.commit_group(turn=True)
         local = FLUSHED if self._local is None else self._local
-        self._report(Report(self, items, local, self.session.flushed_seen))
+        self._report(Report(self, items, local, self.session.flushed_seen, last=last))
         for item in items:
             self.turn.done(item.seq)
 
