@@ -54,7 +54,7 @@ from applier.apply.parallel.turn import CommitTurn, TurnBroken
 from applier.apply.target.origin import FLUSHED
 from applier.errors import ApplierError
 from applier.lsn import Lsn
-from applier.protocol import Relation, Type
+from applier.protocol import InsertRun, Relation, Type
 from applier.speedups import Flag, StopFlag, dispatch_batch
 
 log = logging.getLogger("applier.apply")
@@ -72,6 +72,19 @@ def run_handlers(applier: Applier, msgs: list[tuple[Lsn, Any]], flag: StopFlag) 
     """``msgs`` through ``applier``'s handlers on their common path, as the worker's
     batches go (``dispatch_batch``, C or its Python twin)."""
     dispatch_batch(msgs, applier.handlers, open_state_of(applier), applier.dispatch, flag)
+
+
+def _whole(msgs: list[tuple[Lsn, Any]]) -> list[tuple[Lsn, Any]]:
+    """``msgs`` to apply, the held ones left whole for another application: the
+    handlers take an InsertRun's rows out of its ``datas`` as they apply them
+    (:meth:`~applier.apply.handlers.changes.RowChanges.on_insert_run`), so a run applied
+    again (a refusal beside earlier transactions, a back-off) would find them gone."""
+    if not any(type(m) is InsertRun for _, m in msgs):
+        return msgs
+    return [
+        (lsn, InsertRun(m.first, list(m.datas), list(m.lsns)) if type(m) is InsertRun else m)
+        for lsn, m in msgs
+    ]
 
 
 @dataclass(slots=True)
@@ -102,6 +115,9 @@ class Report:
     #: The target's flush position its commit's result carried (releases earlier ones).
     flushed: Lsn = FLUSHED
     error: BaseException | None = None
+    #: The member is free after this report: False for all but the last of a run
+    #: applied again one transaction at a time (each is reported as it commits).
+    last: bool = True
 
 
 class Member:
@@ -206,7 +222,7 @@ class Member:
         then what is held sent and checked."""
         applier = self.applier
         for item in items:
-            run_handlers(applier, item.msgs, self._flag)
+            run_handlers(applier, _whole(item.msgs), self._flag)
         applier.send_held()
         if self.session.in_txn:
             self.session.check_in_txn()
@@ -241,17 +257,17 @@ class Member:
             self.turn.wait(items[0].seq)
         finally:
             self.waiting_turn = False
-        for item in items:
+        for n, item in enumerate(items, 1):
             self._statements([item])
-            self._commit([item])
+            self._commit([item], last=n == len(items))
 
-    def _commit(self, items: list[Item]) -> None:
+    def _commit(self, items: list[Item], last: bool = True) -> None:
         """The turn came: commit the run, report it, pass the turn on."""
         self._local = None
         with self.lock:
             self.applier.commit_group(turn=True)
         local = FLUSHED if self._local is None else self._local
-        self._report(Report(self, items, local, self.session.flushed_seen))
+        self._report(Report(self, items, local, self.session.flushed_seen, last=last))
         for item in items:
             self.turn.done(item.seq)
 
