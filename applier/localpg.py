@@ -88,6 +88,13 @@ def _wheel_pkg(module: str) -> Path | None:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
+def _by_version(version: int) -> dict[str, str]:
+    """Settings a version names otherwise: from 18 the origins with progress (one per
+    parallel apply session, kept whether held or not) have their own limit, 10 by
+    default, no longer max_replication_slots."""
+    return {"max_active_replication_origins": "40"} if version >= 18 else {}
+
+
 def _wheel_bin(module: str, version: int, hint: str) -> Path:
     pkg = _wheel_pkg(module)
     if pkg is None:
@@ -212,7 +219,7 @@ class LocalCluster:
         self.datadir = base_dir / f"{name}{version}"
         self.port = free_port()
         self.name = name
-        self.settings = {**BASE_SETTINGS, **(settings or {})}
+        self.settings = {**BASE_SETTINGS, **_by_version(version), **(settings or {})}
         self.logfile = base_dir / f"{name}{version}.log"
 
     # -- running server programs as the right OS user -----------------------

@@ -123,7 +123,7 @@ def _differing_members(pair: Pair) -> dict[str, str]:
 def test_restart_after_unequal_origins_with_4_then_1_then_2_sessions(pair: Pair) -> None:
     """Killed twice with 4 sessions mid-flight (the members' LSNs differ each time),
     killed with 1 session (the plain origin moves past the group), ended with 2
-    (members 3 and 4 are left behind from the larger group): each change once."""
+    (members 3 and 4, left from the larger group, are dropped): each change once."""
     keyed_schema(pair, SLOW)
     port = free_port()
     runner = _runner(pair, port).start().ready()
@@ -143,5 +143,7 @@ def test_restart_after_unequal_origins_with_4_then_1_then_2_sessions(pair: Pair)
             _differing_members(pair)
     wait_equal(pair, ["t", "u"], timeout=150, runner=runner)
     assert_each_change_once(pair)
-    assert set(member_progress(pair, pair.slot)) >= {f"{pair.slot}.{n}" for n in range(1, 5)}
+    # Members 3 and 4 were below the restart point (the plain origin moved past the
+    # group with one session): the run with 2 dropped them, and nothing was lost.
+    assert set(member_progress(pair, pair.slot)) == {f"{pair.slot}.{n}" for n in (1, 2)}
     assert runner.stop() == 0

@@ -125,3 +125,54 @@ def test_a_refusal_beside_earlier_transactions_is_applied_again(pair: Pair) -> N
     assert (get(scrape(port), "applier_apply_retried_total") or 0) >= 1
     assert "applying transactions again" in runner.log()
     assert runner.stop() == 0
+
+
+@pytest.mark.parametrize("pair", ["18-18"], indirect=True)
+def test_sessions_beyond_the_targets_origin_states_are_refused(pair: Pair) -> None:
+    """Each session's origin takes a slot of the target's replication state (from 18
+    max_active_replication_origins, before max_replication_slots), held or not: more
+    sessions than it has room for is one line naming the setting, exit 2, before any
+    origin of the group is created."""
+    pair.both("CREATE TABLE t (id int PRIMARY KEY)")
+    pair.pub_exec("CREATE PUBLICATION pub FOR ALL TABLES")
+    # Leave room for three: the worker's own origin and two sessions.
+    pair.sub_exec(
+        f"SELECT pg_replication_origin_create('fill_{pair.pub_db}_' || g), "
+        f"pg_replication_origin_advance('fill_{pair.pub_db}_' || g, '0/1') "
+        "FROM generate_series(1, current_setting('max_active_replication_origins')::int "
+        "- (SELECT count(*) FROM pg_replication_origin_status)::int - 3) g"
+    )
+    cfg = pair.write_config(apply={"workers": 4})
+    done = subprocess.run(
+        [sys.executable, "-m", "applier.cli", "run", "--config", str(cfg)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert "max_active_replication_origins" in last and "workers = 4" in last, last
+    assert pair.sub_exec(
+        f"SELECT count(*) FROM pg_replication_origin WHERE roname LIKE '{pair.slot}.%'"
+    ) == [(0,)]
+
+
+@pytest.mark.parametrize("pair", ["15-15"], indirect=True)
+def test_fewer_sessions_drop_the_members_beyond_them(pair: Pair) -> None:
+    """After a run with 4 sessions and one with 2 that applied more, a start with 2
+    drops members 3 and 4 (below the restart point: nothing of it is lost); the
+    stream goes on exactly once."""
+    pair.both("CREATE TABLE t (id int PRIMARY KEY, n int)")
+    pair.pub_exec("CREATE PUBLICATION pub FOR ALL TABLES")
+    logs = ""
+    for n, (workers, rows) in enumerate(((4, range(1, 41)), (2, range(41, 81)), (2, [81]))):
+        cfg = pair.write_config(apply={"workers": workers})
+        runner = Runner(pair, cfg, log_name=f"applier-{n}.log").start().ready()
+        for i in rows:
+            pair.pub_exec(f"INSERT INTO t VALUES ({i}, {i})")
+        wait_equal(pair, ["t"], runner=runner)
+        assert runner.stop() == 0
+        logs += runner.log()
+    members = pair.sub_exec(
+        f"SELECT roname FROM pg_replication_origin WHERE roname LIKE '{pair.slot}.%' ORDER BY 1"
+    )
+    assert [m[0] for m in members] == [f"{pair.slot}.1", f"{pair.slot}.2"]
+    assert "origins of sessions beyond [apply] workers dropped" in logs

@@ -308,12 +308,14 @@ def _chaos(pair: Pair, seed: int, stop: threading.Event, errors: list[BaseExcept
 @pytest.mark.slow
 @pytest.mark.parametrize("pair", ["15-18"], indirect=True)
 @pytest.mark.parametrize("seed", [4])
-def test_random_mix_with_conflicts_converges(pair: Pair, seed: int) -> None:
+@pytest.mark.parametrize("workers", [1, 4])
+def test_random_mix_with_conflicts_converges(pair: Pair, seed: int, workers: int) -> None:
     """The same mix while a target user deletes and inserts k1's rows, under policies
     that let the source win: once the source touches every k1 row, each is on the
-    target as on the source (the target may keep rows of its own)."""
+    target as on the source (the target may keep rows of its own). With 4 sessions
+    too: conflicts met and resolved beside other transactions."""
     _schema(pair)
-    path = pair.write_config()
+    path = pair.write_config(apply={"workers": workers})
     path.write_text(path.read_text() + "\n[conflicts]\n" + POLICIES)
     runner = Runner(pair, path).start().ready()
     errors: list[BaseException] = []

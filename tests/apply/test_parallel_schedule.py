@@ -169,3 +169,77 @@ def test_abandon_forgets_what_did_not_commit() -> None:
     assert (s.added, s.committed, s.keys_held(), s.ready()) == (1, 1, 0, [])
     # The stream resends them; they are numbered again from the restart point.
     assert s.add(WriteSet(frozenset({1}))) == 2 and s.ready() == [2]
+
+
+def run_runs(
+    sets: list[WriteSet], rng: random.Random, sessions: int, window: int, limit: int, chain: int
+) -> None:
+    """As run_history, sessions taking runs (next_run) and committing each whole."""
+    s = Schedule()
+    runs: list[list[int]] = []
+    committed = 0
+    n = len(sets)
+    while committed < n:
+        actions = []
+        if s.added < n and s.in_flight < window:
+            actions.append("add")
+        if s.ready() and len(runs) < sessions:
+            actions.append("start")
+        if any(r[0] == committed + 1 for r in runs):
+            actions.append("commit")
+        assert actions, f"stuck: added {s.added}, committed {committed}, runs {runs}"
+        action = rng.choice(actions)
+        if action == "add":
+            s.add(sets[s.added])
+        elif action == "start":
+            run = s.next_run(limit, chain)
+            assert run and run == list(range(run[0], run[0] + len(run)))
+            if run[0] != committed + 1:  # only a head run takes waiting ones
+                assert len(run) <= limit
+            for i, y in enumerate(run):
+                for j in range(1, y):
+                    if sets[j - 1].conflicts(sets[y - 1]):
+                        # Committed before the run, or earlier in the same run.
+                        assert j <= committed or j in run[:i], (j, y, run, committed)
+            for other in runs:
+                for x in other:
+                    for y in run:
+                        assert not sets[x - 1].conflicts(sets[y - 1]), (x, y)
+            runs.append(run)
+        else:
+            run = next(r for r in runs if r[0] == committed + 1)
+            for seq in run:
+                s.commit(seq)
+            committed = run[-1]
+            runs.remove(run)
+    assert s.in_flight == 0 and s.keys_held() == 0 and not s.ready()
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(write_sets(), max_size=60),
+    st.integers(0, 2**32),
+    st.integers(1, 8),
+    st.integers(1, 20),
+    st.integers(1, 4),
+    st.integers(1, 30),
+)
+def test_random_histories_of_runs(
+    sets: list[WriteSet], seed: int, sessions: int, window: int, limit: int, chain: int
+) -> None:
+    """Runs of consecutive transactions: nothing in a run conflicts with a run beside
+    it, and a transaction joins a run only after what it conflicts with (committed
+    before, or earlier in the run); a chain on one key goes as one run."""
+    run_runs(sets, random.Random(seed), sessions, window, limit, chain)
+
+
+def test_a_chain_on_one_key_is_one_run() -> None:
+    s = Schedule()
+    hot = WriteSet(frozenset({1}))
+    seqs = [s.add(hot) for _ in range(10)]
+    assert s.ready() == [1]
+    assert s.next_run(2, chain=6) == seqs[:6]  # the head run takes the chain
+    assert s.next_run(2, chain=6) == []  # the rest waits for it
+    for seq in seqs[:6]:
+        s.commit(seq)
+    assert s.next_run(2, chain=6) == seqs[6:10]

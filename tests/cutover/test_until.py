@@ -40,6 +40,15 @@ def _commit_ends(pair: Pair) -> list[int]:
     return [int(r[0]) for r in rows]
 
 
+def _group_lsn(pair: Pair) -> str | None:
+    """The progress of the origin and its parallel sessions' origins, the largest."""
+    row = pair.sub_exec(
+        "SELECT max(pg_replication_origin_progress(roname, true))::text "
+        f"FROM pg_replication_origin WHERE roname = '{pair.slot}' OR roname LIKE '{pair.slot}.%'"
+    )
+    return None if not row else row[0][0]
+
+
 def _lsn(n: int) -> str:
     return f"{n >> 32:X}/{n & 0xFFFFFFFF:X}"
 
@@ -80,8 +89,11 @@ def _confirmed(pair: Pair) -> int:
 # pairs); the target only keeps the origin, alike on 15 and 18 (the 2PC test below,
 # which leaves a PREPARE on the target, keeps both).
 @pytest.mark.parametrize("pair", ["15-18"], indirect=True)
-def test_until_lsn_stops_exactly_there_and_continues(pair: Pair) -> None:
-    cfg = _setup(pair)
+@pytest.mark.parametrize("workers", [1, 4])
+def test_until_lsn_stops_exactly_there_and_continues(pair: Pair, workers: int) -> None:
+    """With parallel apply too: the pool stops at the same place, its progress is the
+    group's (the largest of the origin and its sessions')."""
+    cfg = _setup(pair, workers=workers)
     _insert(pair, range(1, 6))
     mid = pair.pub_exec("SELECT pg_current_wal_lsn()::text")[0][0]
     _insert(pair, range(6, 11))
@@ -92,27 +104,27 @@ def test_until_lsn_stops_exactly_there_and_continues(pair: Pair) -> None:
     rc, out, _ = _run(cfg, "--until-lsn", mid)
     assert rc == 0, out
     assert _ids(pair) == [1, 2, 3, 4, 5]
-    assert _num(origin_lsn(pair, pair.slot)) == ends[4]
+    assert _num(_group_lsn(pair)) == ends[4]
     assert ends[4] <= _confirmed(pair) < ends[5]
 
     # A commit's own end is included; a later run continues from the origin.
     rc, out, _ = _run(cfg, "--until-lsn", _lsn(ends[6]))
     assert rc == 0, out
     assert _ids(pair) == [1, 2, 3, 4, 5, 6, 7]
-    assert _num(origin_lsn(pair, pair.slot)) == ends[6]
+    assert _num(_group_lsn(pair)) == ends[6]
 
     # A position inside a commit record (past its start, before its end): not applied.
     rc, out, _ = _run(cfg, "--until-lsn", _lsn(ends[8] - 1))
     assert rc == 0, out
     assert _ids(pair) == [1, 2, 3, 4, 5, 6, 7, 8]
-    assert _num(origin_lsn(pair, pair.slot)) == ends[7]
+    assert _num(_group_lsn(pair)) == ends[7]
     assert ends[7] <= _confirmed(pair) < ends[8]
 
     # Nothing was lost by confirming: the rest follows.
     rc, out, _ = _run(cfg, "--until-caught-up")
     assert rc == 0, out
     assert _ids(pair) == list(range(1, 11))
-    assert _num(origin_lsn(pair, pair.slot)) == ends[9]
+    assert _num(_group_lsn(pair)) == ends[9]
 
 
 # The source's position decides (15 on both default pairs), not the target's version.

@@ -258,6 +258,7 @@ class Applier:
             self.changes,
             self.origins,
             f"applier_{cfg.origin}_",
+            lambda: self.rels.forget_tables(None),
         )
         # The change handlers by their names, as the dispatch table holds them.
         self.on_insert = self.changes.on_insert

@@ -36,6 +36,7 @@ records through :class:`~applier.apply.handlers.ports.Records`, sends held rows 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Protocol
 
 from applier.apply.core.states import IDLE, PREPARE
@@ -72,8 +73,12 @@ class TwoPhaseTxns:
         held: Held,
         origins: OriginFilter,
         gid_prefix: str,
+        forget_mappings: Callable[[], None] = lambda: None,
     ) -> None:
         self.host = host
+        #: After ROLLBACK PREPARED: a schema change the prepared transaction made is
+        #: undone on the target, so no mapping built inside it may stay.
+        self.forget_mappings = forget_mappings
         self.records = records
         self.replayer = replay
         self.held = held
@@ -186,3 +191,5 @@ class TwoPhaseTxns:
         local = self.host.session.finish_prepared(gid, False, m.rollback_end_lsn, m.rollback_ts)
         self.host.committed(m.rollback_end_lsn, m.rollback_ts, local)
         self.host.applied_txns -= 1
+        # Rare: every table is looked up again (and followed again) at its next change.
+        self.forget_mappings()

@@ -137,7 +137,17 @@ class Leader:
         #: The transaction being held (None: none), its write set, the tables it changes.
         self._held: list[tuple[Lsn, Any]] | None = None
         self._begin: Begin | None = None
-        self._collector = Collector()
+        self._collector = c = Collector()
+        #: What keys each kind of row change (the collector is reused: take() empties it).
+        self._keyed: dict[type, Callable[[TableKeys, Any], None]] = {
+            Insert: c.insert,
+            Update: c.update,
+            Delete: c.delete,
+        }
+        # Read per change: the home session's mappings and the sync cuts (both
+        # objects live as long as the session; their contents change).
+        self._relmaps = home.relmaps
+        self._cut = syncs.cut
         self._touched: set[int] = set()
         self._changes = 0
         #: The rest of the transaction in hand goes to the home session.
@@ -172,11 +182,28 @@ class Leader:
         return batch
 
     def dispatch(self, batch: list[tuple[Lsn, Any]]) -> None:
-        for lsn, msg in batch:
-            if self._stopping():
+        self._route(batch)
+        self.pool.start_ready()
+
+    def _route(self, batch: list[tuple[Lsn, Any]]) -> None:
+        keyed = self._keyed
+        for n, (lsn, msg) in enumerate(batch):
+            if not n & 63 and self._stopping():  # a stop is seen within 64 messages
                 return
-            if self._held is not None:
-                self._hold(lsn, msg)
+            held = self._held
+            if held is not None:
+                # The common case first: a row change of a transaction being held.
+                keyer = keyed.get(type(msg))
+                if keyer is not None:
+                    held.append((lsn, msg))
+                    tk = self._keys_of(msg.relation_oid)
+                    if tk is not None:
+                        keyer(tk, msg)
+                    self._changes += 1
+                    if self._changes > HELD_LIMIT:
+                        self._go_direct()
+                else:
+                    self._hold(lsn, msg)
             elif self._direct:
                 self._note_schema(msg)
                 self.home.dispatch(lsn, msg)
@@ -209,24 +236,13 @@ class Leader:
             self._collector.mark(why)
 
     def _hold(self, lsn: Lsn, msg: Any) -> None:
+        """Any other message of a transaction being held (row changes: :meth:`_route`)."""
         held = self._held
         assert held is not None
         held.append((lsn, msg))
         t = type(msg)
         c = self._collector
-        if t is Update:
-            tk = self._keys_of(msg.relation_oid)
-            if tk is not None:
-                c.update(tk, msg)
-        elif t is Insert:
-            tk = self._keys_of(msg.relation_oid)
-            if tk is not None:
-                c.insert(tk, msg)
-        elif t is Delete:
-            tk = self._keys_of(msg.relation_oid)
-            if tk is not None:
-                c.delete(tk, msg)
-        elif t is InsertRun:
+        if t is InsertRun:
             self._hold_run(msg)
         elif t is Commit:
             self._end(msg)
@@ -271,6 +287,7 @@ class Leader:
             begin.xid,
             {oid: self.relations[oid] for oid in self._touched},
             dict(self.types),
+            self._changes,
         )
         self.pool.make_room(self._stopping)
         self.pool.add(item, ws)
@@ -311,16 +328,25 @@ class Leader:
     def _keys_of(self, oid: int) -> TableKeys | None:
         """The keys of relation ``oid``'s changes, or None (the transaction is marked a
         barrier): the home session's mapping must be the one of the Relation in force."""
+        got = self._keys.get(oid)
+        if (
+            got is not None
+            and got[0] is self._relmaps.get(oid)
+            and got[1] is self.relations.get(oid)
+            and oid not in self._cut
+        ):
+            self._touched.add(oid)
+            return got[2]  # per change: a few lookups and identity checks
+        return self._keys_slow(oid)
+
+    def _keys_slow(self, oid: int) -> TableKeys | None:
         self._touched.add(oid)
         c = self._collector
-        if oid in self._syncs.cut:
+        if oid in self._cut:
             c.mark(f"relation {oid} is being synced")
             return None
-        rm = self.home.relmaps.get(oid)
+        rm = self._relmaps.get(oid)
         rel = self.relations.get(oid)
-        got = self._keys.get(oid)
-        if got is not None and got[0] is rm and got[1] is rel:
-            return got[2]  # per change: two lookups and two identity checks
         if rm is None or rel is None or not same_relation(rm.relation, rel):
             c.mark(f"relation {oid} is not mapped by the leader's session yet")
             return None

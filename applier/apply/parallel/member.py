@@ -100,6 +100,8 @@ class Item:
     relations: dict[int, Relation] = field(default_factory=dict)
     #: The Type messages current when it was received.
     types: dict[int, Type] = field(default_factory=dict)
+    #: Its row changes (what it holds in memory).
+    rows: int = 0
 
 
 @dataclass(slots=True)

@@ -71,13 +71,13 @@ from typing import Any
 import psycopg
 
 from applier.apply.target.origin import ensure_origin
-from applier.errors import PermanentError
+from applier.errors import ConfigError, PermanentError
 from applier.lsn import Lsn
 from applier.origingroup import SEPARATOR, member, progress_sql
 
 __all__ = [
-    "SEPARATOR", "SHARED_SINCE", "create_group", "drop_group", "group_progress", "member",
-    "restart_point", "setup_session", "shares_origin",
+    "SEPARATOR", "SHARED_SINCE", "check_capacity", "create_group", "drop_group",
+    "group_progress", "member", "restart_point", "setup_session", "shares_origin", "trim_group",
 ]  # fmt: skip
 
 #: The first server version whose sessions can share an origin.
@@ -103,6 +103,60 @@ def create_group(conn: psycopg.Connection[Any], origin: str, sessions: int) -> l
     """Create the origins of sessions 1..``sessions`` that do not exist; their names."""
     names = [member(origin, i) for i in range(1, sessions + 1)]
     return [name for name in names if ensure_origin(conn, name)]
+
+
+#: The setting that bounds the origins with progress (each holds a slot of the
+#: server's replication state, whether a session holds it or not).
+_CAPACITY = """
+SELECT pg_catalog.current_setting(CASE WHEN pg_catalog.current_setting('server_version_num')::int
+                                          >= 180000
+                                       THEN 'max_active_replication_origins'
+                                       ELSE 'max_replication_slots' END)::int,
+       CASE WHEN pg_catalog.current_setting('server_version_num')::int >= 180000
+            THEN 'max_active_replication_origins' ELSE 'max_replication_slots' END,
+       (SELECT pg_catalog.count(*) FROM pg_catalog.pg_replication_origin_status)::int
+"""
+
+
+_WITH_STATE = """
+SELECT pg_catalog.count(*) FROM pg_catalog.pg_replication_origin_status s
+  JOIN pg_catalog.pg_replication_origin o ON o.roident = s.local_id
+ WHERE o.roname = ANY(%s)
+"""
+
+
+def check_capacity(conn: psycopg.Connection[Any], origin: str, sessions: int) -> None:
+    """Refuse (exit 2) before anything is created when the target cannot hold one
+    more origin state for each member that has none yet."""
+    cap, setting, used = conn.execute(_CAPACITY).fetchone() or (0, "", 0)
+    names = [member(origin, i) for i in range(1, sessions + 1)]
+    row = conn.execute(_WITH_STATE, (names,)).fetchone()
+    needed = len(names) - (int(row[0]) if row else 0)
+    if used + needed > cap:
+        raise ConfigError(
+            f"[apply] workers = {sessions} needs {needed} more replication origin states on "
+            f"the target (one per session), and it has {used} of {setting} = {cap} in use",
+            hint=f"raise {setting} on the target to at least {used + needed} (a restart of "
+            "the target is needed), or lower [apply] workers; `applier drop` of another "
+            "stream frees its origins",
+        )
+
+
+def trim_group(conn: psycopg.Connection[Any], origin: str, sessions: int) -> list[str]:
+    """Drop members beyond ``sessions`` (left by a run with more) whose progress is
+    below the restart point: another origin holds that, so nothing is lost, and
+    each frees a slot of the server's replication state. Their names."""
+    top = restart_point(conn, origin)
+    gone = []
+    for name, lsn in group_progress(conn, origin).items():
+        index = int(name.rsplit(SEPARATOR, 1)[1])
+        if index > sessions and lsn < top:
+            try:
+                conn.execute("SELECT pg_catalog.pg_replication_origin_drop(%s)", (name,))
+            except psycopg.errors.ObjectInUse:
+                continue  # a backend of a process gone still holds it: next time
+            gone.append(name)
+    return gone
 
 
 def group_progress(conn: psycopg.Connection[Any], origin: str) -> dict[str, Lsn]:

@@ -58,8 +58,11 @@ WATCH_AFTER = 0.2
 #: commit within the pool: consecutive ones only, :meth:`Schedule.next_run`) ...
 RUN_LIMIT = 8
 #: ... and in flight per member at most: enough to keep every member busy while
-#: the next to commit waits for one; the leader stops reading beyond it.
+#: the next to commit waits for one; the leader stops reading beyond it, or ...
 WINDOW_PER_MEMBER = 4 * RUN_LIMIT
+#: ... beyond this many row changes held in flight (memory stays bounded: one
+#: transaction alone holds at most leader.HELD_LIMIT).
+HELD_ROWS = 200_000
 
 _BLOCKERS = (
     "SELECT pid, pg_catalog.pg_blocking_pids(pid) "
@@ -95,8 +98,13 @@ class Pool:
         on_commit: Callable[[Item, Lsn, Lsn], None],
         past: PoolStats | None = None,
         run_limit: int = RUN_LIMIT,
+        chain_limit: int = RUN_LIMIT,
     ) -> None:
         self.run_limit = max(1, run_limit)
+        #: A run at the head of the commit order may take this many transactions
+        #: that wait only for it (a hot row's chain: as one session groups them).
+        self.chain_limit = max(self.run_limit, chain_limit)
+        self._held_rows = 0
         #: The counters of the worker's earlier sessions (they only grow).
         self._past = past
         self.turn = CommitTurn()
@@ -110,9 +118,12 @@ class Pool:
         self._on_commit = on_commit
         self._failure: BaseException | None = None
         self._turn_moved = time.monotonic()
-        self.window = WINDOW_PER_MEMBER * len(self.members)
+        # Room for a head run's whole chain besides the members' runs.
+        self.window = WINDOW_PER_MEMBER * len(self.members) + self.chain_limit
         #: Barriers applied by the leader's own session (counted with the schedule's).
         self.barriers = 0
+        #: Runs handed out (transactions / runs: how much group commit the pool kept).
+        self.runs = 0
         for m in self.members:
             m.start()
 
@@ -124,12 +135,18 @@ class Pool:
 
     @property
     def full(self) -> bool:
-        return self.schedule.in_flight >= self.window
+        return self.schedule.in_flight >= self.window or self._held_rows >= HELD_ROWS
 
     def add(self, item: Item, ws: WriteSet) -> None:
         """The next transaction in commit order (its write set keyed by the leader)."""
         item.seq = self.schedule.add(ws)
         self._items[item.seq] = item
+        self._held_rows += item.rows
+
+    def start_ready(self) -> None:
+        """Hand what is ready to the free members: after each batch the leader routed
+        (and whenever results come), not per transaction, so that a run takes what
+        the batch brought (longer runs, fewer commits, as one session's groups)."""
         self._start_ready()
 
     def _start_ready(self) -> None:
@@ -138,16 +155,21 @@ class Pool:
         schedule, free = self.schedule, self._free
         while free:
             share = -(-schedule.ready_count // len(free))
-            run = schedule.next_run(min(self.run_limit, max(1, share)))
+            # The head run (next to commit) may take ready ones beyond its share:
+            # waiting ones after them can then join it (a chain is not cut).
+            share = min(self.run_limit, max(1, share))
+            run = schedule.next_run(share, self.chain_limit, self.run_limit)
             if not run:
                 return
             free.pop().give([self._items.pop(seq) for seq in run])
+            self.runs += 1
 
     # -- results ---------------------------------------------------------------------
 
     def collect(self, wait: float = 0.0) -> None:
         """Take the members' reports (waiting up to ``wait`` s for the first one);
         raise the failure of a member, once every member has stopped committing."""
+        self._start_ready()
         try:
             report = self._reports.get(timeout=wait) if wait > 0 else self._reports.get_nowait()
         except queue.Empty:
@@ -176,6 +198,7 @@ class Pool:
         with m.lock:
             self._tally.absorb(m.applier.tally)
         for item in r.items:
+            self._held_rows -= item.rows
             self.schedule.commit(item.seq)
             self._on_commit(item, r.local, r.flushed)
 
@@ -222,6 +245,18 @@ class Pool:
 
     def stop(self) -> None:
         """Stop every member (what they hold rolls back) and close their sessions."""
+        counts = self.schedule.counts
+        log.info(
+            "parallel apply stopping",
+            extra={
+                "ctx": {
+                    "transactions": counts.added,
+                    "runs": self.runs,
+                    "serialised_by_key": counts.by_key,
+                    "barriers": self.barriers,
+                }
+            },
+        )
         self.turn.broken("the pool stops")
         for m in self.members:
             m.stop()

@@ -77,8 +77,10 @@ class Schedule:
         self._barrier = 0
         #: Uncommitted transactions' write sets (their keys go at commit).
         self._sets: dict[int, WriteSet] = {}
-        #: after -> transactions that may start once that seq has committed.
+        #: after -> transactions that may start once that seq has committed, and
+        #: the reverse (a waiting transaction may join the run it waits for).
         self._waiting: dict[int, list[int]] = {}
+        self._after: dict[int, int] = {}
         #: Transactions that may start, not started yet: lowest seq first.
         self._ready: list[int] = []
         self._started: set[int] = set()
@@ -110,7 +112,9 @@ class Schedule:
             self.counts.by_key += 1
         else:
             self.counts.by_barrier += 1
-        self._waiting.setdefault(max(after, by_key), []).append(seq)
+        wait_for = max(after, by_key)
+        self._waiting.setdefault(wait_for, []).append(seq)
+        self._after[seq] = wait_for
         return seq
 
     def _depend(self, seq: int, ws: WriteSet) -> int:
@@ -146,20 +150,38 @@ class Schedule:
         self._started.add(seq)
         return seq
 
-    def next_run(self, limit: int) -> list[int]:
-        """Take the lowest ready seq and the ones ready right after it, consecutive, up
-        to ``limit``: a session applies them in one target transaction (its commit
-        stands for all, so they must follow each other in commit order)."""
+    def next_run(self, limit: int, chain: int | None = None, head_limit: int = 0) -> list[int]:
+        """Take the lowest ready seq and the ones right after it, consecutive, that a
+        session may apply in the same target transaction (its commit stands for all,
+        so they must follow each other in commit order):
+
+        * ready ones, up to ``limit`` in all (``head_limit``, if larger, for a run
+          that starts at the next transaction to commit);
+        * when the run starts at the next transaction to commit (everything before
+          it has committed), also ones waiting only for a transaction in the run,
+          up to ``chain`` in all: the session applies them after it, so a chain of
+          transactions on one hot row goes as one group, as one session would.
+        """
         first = self.next_ready()
         if first is None:
             return []
         run = [first]
-        ready = self._ready
-        while len(run) < limit and ready and ready[0] == run[-1] + 1:
-            seq = heapq.heappop(ready)
-            self._started.add(seq)
-            run.append(seq)
-        return run
+        head = first == self.committed + 1
+        if head:
+            limit = max(limit, head_limit)
+        chain = limit if chain is None else max(limit, chain)
+        ready, after = self._ready, self._after
+        while True:
+            nxt = run[-1] + 1
+            if len(run) < limit and ready and ready[0] == nxt:
+                heapq.heappop(ready)
+            elif head and len(run) < chain and after.get(nxt, 0) >= first:
+                waits = self._waiting[after.pop(nxt)]
+                waits.remove(nxt)
+            else:
+                return run
+            self._started.add(nxt)
+            run.append(nxt)
 
     @property
     def ready_count(self) -> int:
@@ -188,6 +210,7 @@ class Schedule:
         self.committed = seq
         released = self._waiting.pop(seq, [])
         for s in released:
+            del self._after[s]
             heapq.heappush(self._ready, s)
         return released
 
@@ -199,6 +222,7 @@ class Schedule:
         self._reader.clear()
         self._sets.clear()
         self._waiting.clear()
+        self._after.clear()
         self._ready.clear()
         self._started.clear()
         self._barrier = 0

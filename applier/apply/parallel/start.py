@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
 import psycopg
@@ -19,7 +20,7 @@ from applier.apply.handlers.dispatch import Applier
 from applier.apply.handlers.spool import SpoolSet
 from applier.apply.parallel.leader import Leader
 from applier.apply.parallel.member import Item, Member, Report
-from applier.apply.parallel.origins import create_group, member
+from applier.apply.parallel.origins import check_capacity, create_group, member, trim_group
 from applier.apply.parallel.pool import RUN_LIMIT, Pool, PoolStats, member_applier
 from applier.apply.parallel.turn import CommitTurn
 from applier.apply.rules.skiprules import SkipRules
@@ -51,21 +52,32 @@ def open_leader(
     """The leader over ``home`` and a pool of ``[apply] workers`` members (``past``:
     the counters of the worker's earlier pools)."""
     n = cfg.apply.workers
+    gone = trim_group(catalog, cfg.origin, n)
+    if gone:
+        log.info(
+            "origins of sessions beyond [apply] workers dropped", extra={"ctx": {"origins": gone}}
+        )
+    check_capacity(catalog, cfg.origin, n)
     created = create_group(catalog, cfg.origin, n)
     if created:
         log.info("origins of the apply sessions created", extra={"ctx": {"origins": created}})
 
     def members(turn: CommitTurn, report: Callable[[Report], None]) -> list[Member]:
-        out: list[Member] = []
-        try:
-            for i in range(1, n + 1):
-                out.append(_member(cfg, i, home, spools, rules, our_origin_id, turn, report))
-        except BaseException:
-            for m in out:
+        # Opened at once (each is a few round trips to the target); all or none.
+        with ThreadPoolExecutor(n, thread_name_prefix="applier open") as ex:
+            futures = [
+                ex.submit(_member, cfg, i, home, spools, rules, our_origin_id, turn, report)
+                for i in range(1, n + 1)
+            ]
+            wait(futures)
+        opened = [f.result() for f in futures if f.exception() is None]
+        failed = [f.exception() for f in futures if f.exception() is not None]
+        if failed:
+            for m in opened:
                 m.session.close()
                 close_quietly(m.catalog, "catalog")
-            raise
-        return out
+            raise failed[0]  # type: ignore[misc]
+        return opened
 
     def on_commit(item: Item, local: Lsn, flushed: Lsn) -> None:
         # In source order (the pool takes results in commit order): as one session would.
@@ -77,8 +89,8 @@ def open_leader(
         home.last_commit_ts = item.commit_ts
         home.progress = Lsn(max(home.progress, item.end_lsn))
 
-    run_limit = min(cfg.apply.group_commit, RUN_LIMIT)
-    pool = Pool(members, catalog, home.tally, on_commit, past, run_limit)
+    limit = cfg.apply.group_commit
+    pool = Pool(members, catalog, home.tally, on_commit, past, min(limit, RUN_LIMIT), limit)
     log.info("parallel apply: %d sessions", n, extra={"ctx": {"origins": f"{cfg.origin}.1..{n}"}})
     return Leader(cfg, home, pool, catalog, pending, syncs, stopping)
 
