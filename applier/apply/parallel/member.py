@@ -52,7 +52,7 @@ from applier.apply.core.states import open_state_of
 from applier.apply.handlers.dispatch import Applier
 from applier.apply.parallel.turn import CommitTurn, TurnBroken
 from applier.apply.target.origin import FLUSHED
-from applier.errors import ApplierError
+from applier.errors import ApplierError, TransientError
 from applier.lsn import Lsn
 from applier.protocol import InsertRun, Relation, Type
 from applier.speedups import Flag, StopFlag, dispatch_batch
@@ -210,7 +210,9 @@ class Member:
         try:
             self._statements(items)
         except ApplierError as e:
-            if not (beside or len(items) > 1 or e.context.get("sqlstate") in _AGAIN):
+            broken = e.context.get("sqlstate") in _AGAIN
+            # A lost connection is no refusal: the worker reconnects (not counted).
+            if not broken and (isinstance(e, TransientError) or not (beside or len(items) > 1)):
                 raise
             self._again(items, f"refused beside earlier transactions: {e}")
             return
