@@ -237,6 +237,8 @@ class Applier(Consumer):
         ``extra``: [apply] lines besides --applier-apply's (``--applier-workers``)."""
         super().__init__()
         self.tree, self.key, self.extra = tree, key, extra
+        if extra:
+            self.label = f"applier, {', '.join(extra)}"
         # Its own code first on the path: ``python -m applier.cli`` imports that tree.
         self.env = {**os.environ, "PYTHONPATH": str(tree)}
 
