@@ -216,8 +216,17 @@ class Member:
                 raise
             self._again(items, f"refused beside earlier transactions: {e}")
             return
-        if not self._wait_turn(items):
+        if self._wait_turn(items):
+            return
+        try:
             self._commit(items)
+        except ApplierError as e:
+            # A refusal found at COMMIT (not checked when next in turn) in a run of
+            # several: the turn is still this run's; apply them one by one, so that
+            # the error names its own transaction. Lost, it cannot be told: raise.
+            if isinstance(e, TransientError) or len(items) == 1:
+                raise
+            self._again(items, f"a run refused at its commit: {e}")
 
     def _statements(self, items: list[Item]) -> None:
         """Every message of the run, its Commits held (the Applier's ``hold_commits``),
@@ -226,7 +235,9 @@ class Member:
         for item in items:
             run_handlers(applier, _whole(item.msgs), self._flag)
         applier.send_held()
-        if self.session.in_txn:
+        # Next in turn (nothing earlier is open): a refusal is its own, found at
+        # COMMIT as with one session; the check's round trip is spared.
+        if self.session.in_txn and self.turn.committed < items[0].seq - 1:
             self.session.check_in_txn()
 
     def _wait_turn(self, items: list[Item]) -> bool:
