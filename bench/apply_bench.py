@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/apply_bench.py [--versions 15,18] [--workloads insert,pgbench,...]
         [--applier-before OTHER_CHECKOUT]   # before/after a change, interleaved (key a0)
+        [--applier-workers N]               # [apply] workers = N beside the default (key aw)
         [--repeat 3] [--scale 1.0 | --quick] [--json-out figures.json]
 
 Per version a pair of throwaway clusters (15->15: Debian's PostgreSQL 15;
@@ -22,7 +23,12 @@ consumer order rotates between rounds. Consumers, each on its defaults:
 - built-in: CREATE SUBSCRIPTION ... WITH (copy_data=false, create_slot=false,
   slot_name=...) and nothing else (15: streaming=off; 18: streaming=parallel);
 - pglogical 2 (15 only);
-- applier run with a minimal config (no [apply] section), after `applier migrate`.
+- applier run with a minimal config (no [apply] section), after `applier migrate`;
+- with --applier-workers N: applier again with only ``[apply] workers = N``
+  (parallel apply), beside it in the same rounds. Both then serve /metrics,
+  read before they stop (transactions applied, the pool's counters), and a
+  table compares them, with the CPU of the process's main thread (the worker,
+  with N sessions the leader) and of the whole process per transaction.
 
 Workloads: insert, pgbench, update, delete, full, indexed, steady, big (see
 bench/applybench/workloads.py and steady.py). Progress goes to stderr, tables
@@ -141,7 +147,11 @@ def bench_version(version: int, args: argparse.Namespace, tmp: Path) -> dict[str
         ctx = Ctx(pub, sub, version, tmp, args.scale, args.timeout, args.full_timeout, args.rate,
                   max(5.0, args.steady_seconds * args.scale), args.big_mb,
                   applier_apply=args.applier_apply,
-                  applier_before=args.applier_before)  # fmt: skip
+                  applier_before=args.applier_before,
+                  applier_metrics=args.applier_workers > 1,
+                  applier_workers=args.applier_workers)  # fmt: skip
+        if args.applier_workers > 1:
+            report.LABELS["aw"] = f"applier, workers = {args.applier_workers}"
         if args.applier_apply:
             log(f"  applier runs with [apply] {args.applier_apply!r}, not its defaults")
         if version == 15:
@@ -191,6 +201,9 @@ def summary(all_results: dict[int, dict[str, Any]]) -> None:
                 "(start-up + drain, medians):\n"
             )
             print("\n".join(report.split_table(version, drains)))
+            if any("aw" in r for res in drains.values() for r in res["rounds"]):
+                print("\napplier with [apply] workers beside its defaults (medians):\n")
+                print("\n".join(report.workers_table(drains)))
         if "steady" in results:
             print()
             print("\n".join(report.steady_table(results["steady"]["describe"],
@@ -227,6 +240,10 @@ def parse_args() -> argparse.Namespace:
         "--applier-before", type=Path,
         help="another applier checkout drained beside this one in every round "
              "(key a0): a change measured before/after, interleaved",
+    )  # fmt: skip
+    ap.add_argument(
+        "--applier-workers", type=int, default=0,
+        help="also drain with applier's [apply] workers = N (key aw) beside its defaults",
     )  # fmt: skip
     ap.add_argument(
         "--applier-apply", default="",

@@ -44,6 +44,11 @@ class Ctx:
     applier_apply: str = ""
     #: Another applier checkout drained beside this one ("a0"): before/after a change.
     applier_before: Path | None = None
+    #: Serve applier's /metrics and read it before each stop (transactions, the
+    #: pool's serialised/retried counters): parallel_bench.py, apply_bench.py --applier-workers.
+    applier_metrics: bool = False
+    #: > 1: applier with ``[apply] workers = N`` drained beside its defaults (key "aw").
+    applier_workers: int = 0
 
     def n(self, full_size: int) -> int:
         return max(1, int(full_size * self.scale))
@@ -88,6 +93,17 @@ def proc_cpu(pid: int | None) -> float:
         return float("nan")
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def thread_cpu(pid: int | None, tid: int | None) -> float:
+    """CPU seconds one thread of a live process has used so far; nan if gone."""
+    if not pid or not tid:
+        return float("nan")
+    try:
+        fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return float("nan")
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

@@ -15,9 +15,11 @@ import math
 import os
 import resource
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from datetime import datetime
 from pathlib import Path
 
@@ -31,6 +33,7 @@ from .common import (
     server_figures,
     sh,
     slot_pid,
+    thread_cpu,
     wait_marker,
     wait_until,
     walsender_up,
@@ -38,6 +41,37 @@ from .common import (
 from .workloads import Workload
 
 Figures = dict[str, float]
+
+#: applier's /metrics figures kept (name as served -> figure name in the results).
+METRICS = {
+    "applier_applied_transactions_total": "transactions",
+    'applier_apply_serialised_total{reason="key"}': "serialised by key",
+    'applier_apply_serialised_total{reason="barrier"}': "serialised by barrier",
+    "applier_apply_deadlocks_total": "deadlocks",
+    "applier_apply_retried_total": "retried",
+}
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on now (for applier's metrics endpoint)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def scrape(port: int) -> Figures:
+    """The :data:`METRICS` applier serves on ``port`` now (empty if it does not answer)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            text = r.read().decode()
+    except OSError:
+        return {}
+    out: Figures = {}
+    for line in text.splitlines():
+        name, _, value = line.rpartition(" ")
+        if name in METRICS:
+            out[METRICS[name]] = float(value)
+    return out
 
 
 def builtin_defaults(version: int) -> dict[str, str]:
@@ -198,22 +232,35 @@ class Builtin(Consumer):
 class Applier(Consumer):
     key, label = "a", "applier"
 
-    def __init__(self, tree: Path = ROOT, key: str = "a") -> None:
-        """``tree``: the checkout whose applier runs (another one: ``--applier-before``)."""
+    def __init__(self, tree: Path = ROOT, key: str = "a", extra: tuple[str, ...] = ()) -> None:
+        """``tree``: the checkout whose applier runs (another one: ``--applier-before``);
+        ``extra``: [apply] lines besides --applier-apply's (``--applier-workers``)."""
         super().__init__()
-        self.tree, self.key = tree, key
+        self.tree, self.key, self.extra = tree, key, extra
+        if extra:
+            self.label = f"applier, {', '.join(extra)}"
         # Its own code first on the path: ``python -m applier.cli`` imports that tree.
         self.env = {**os.environ, "PYTHONPATH": str(tree)}
 
     def config(self, ctx: Ctx) -> Path:
         """applier's defaults: no [apply] section at all (json log for the start-up line),
         unless --applier-apply asks for one (to measure a setting, not to compare)."""
+        return self.write_config(
+            ctx, [ctx.applier_apply, *self.extra] if ctx.applier_apply else list(self.extra)
+        )
+
+    def write_config(self, ctx: Ctx, apply: list[str]) -> Path:
+        """The config file: source, target, json log, these [apply] lines, and
+        with ``ctx.applier_metrics`` a [metrics] endpoint on a free port."""
         cfg = ctx.workdir / f"{self.slot}.toml"
-        apply = f"[apply]\n{ctx.applier_apply}\n" if ctx.applier_apply else ""
+        self.metrics_port = free_port() if ctx.applier_metrics else None
+        port = self.metrics_port
         cfg.write_text(
             f'[source]\ndsn = "{ctx.pub.dsn(DB)}"\npublications = ["pub"]\nslot = "{self.slot}"\n'
             f'[target]\ndsn = "{ctx.sub.dsn(DB)}"\norigin = "o_{self.slot}"\n'
-            '[logging]\nlevel = "info"\nformat = "json"\n' + apply
+            '[logging]\nlevel = "info"\nformat = "json"\n'
+            + ("[apply]\n" + "\n".join(apply) + "\n" if apply else "")
+            + (f'[metrics]\nlisten = "127.0.0.1:{port}"\n' if port else "")
         )
         return cfg
 
@@ -243,6 +290,13 @@ class Applier(Consumer):
                                           "WHERE application_name LIKE 'applier%'")]  # fmt: skip
         out = {"cpu target backends": sum(proc_cpu(p) for p in pids)}
         out.update(server_figures("walsender", slot_pid(ctx.pub, self.slot)))
+        if self.proc is not None:
+            # The worker (with N sessions: the leader) runs on the main thread;
+            # parallel apply's members are other threads of the same process.
+            out["cpu applier main thread"] = thread_cpu(self.proc.pid, self.proc.pid)
+        port = getattr(self, "metrics_port", None)
+        if port:
+            out.update(scrape(port))
         return out
 
     def stop(self, wall0: float) -> Figures:
@@ -260,18 +314,38 @@ class Applier(Consumer):
 
     def drain(self, ctx: Ctx, marker: int, end_lsn: str, timeout: float) -> Figures:
         t0, wall0 = self.start(ctx)
-        try:
-            wait_marker(ctx.sub, marker, timeout)
-        except ConsumerTimeout:
-            if self.proc is not None and self.proc.poll() is not None:
-                raise SystemExit(f"applier exited: {self.log_tail()}") from None
-            raise
+
+        started: Figures = {}
+
+        def arrived() -> bool:  # or applier gave up: no waiting out the timeout for it
+            if not started and slot_pid(ctx.pub, self.slot):
+                started.update(self.cpu_at_start())
+            return self.exited() or bool(sh(ctx.sub, f"SELECT 1 FROM marker WHERE id = {marker}"))
+
+        wait_until(arrived, timeout, f"marker {marker} on the target")
+        if self.exited():
+            raise SystemExit(f"applier exited: {self.log_tail()}")
         elapsed = time.monotonic() - t0
         out = self.figures_before_stop(ctx)
+        out.update(started)
         out.update(walsender_up(ctx.pub, self.slot, wall0))
         out.update(self.stop(wall0))
         out["time"] = elapsed
         return out
+
+    def cpu_at_start(self) -> Figures:
+        """CPU the process (and its main thread) used until its walsender appeared:
+        the start-up (imports, connections), which a per-transaction figure leaves out."""
+        assert self.proc is not None
+        pid = self.proc.pid
+        return {"cpu applier process at start": proc_cpu(pid),
+                "cpu applier main thread at start": thread_cpu(pid, pid)}  # fmt: skip
+
+    def exited(self) -> bool:
+        """Whether the child has exited, without reaping it (its rusage is read later)."""
+        assert self.proc is not None
+        flags = os.WEXITED | os.WNOHANG | os.WNOWAIT
+        return os.waitid(os.P_PID, self.proc.pid, flags) is not None
 
     def log_tail(self) -> str:
         return "\n".join(self.logfile.read_text(errors="replace").splitlines()[-15:])
@@ -282,11 +356,13 @@ class Applier(Consumer):
             stop_child(self.proc)
             self.proc = None
         # Every origin with progress holds a replication state slot on the target
-        # (18: max_active_replication_origins, default 10): drop ours, as DROP
-        # SUBSCRIPTION drops the built-in's.
+        # (18: max_active_replication_origins, default 10): drop ours and, with
+        # [apply] workers, its sessions' (o_<slot>.<n>), as DROP SUBSCRIPTION
+        # drops the built-in's. Left behind, 2 rounds of workers = 4 fill them.
         with contextlib.suppress(Exception):
             sh(ctx.sub, f"SELECT pg_replication_origin_drop(roname) FROM pg_replication_origin "
-                        f"WHERE roname = 'o_{self.slot}'")  # fmt: skip
+                        f"WHERE roname = 'o_{self.slot}' "
+                        f"OR starts_with(roname, 'o_{self.slot}.')")  # fmt: skip
         super().cleanup(ctx)
 
 
@@ -303,4 +379,6 @@ def consumers(ctx: Ctx, server_version_num: int) -> list[Consumer]:
     if ctx.applier_before is not None:
         out.append(Applier(ctx.applier_before, "a0"))
     out.append(Applier())
+    if ctx.applier_workers > 1:
+        out.append(Applier(ROOT, "aw", (f"workers = {ctx.applier_workers}",)))
     return out

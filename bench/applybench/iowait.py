@@ -10,18 +10,27 @@ preload and resets do not wait, and nothing on the source does). ALWAYS
 triggers fire for both; on applier they also send that table's changes one
 statement per row (no COPY, no merged UPDATEs), as for any watched table.
 
-The backlog is pgbench's simple-update script (``-N``: per transaction one
-UPDATE of pgbench_accounts, a SELECT, one INSERT into pgbench_history; so two
-row changes, ~2 ms of waiting) from 16 clients: transactions that touch
-different accounts, the independent work parallel apply exists for.
+Two backlogs (:data:`WORKLOADS`), each from 16 clients:
 
-The trigger touches only its own row: when ``[apply] workers`` exists, a
-parallel applier must be told it may treat these tables as keyed (its write
-sets make a table with a firing trigger a barrier otherwise), e.g. through
-``--applier-apply``.
+* ``simple``: pgbench's simple-update script (``-N``: per transaction one
+  UPDATE of pgbench_accounts, a SELECT, one INSERT into pgbench_history; so two
+  row changes, ~2 ms of waiting): transactions that touch different accounts,
+  the independent work parallel apply exists for.
+* ``tpcb``: pgbench's default script, full TPC-B (per transaction UPDATEs of
+  one account, one teller and one *branch*, a SELECT, one history INSERT; four
+  row changes): every transaction writes one of the few branch rows (``scale``
+  of them), the hot-row case a parallel applier's keys must serialise.
+
+The trigger touches only its own row (it only sleeps): a parallel applier may
+honestly be told to treat these tables as keyed (``[apply] trusted_triggers``;
+its write sets make a table with a firing trigger a barrier otherwise):
+:func:`trusted_triggers` names them, and parallel_bench.py writes it for
+``workers`` > 1.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from .common import Ctx, sh
 from .workloads import PGBENCH_TABLES, Workload, pgbench, pgbench_scale
@@ -58,20 +67,36 @@ def txns(ctx: Ctx) -> int:
     return max(CLIENTS, ctx.n(TXNS) // CLIENTS * CLIENTS)
 
 
-def _run(ctx: Ctx) -> None:
-    pgbench(ctx, ctx.pub, "-n", "-N", "-c", str(CLIENTS), "-j", "4",
-            "-t", str(txns(ctx) // CLIENTS))  # fmt: skip
+def trusted_triggers() -> str:
+    """The ``[apply] trusted_triggers`` line naming the tables that carry the
+    bench's trigger (which only sleeps: it touches no row at all)."""
+    return "trusted_triggers = [" + ", ".join(f'"public.{t}"' for t in PGBENCH_TABLES) + "]"
 
 
-IOWAIT = Workload(
-    "iowait",
-    PGBENCH_TABLES,
-    PGBENCH_TABLES[:3],
-    _create,
-    _run,
-    lambda c: (
-        f"{txns(c):,} pgbench -N txns ({CLIENTS} clients, scale {pgbench_scale(c)}), "
-        f"target waits {SLEEP_MS:g} ms per row change"
-    ),
-    keyless=("pgbench_history",),
-)
+def _runner(*script: str) -> Callable[[Ctx], None]:
+    def run(ctx: Ctx) -> None:
+        pgbench(ctx, ctx.pub, "-n", *script, "-c", str(CLIENTS), "-j", "4",
+                "-t", str(txns(ctx) // CLIENTS))  # fmt: skip
+
+    return run
+
+
+def _workload(name: str, script: tuple[str, ...], what: str) -> Workload:
+    return Workload(
+        name,
+        PGBENCH_TABLES,
+        PGBENCH_TABLES[:3],
+        _create,
+        _runner(*script),
+        lambda c: (
+            f"{txns(c):,} {what} txns ({CLIENTS} clients, scale {pgbench_scale(c)}), "
+            f"target waits {SLEEP_MS:g} ms per row change"
+        ),
+        keyless=("pgbench_history",),
+    )
+
+
+WORKLOADS = {
+    "simple": _workload("simple", ("-N",), "pgbench -N (simple-update)"),
+    "tpcb": _workload("tpcb", (), "pgbench TPC-B (hot branch rows)"),
+}

@@ -12,6 +12,10 @@ LABELS = {"rb": "floor (built-in's options)", "ra": "floor (applier's options)",
           "b": "built-in", "p": "pglogical", "a0": "applier (before)", "a": "applier"}  # fmt: skip
 
 
+#: Figures that are counts (applier's /metrics), not seconds or MB.
+COUNTS = ("transactions", "serialised by key", "serialised by barrier", "deadlocks", "retried")
+
+
 def median_of(rounds: list[Round], key: str, fig: str) -> float | None:
     vals = [r[key][fig] for r in rounds if key in r and isinstance(r[key].get(fig), float)]
     vals = [v for v in vals if not math.isnan(v)]
@@ -129,11 +133,60 @@ def per_consumer(res: dict[str, Any]) -> list[str]:
         parts = []
         for f in figs:
             v = median_of(rounds, key, f)
-            if v is not None:
-                unit = " MB" if f.startswith("rss") else " s"
-                parts.append(f"{f} {v:.2f}{unit}" if unit == " s" else f"{f} {v:.0f}{unit}")
+            if v is None:
+                continue
+            if f in COUNTS:
+                parts.append(f"{f} {v:,.0f}")
+            elif f.startswith("rss"):
+                parts.append(f"{f} {v:.0f} MB")
+            else:
+                parts.append(f"{f} {v:.2f} s")
         lines.append(f"  {label:28s} {cell(rounds, key):>9s}  " + ", ".join(parts))
     return lines
+
+
+def workers_table(results: dict[str, dict[str, Any]]) -> list[str]:
+    """applier on its defaults ("a") against ``[apply] workers = N`` ("aw"): time,
+    and CPU per source transaction of the main thread (the worker; with N
+    sessions the leader) and of the whole process (the leader and its sessions)."""
+    lines = ["| workload | applier | applier, workers = N | N/1 time | "
+             "CPU per txn after start-up, main thread (process): 1 / N |",
+             "|---|---|---|---|---|"]  # fmt: skip
+    for res in results.values():
+        rounds: list[Round] = res["rounds"]
+        if not any("aw" in r for r in rounds):
+            continue
+        # The source transactions (the marker's included): the most any applier
+        # counted. (One session counts a group's at its commit's result, which
+        # may not be read yet when the marker is seen: its count can lag.)
+        n = max((f.get("transactions", 0.0) for r in rounds for f in r.values()), default=0.0)
+        lines.append(f"| {res['describe']} | {cell(rounds, 'a')} | {cell(rounds, 'aw')} "
+                     f"| {ratio(rounds, 'aw', 'a')} | {per_txn(rounds, 'a', n)} / "
+                     f"{per_txn(rounds, 'aw', n)} |")  # fmt: skip
+    return lines
+
+
+def per_txn(rounds: list[Round], key: str, n: float) -> str:
+    """CPU per source transaction after the start-up (until the walsender
+    connected), main thread (process)."""
+    main, proc = (_after_start(rounds, key, f) for f in ("main thread", "process"))
+    if not n or main is None or proc is None:
+        return "-"
+    return f"{_us(main / n)} ({_us(proc / n)})"
+
+
+def _after_start(rounds: list[Round], key: str, what: str) -> float | None:
+    """Median over the rounds of applier's CPU (``what``: main thread, process)
+    from its walsender's connection to its stop."""
+    vals = [f[f"cpu applier {what}"] - f[f"cpu applier {what} at start"]
+            for r in rounds if isinstance((f := r.get(key, {})).get(f"cpu applier {what}"), float)
+            and isinstance(f.get(f"cpu applier {what} at start"), float)]  # fmt: skip
+    vals = [v for v in vals if not math.isnan(v)]
+    return statistics.median(vals) if vals else None
+
+
+def _us(seconds: float) -> str:
+    return f"{seconds * 1e6:,.0f} µs" if seconds < 0.01 else f"{seconds:.2f} s"
 
 
 def big_table(res: dict[str, Any]) -> list[str]:

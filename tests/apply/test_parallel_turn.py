@@ -110,3 +110,36 @@ def test_a_lost_session_breaks_the_turn(pair: Pair) -> None:
     assert pair.sub_exec("SELECT id FROM t") == []
     with connect(pair.sub_dsn, side="target", purpose="applier test") as admin:
         assert restart_point(admin, origin) == Lsn(0)  # both are resent
+
+
+_SLOW_COMMIT = """
+CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS
+  $$ BEGIN PERFORM pg_catalog.pg_sleep(1); RETURN NULL; END $$;
+CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT ON t DEFERRABLE INITIALLY DEFERRED
+  FOR EACH ROW EXECUTE FUNCTION public.slow_commit();
+ALTER TABLE t ENABLE ALWAYS TRIGGER slow_commit;
+"""
+
+
+def test_a_commit_that_returns_after_a_later_one_broke_the_turn_counts(pair: Pair) -> None:
+    """A sends T1's COMMIT in its turn; while it runs (a deferred trigger sleeps in it),
+    the session of a later transaction is lost and breaks the turn. T1 committed, in
+    order: done() records it (the restart point is after it) instead of failing."""
+    origin, a, b = _sessions(pair)
+    pair.sub_exec(_SLOW_COMMIT)
+    turn = CommitTurn()
+    try:
+        _apply(a, 1)
+        breaker = threading.Timer(0.3, turn.broken, ("session B: lost its connection",))
+        breaker.start()
+        commit_in_turn(a, turn, 1, E1, now_pg_timestamp(), lambda local: None)
+        breaker.join()
+        assert turn.committed == 1
+        with pytest.raises(TurnBroken):
+            turn.wait(2)  # no later one commits
+    finally:
+        a.close()
+        b.close()
+    assert pair.sub_exec("SELECT id FROM t") == [(1,)]
+    with connect(pair.sub_dsn, side="target", purpose="applier test") as admin:
+        assert restart_point(admin, origin) == E1

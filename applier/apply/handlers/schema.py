@@ -59,7 +59,7 @@ from applier.apply.handlers.relations import RelationCache
 from applier.apply.handlers.streamed import LiveRestream
 from applier.apply.sql.ddlplan import SchemaStatement
 from applier.apply.sql.mapping import Catalog
-from applier.apply.target.schemarun import run_statements, session_view
+from applier.apply.target.schemarun import run_statements, run_statements_apart, session_view
 from applier.apply.target.session import TargetSession
 from applier.lsn import Lsn
 
@@ -95,11 +95,18 @@ class SchemaChanges:
         if live is not None and live.txn is txn:
             raise LiveRestream(txn.xid, "a schema change is applied at the transaction's commit")
         host.send_held()  # the merger's rows; run_statements sends the run in hand
-        if not session.in_txn:
-            session.begin()
-        texts = run_statements(session, lsn, txn.xid, txn.commit_lsn, changes)
+        if txn.gid is not None and all(c.source == "relation" for c in changes):
+            # Not inside a prepared transaction (run_statements_apart says why).
+            conn = self.rels.catalog.conn
+            texts = run_statements_apart(
+                conn, session.origin, lsn, txn.xid, txn.commit_lsn, changes
+            )
+        else:
+            if not session.in_txn:
+                session.begin()
+            texts = run_statements(session, lsn, txn.xid, txn.commit_lsn, changes)
+            self.changed_at = txn.commit_lsn
         txn.barrier = True
-        self.changed_at = txn.commit_lsn
         self._in_session = None
         self.rels.catalog.forget_cached()  # a type's shape may have changed with it
         names = {(c.schema_name or "", c.table_name) for c in changes if c.table_name is not None}

@@ -88,7 +88,7 @@ log = logging.getLogger("applier.apply")
 
 #: Messages (rows of a run of Inserts each) of one transaction held at most; a
 #: longer one goes to the home session as it arrives.
-HELD_LIMIT = 20_000
+HELD_LIMIT = 10_000
 
 #: Only the home session's spool sees these: nothing on the target, no drain.
 _SPOOL_ONLY = frozenset({StreamStart, StreamedChange, StreamedRun, StreamStop, StreamAbort})
@@ -187,9 +187,15 @@ class Leader:
 
     def _route(self, batch: list[tuple[Lsn, Any]]) -> None:
         keyed = self._keyed
-        for n, (lsn, msg) in enumerate(batch):
+        n, end = 0, len(batch)
+        while n < end:
             if not n & 63 and self._stopping():  # a stop is seen within 64 messages
                 return
+            if self._direct:
+                n = self._direct_part(batch, n)
+                continue
+            lsn, msg = batch[n]
+            n += 1
             held = self._held
             if held is not None:
                 # The common case first: a row change of a transaction being held.
@@ -204,11 +210,6 @@ class Leader:
                         self._go_direct()
                 else:
                     self._hold(lsn, msg)
-            elif self._direct:
-                self._note_schema(msg)
-                self.home.dispatch(lsn, msg)
-                if type(msg) in (Commit, Prepare):
-                    self._direct = False
             elif type(msg) is Begin:
                 self._start(lsn, msg)
             elif type(msg) in _SPOOL_ONLY:
@@ -219,6 +220,23 @@ class Leader:
                 self.home.dispatch(lsn, msg)
                 # Begin Prepare .. Prepare: the home session takes all of it.
                 self._direct = self.home.txn is not None
+
+    def _direct_part(self, batch: list[tuple[Lsn, Any]], start: int) -> int:
+        """The home session takes the transaction in hand from ``batch[start]`` to its
+        Commit (or Prepare), or to the batch's end, in one pass of its handlers' fast
+        loop (a bulk transaction's rows do not go through the leader one by one);
+        where the next part begins."""
+        stop = len(batch)
+        for i in range(start, stop):
+            t = type(batch[i][1])
+            if t is Relation or t is Type:
+                self._note_schema(batch[i][1])
+            elif t is Commit or t is Prepare:
+                stop = i + 1
+                self._direct = False
+                break
+        run_handlers(self.home, batch[start:stop], self._flag)
+        return stop
 
     def drain(self) -> None:
         """Wait until everything handed to the pool has committed."""

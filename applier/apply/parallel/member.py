@@ -52,9 +52,9 @@ from applier.apply.core.states import open_state_of
 from applier.apply.handlers.dispatch import Applier
 from applier.apply.parallel.turn import CommitTurn, TurnBroken
 from applier.apply.target.origin import FLUSHED
-from applier.errors import ApplierError
+from applier.errors import ApplierError, TransientError
 from applier.lsn import Lsn
-from applier.protocol import Relation, Type
+from applier.protocol import InsertRun, Relation, Type
 from applier.speedups import Flag, StopFlag, dispatch_batch
 
 log = logging.getLogger("applier.apply")
@@ -72,6 +72,19 @@ def run_handlers(applier: Applier, msgs: list[tuple[Lsn, Any]], flag: StopFlag) 
     """``msgs`` through ``applier``'s handlers on their common path, as the worker's
     batches go (``dispatch_batch``, C or its Python twin)."""
     dispatch_batch(msgs, applier.handlers, open_state_of(applier), applier.dispatch, flag)
+
+
+def _whole(msgs: list[tuple[Lsn, Any]]) -> list[tuple[Lsn, Any]]:
+    """``msgs`` to apply, the held ones left whole for another application: the
+    handlers take an InsertRun's rows out of its ``datas`` as they apply them
+    (:meth:`~applier.apply.handlers.changes.RowChanges.on_insert_run`), so a run applied
+    again (a refusal beside earlier transactions, a back-off) would find them gone."""
+    if not any(type(m) is InsertRun for _, m in msgs):
+        return msgs
+    return [
+        (lsn, InsertRun(m.first, list(m.datas), list(m.lsns)) if type(m) is InsertRun else m)
+        for lsn, m in msgs
+    ]
 
 
 @dataclass(slots=True)
@@ -102,6 +115,9 @@ class Report:
     #: The target's flush position its commit's result carried (releases earlier ones).
     flushed: Lsn = FLUSHED
     error: BaseException | None = None
+    #: The member is free after this report: False for all but the last of a run
+    #: applied again one transaction at a time (each is reported as it commits).
+    last: bool = True
 
 
 class Member:
@@ -194,21 +210,34 @@ class Member:
         try:
             self._statements(items)
         except ApplierError as e:
-            if not (beside or len(items) > 1 or e.context.get("sqlstate") in _AGAIN):
+            broken = e.context.get("sqlstate") in _AGAIN
+            # A lost connection is no refusal: the worker reconnects (not counted).
+            if not broken and (isinstance(e, TransientError) or not (beside or len(items) > 1)):
                 raise
             self._again(items, f"refused beside earlier transactions: {e}")
             return
-        if not self._wait_turn(items):
+        if self._wait_turn(items):
+            return
+        try:
             self._commit(items)
+        except ApplierError as e:
+            # A refusal found at COMMIT (not checked when next in turn) in a run of
+            # several: the turn is still this run's; apply them one by one, so that
+            # the error names its own transaction. Lost, it cannot be told: raise.
+            if isinstance(e, TransientError) or len(items) == 1:
+                raise
+            self._again(items, f"a run refused at its commit: {e}")
 
     def _statements(self, items: list[Item]) -> None:
         """Every message of the run, its Commits held (the Applier's ``hold_commits``),
         then what is held sent and checked."""
         applier = self.applier
         for item in items:
-            run_handlers(applier, item.msgs, self._flag)
+            run_handlers(applier, _whole(item.msgs), self._flag)
         applier.send_held()
-        if self.session.in_txn:
+        # Next in turn (nothing earlier is open): a refusal is its own, found at
+        # COMMIT as with one session; the check's round trip is spared.
+        if self.session.in_txn and self.turn.committed < items[0].seq - 1:
             self.session.check_in_txn()
 
     def _wait_turn(self, items: list[Item]) -> bool:
@@ -241,17 +270,17 @@ class Member:
             self.turn.wait(items[0].seq)
         finally:
             self.waiting_turn = False
-        for item in items:
+        for n, item in enumerate(items, 1):
             self._statements([item])
-            self._commit([item])
+            self._commit([item], last=n == len(items))
 
-    def _commit(self, items: list[Item]) -> None:
+    def _commit(self, items: list[Item], last: bool = True) -> None:
         """The turn came: commit the run, report it, pass the turn on."""
         self._local = None
         with self.lock:
             self.applier.commit_group(turn=True)
         local = FLUSHED if self._local is None else self._local
-        self._report(Report(self, items, local, self.session.flushed_seen))
+        self._report(Report(self, items, local, self.session.flushed_seen, last=last))
         for item in items:
             self.turn.done(item.seq)
 

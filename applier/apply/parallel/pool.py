@@ -187,8 +187,9 @@ class Pool:
 
     def _take(self, r: Report) -> None:
         m = r.member
-        m.items = None
-        self._free.append(m)
+        if r.last or r.error is not None:  # else it still applies the rest of its run
+            m.items = None
+            self._free.append(m)
         if r.error is not None:
             if self._failure is None or isinstance(self._failure, TurnBroken):
                 self._failure = r.error

@@ -44,11 +44,13 @@ A table whose rows cannot be keyed at all (no usable unique index and FULL
 identity, an exclusion constraint, a partial or expression unique index, a
 unique column the source does not send) has every change write its table key:
 it is ordered against every transaction that touches that table, and only
-those. Why a child's DELETE (or an UPDATE away from a parent) reads nothing of
-the parent: a parent's later DELETE or key change that needed the child gone
-either deleted or changed the child itself on the source (a write of the
-child's identity, which conflicts) or, on the target, only waits for the
-earlier transaction's row lock.
+those. A child's DELETE (or an UPDATE away from a parent) reads nothing of the
+parent: its old row sends only the child's own key. So a parent's DELETE in a
+later transaction is not ordered after its children's DELETE in an earlier one;
+if it runs first on the target where the foreign key is checked, it is refused
+(23503) and its member applies it again after the earlier one has committed
+(:mod:`.member`), which is correct and costs one retry
+(``test_a_parent_deleted_after_its_children_is_applied_again_after_them``).
 """
 
 from __future__ import annotations

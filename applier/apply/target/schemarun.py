@@ -63,25 +63,56 @@ def run_statements(
     """
     assert session.in_txn
     _leave_pipeline(session)
-    conn = session.conn
-    texts: list[str] = []
     try:
-        for st in changes:
-            text = st.statement if isinstance(st.statement, str) else st.statement.as_string(conn)
-            try:
-                _run_one(conn, st, text)
-                conn.execute(
-                    _RECORD,
-                    (
-                        session.origin, st.source, xid, str(Lsn(commit_lsn)), str(Lsn(lsn)),
-                        st.command_tag, st.schema_name, st.table_name, text, st.source_statement,
-                    ),
-                )  # fmt: skip
-            except psycopg.Error as e:
-                raise _failed(e, st, text, lsn, xid) from None
-            texts.append(text)
+        return _run_all(session.conn, session.origin, lsn, xid, commit_lsn, changes)
     finally:
         session.reenter_pipeline()
+
+
+def run_statements_apart(
+    conn: psycopg.Connection[Any],
+    origin: str,
+    lsn: Lsn,
+    xid: int,
+    commit_lsn: Lsn,
+    changes: Sequence[SchemaStatement],
+) -> list[str]:
+    """Run ``changes`` and record them in a transaction of their own on ``conn`` (an
+    autocommit connection beside the session); their texts.
+
+    For what a prepared transaction must not hold: a column the source added and
+    committed before it (``[schema] follow``). Inside it, the ALTER's lock would
+    last until COMMIT PREPARED and stop every transaction between PREPARE and it
+    that changes the table (on the source they run: their ALTER was committed).
+    Committed apart, a crash before the PREPARE leaves the column, which following
+    again finds there (nothing is run twice)."""
+    with conn.transaction():
+        return _run_all(conn, origin, lsn, xid, commit_lsn, changes)
+
+
+def _run_all(
+    conn: psycopg.Connection[Any],
+    origin: str,
+    lsn: Lsn,
+    xid: int,
+    commit_lsn: Lsn,
+    changes: Sequence[SchemaStatement],
+) -> list[str]:
+    texts: list[str] = []
+    for st in changes:
+        text = st.statement if isinstance(st.statement, str) else st.statement.as_string(conn)
+        try:
+            _run_one(conn, st, text)
+            conn.execute(
+                _RECORD,
+                (
+                    origin, st.source, xid, str(Lsn(commit_lsn)), str(Lsn(lsn)),
+                    st.command_tag, st.schema_name, st.table_name, text, st.source_statement,
+                ),
+            )  # fmt: skip
+        except psycopg.Error as e:
+            raise _failed(e, st, text, lsn, xid) from None
+        texts.append(text)
     return texts
 
 
