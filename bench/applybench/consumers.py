@@ -110,7 +110,11 @@ def wait4_timeout(proc: subprocess.Popen[bytes], timeout: float) -> resource.str
     """The child's own rusage once it exits; None (still running) after ``timeout``."""
     deadline = time.monotonic() + timeout
     while True:
-        pid, _, usage = os.wait4(proc.pid, os.WNOHANG)
+        try:
+            pid, _, usage = os.wait4(proc.pid, os.WNOHANG)
+        except ChildProcessError:  # reaped elsewhere already (its rusage is gone)
+            proc.returncode = 0
+            return resource.struct_rusage((0,) * 16)
         if pid:
             proc.returncode = 0  # reaped here: Popen must not wait for it again
             return usage
@@ -122,7 +126,10 @@ def wait4_timeout(proc: subprocess.Popen[bytes], timeout: float) -> resource.str
 def stop_child(proc: subprocess.Popen[bytes]) -> resource.struct_rusage:
     """SIGTERM, then SIGKILL after 15 s; the child's rusage."""
     if proc.returncode is not None:
-        return os.wait4(proc.pid, os.WNOHANG)[2]
+        try:
+            return os.wait4(proc.pid, os.WNOHANG)[2]
+        except ChildProcessError:  # reaped already (its rusage was read then)
+            return resource.struct_rusage((0,) * 16)
     with contextlib.suppress(ProcessLookupError):
         proc.send_signal(signal.SIGTERM)
     usage = wait4_timeout(proc, 15)
@@ -267,15 +274,18 @@ class Applier(Consumer):
     def prepare(self, ctx: Ctx, w: Workload, rnd: int) -> None:
         super().prepare(ctx, w, rnd)
         self.cfg = self.config(ctx)
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, ctx: Ctx) -> tuple[float, float]:
         # The applier schema on the target is set up before (as the built-in's
-        # catalogs exist before CREATE SUBSCRIPTION): not part of the drain.
+        # catalogs exist before CREATE SUBSCRIPTION): not part of the drain. Each
+        # applier sets up its own just before it runs: a checkout of --applier-before
+        # may know fewer migrations than the one before it (it refuses a newer one).
+        sh(ctx.sub, "DROP SCHEMA IF EXISTS applier CASCADE")
         subprocess.run(
             [sys.executable, "-m", "applier.cli", "migrate", "--config", str(self.cfg)],
             cwd=self.tree, env=self.env, check=True, capture_output=True,
         )  # fmt: skip
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self, ctx: Ctx) -> tuple[float, float]:
         self.logfile = ctx.workdir / f"{self.slot}.log"
         t0, wall0 = time.monotonic(), time.time()
         with open(self.logfile, "wb") as err:
