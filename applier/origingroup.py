@@ -35,8 +35,21 @@ def progress_sql(name: str = "%s", flushed: bool = True) -> str:
     return _PROGRESS.replace("FLUSHED", "true" if flushed else "false").replace("NAME", name)
 
 
+def members_sql(name: str = "%s") -> str:
+    """A SQL condition on a ``roname`` column: the origin is a member of ``name``'s
+    group (``<name>.<n>``, not ``name`` itself); ``name`` as in :func:`progress_sql`."""
+    return f"roname OPERATOR(pg_catalog.~) {_pattern(name, plain=False)}"
+
+
+def _pattern(name: str, plain: bool) -> str:
+    """The one rule of who is in the group: ``<name>.<n>`` (and ``name``, ``plain``)."""
+    tail = "([.][0-9]+)?$" if plain else "[.][0-9]+$"
+    return f"('^' OPERATOR(pg_catalog.||) {name} OPERATOR(pg_catalog.||) '{tail}')"
+
+
 _PROGRESS = (
     "(SELECT pg_catalog.max(pg_catalog.pg_replication_origin_progress(m.roname, FLUSHED)) "
     "FROM pg_catalog.pg_replication_origin m WHERE m.roname OPERATOR(pg_catalog.~) "
-    "('^' OPERATOR(pg_catalog.||) NAME OPERATOR(pg_catalog.||) '([.][0-9]+)?$'))"
+    + _pattern("NAME", plain=True)
+    + ")"
 )

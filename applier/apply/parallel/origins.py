@@ -73,7 +73,7 @@ import psycopg
 from applier.apply.target.origin import ensure_origin
 from applier.errors import ConfigError, PermanentError
 from applier.lsn import Lsn
-from applier.origingroup import SEPARATOR, member, progress_sql
+from applier.origingroup import SEPARATOR, member, members_sql, progress_sql
 
 __all__ = [
     "SEPARATOR", "SHARED_SINCE", "check_capacity", "create_group", "drop_group",
@@ -83,15 +83,11 @@ __all__ = [
 #: The first server version whose sessions can share an origin.
 SHARED_SINCE = 190000
 
-# Members of the group: '<origin>.' then digits (the prefix is compared with
-# left(), so no LIKE or regex escaping is needed around it).
-_MEMBERS = """
-SELECT roname, pg_catalog.pg_replication_origin_progress(roname, true)::text
-  FROM pg_catalog.pg_replication_origin
- WHERE pg_catalog.left(roname, %(n)s) = %(prefix)s
-   AND pg_catalog.substr(roname, %(n)s + 1) ~ '^[0-9]+$'
- ORDER BY roname
-"""
+# Members of the group: '<origin>.' then digits (applier.origingroup's one rule).
+_MEMBERS = (
+    "SELECT roname, pg_catalog.pg_replication_origin_progress(roname, true)::text "
+    "FROM pg_catalog.pg_replication_origin WHERE " + members_sql() + " ORDER BY roname"
+)
 
 
 def shares_origin(server_version_num: int) -> bool:
@@ -161,8 +157,7 @@ def trim_group(conn: psycopg.Connection[Any], origin: str, sessions: int) -> lis
 
 def group_progress(conn: psycopg.Connection[Any], origin: str) -> dict[str, Lsn]:
     """Every origin of ``origin``'s group (whatever size it had) and its durable progress."""
-    prefix = origin + SEPARATOR
-    rows = conn.execute(_MEMBERS, {"n": len(prefix), "prefix": prefix}).fetchall()
+    rows = conn.execute(_MEMBERS, (origin,)).fetchall()
     return {str(r[0]): Lsn(0) if r[1] is None else Lsn.parse(str(r[1])) for r in rows}
 
 

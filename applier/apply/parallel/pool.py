@@ -144,14 +144,10 @@ class Pool:
         self._held_rows += item.rows
 
     def start_ready(self) -> None:
-        """Hand what is ready to the free members: after each batch the leader routed
-        (and whenever results come), not per transaction, so that a run takes what
-        the batch brought (longer runs, fewer commits, as one session's groups)."""
-        self._start_ready()
-
-    def _start_ready(self) -> None:
         """Hand ready transactions to free members: runs of consecutive ones, the
-        ready shared evenly among the free (a run is applied by one session)."""
+        ready shared evenly among the free (a run is applied by one session). After
+        each batch the leader routed (and whenever results come), not per transaction,
+        so that a run takes what the batch brought (longer runs, fewer commits)."""
         schedule, free = self.schedule, self._free
         while free:
             share = -(-schedule.ready_count // len(free))
@@ -169,7 +165,7 @@ class Pool:
     def collect(self, wait: float = 0.0) -> None:
         """Take the members' reports (waiting up to ``wait`` s for the first one);
         raise the failure of a member, once every member has stopped committing."""
-        self._start_ready()
+        self.start_ready()
         try:
             report = self._reports.get(timeout=wait) if wait > 0 else self._reports.get_nowait()
         except queue.Empty:
@@ -183,7 +179,7 @@ class Pool:
                 break
         if self._failure is not None:
             raise self._failure
-        self._start_ready()
+        self.start_ready()
 
     def _take(self, r: Report) -> None:
         m = r.member
