@@ -127,6 +127,9 @@ class Pipeline:
         self.on_missing: Callable[[Any], None] = lambda ctx: None
         #: Results not read yet that may report a conflict (see read_checks).
         self._checks = 0
+        #: Statements awaiting their results at most (a parallel leader's session
+        #: takes fewer: applier.apply.parallel.leader, "the inline lane").
+        self.max_inflight = MAX_INFLIGHT
         #: Rows of merged statements in flight beyond one each: what bounds memory
         #: is the changes held for their results, not the statements.
         self._held_rows = 0
@@ -245,14 +248,21 @@ class Pipeline:
         """Send what libpq holds and read what results have come, waiting only if needed."""
         pg = self.pg
         q = self._q
+        asked = False
         try:
             while True:
                 pending = pg.flush()
                 pg.consume_input()
                 self._drain()
                 inflight = len(q) + self._held_rows
-                if pending == 0 and (not q or not until_empty) and inflight <= MAX_INFLIGHT:
+                if pending == 0 and (not q or not until_empty) and inflight <= self.max_inflight:
                     return
+                if inflight > self.max_inflight and not asked:
+                    # The server holds small results back until a Flush or Sync (a
+                    # few hundred of them fit its buffer): waiting alone would hang.
+                    pg.send_flush_request()
+                    asked = True
+                    continue
                 self._select(bool(pending))
         except psycopg.OperationalError as e:
             raise lost(e) from None
