@@ -300,6 +300,10 @@ class ApplyConfig(_Section, frozen=True):
     #: Target sessions applying transactions at once (parallel apply:
     #: applier/apply/parallel). 1: one session, as PostgreSQL's own subscriber.
     workers: Annotated[int, Meta(ge=1, le=64)] = 1
+    #: With workers > 1: the leader's own session applies ordinary transactions
+    #: itself while applier's CPU is the limit, the pool while the target is
+    #: (applier/apply/parallel/lanes.py); false: the pool applies every one.
+    adaptive: bool = True
     #: Tables (``schema.table``, ``*`` and ``?`` as in shell patterns) whose target
     #: triggers the operator trusts to touch only the row they fire for: with
     #: workers > 1 their transactions may run beside others (else they are barriers).

@@ -213,6 +213,17 @@ def _parallel(stats: PoolStats | None) -> Iterator[Metric]:
         "Transactions rolled back and applied again after their predecessor committed",
         value=stats.retried,
     )
+    yield _gauge(
+        "applier_apply_inline",
+        "1 while the leader's own session applies ordinary transactions (applier's CPU "
+        "is the limit), 0 while the pool does",
+        stats.inline,
+    )
+    yield CounterMetricFamily(
+        "applier_apply_lane_switches",
+        "Moves of ordinary transactions between the pool and the leader's own session",
+        value=stats.lane_switches,
+    )
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:

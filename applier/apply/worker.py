@@ -368,7 +368,7 @@ class Worker:
         finally:
             if leader is not None:
                 leader.pool.stop()  # what the members hold rolls back
-                self.parallel_past, self.leader = leader.pool.stats(), None
+                self.parallel_past, self.leader = leader.stats(), None
             if session is not None:
                 session.read_ahead = None  # the stream is done with, or broken
                 try:
@@ -419,17 +419,11 @@ class Worker:
         leader = self.leader
         while not self.stopping:
             self._serve_signals()
-            if leader is not None:
-                batch = leader.read(stream, self.until)
-            else:
-                batch = stream.read(0.5)
-                self._dispatch(batch, dispatch)
-            # What arrived meanwhile joins the group open between transactions (at
-            # most group_commit of them); the group ends with the messages in hand:
-            # nothing waits for more.
+            batch = self._read(stream, dispatch, None)
+            # What arrived meanwhile joins the group open between transactions (up to
+            # group_commit); it ends with the messages in hand: nothing waits for more.
             while batch and applier.group_txns and applier.txn is None and not self.stopping:
-                batch = stream.read(0)
-                self._dispatch(batch, dispatch)
+                batch = self._read(stream, dispatch, 0)  # the leader's inline lane groups too
             if self.stopping:
                 break
             self._after_batch(stream, applier, catalog_conn, bool(batch))
@@ -462,7 +456,7 @@ class Worker:
         leader = self.leader
         if self.cfg.apply.workers == 1:
             return None
-        return leader.pool.stats() if leader is not None else self.parallel_past
+        return leader.stats() if leader is not None else self.parallel_past
 
     def done_lsn(self) -> Lsn | None:
         """The source position up to which everything is applied or had nothing for us
@@ -504,11 +498,17 @@ class Worker:
             return False
         return until.finished(stream, applier)
 
-    def _dispatch(self, batch: list[tuple[Lsn, Any]], dispatch: Callable[[Lsn, Any], None]) -> None:
-        applier = self.applier
-        if applier is not None and self.stream is not None:
-            applier.sent_at = self.stream.last_send_time
-        self.batches.dispatch(batch, applier, self.until, dispatch)
+    def _read(
+        self, stream: LogicalStream, dispatch: Callable[[Lsn, Any], None], wait: float | None
+    ) -> list[tuple[Lsn, Any]]:
+        """One batch, read (``wait``: s, None 0.5) and dispatched; by the leader with a pool."""
+        if self.leader is not None:
+            return self.leader.read(stream, self.until, wait)
+        batch = stream.read(0.5 if wait is None else wait)
+        if self.applier is not None:
+            self.applier.sent_at = stream.last_send_time
+        self.batches.dispatch(batch, self.applier, self.until, dispatch)
+        return batch
 
     @property
     def stopping(self) -> bool:

@@ -384,8 +384,16 @@ def _parallel(p: dict[str, int] | None) -> str | None:
         f"{p['sessions']} sessions, {p['in_flight']} transactions in flight "
         f"({p['waiting']} waiting); serialised by a key {p['serialised_by_key']}, "
         f"by a barrier {p['serialised_by_barrier']}; deadlocks resolved {p['deadlocks']}, "
-        f"applied again {p['retried']}"
+        f"applied again {p['retried']}; {_lane(p)}"
     )
+
+
+def _lane(p: dict[str, int]) -> str:
+    """Where ordinary transactions go now (applier.apply.parallel.lanes)."""
+    where = (
+        "the leader's own session (applier's CPU is the limit)" if p.get("inline") else "the pool"
+    )
+    return f"transactions go to {where}, lane switches {p.get('lane_switches', 0)}"
 
 
 def _held(conn: psycopg.Connection[Any], cfg: Config) -> list[dict[str, Any]]:

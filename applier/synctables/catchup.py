@@ -58,8 +58,7 @@ class CatchUp(Worker):
         last = 0.0
         while not self.stopping:
             self._serve_signals()
-            batch = stream.read(STEP_INTERVAL)
-            self._dispatch(batch, applier.dispatch)
+            batch = self._read(stream, applier.dispatch, STEP_INTERVAL)
             if self.stopping:
                 break
             self._after_batch(stream, applier, catalog_conn, bool(batch))

@@ -52,8 +52,10 @@ CREATE TRIGGER log_change AFTER INSERT OR UPDATE OR DELETE ON {table}
 
 
 def apply_section(workers: int = WORKERS, **extra: Any) -> dict[str, Any]:
-    """``[apply]`` for a pool of ``workers`` sessions."""
-    return {"workers": workers, "status_interval": 0.5, **extra}
+    """``[apply]`` for a pool of ``workers`` sessions that applies every ordinary
+    transaction (``adaptive = false``: these tests are about the pool; the lanes'
+    own are in test_apply_parallel_lanes.py)."""
+    return {"workers": workers, "adaptive": False, "status_interval": 0.5, **extra}
 
 
 def install_change_log(pair: Pair, tables: list[str], target_sleep: str = "0") -> None:

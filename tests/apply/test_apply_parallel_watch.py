@@ -43,7 +43,9 @@ def test_the_pool_shows_what_it_serialised(pair: Pair) -> None:
     )
     pair.pub_exec("CREATE PUBLICATION pub FOR ALL TABLES")
     port = free_port()
-    cfg = pair.write_config(apply={"workers": 4}, metrics={"listen": f"127.0.0.1:{port}"})
+    cfg = pair.write_config(
+        apply={"workers": 4, "adaptive": False}, metrics={"listen": f"127.0.0.1:{port}"}
+    )
     runner = Runner(pair, cfg).start().ready()
     pair.pub_exec("INSERT INTO t SELECT g, 0 FROM generate_series(1, 100) g")
     with pair.pub_conn() as conn:
@@ -112,7 +114,7 @@ def test_a_refusal_beside_earlier_transactions_is_applied_again(pair: Pair) -> N
     pair.pub_exec("CREATE PUBLICATION pub FOR ALL TABLES")
     port = free_port()
     cfg = pair.write_config(
-        apply={"workers": 4, "trusted_triggers": ["public.t"]},
+        apply={"workers": 4, "adaptive": False, "trusted_triggers": ["public.t"]},
         metrics={"listen": f"127.0.0.1:{port}"},
     )
     runner = Runner(pair, cfg).start().ready()

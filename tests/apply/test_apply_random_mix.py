@@ -316,7 +316,8 @@ def test_random_mix_with_conflicts_converges(pair: Pair, seed: int, workers: int
     target as on the source (the target may keep rows of its own). With 4 sessions
     too: conflicts met and resolved beside other transactions."""
     _schema(pair)
-    path = pair.write_config(apply={"workers": workers})
+    # The pool applies every transaction (adaptive off): this is the pool's test.
+    path = pair.write_config(apply={"workers": workers, "adaptive": False})
     path.write_text(path.read_text() + "\n[conflicts]\n" + POLICIES)
     runner = Runner(pair, path).start().ready()
     errors: list[BaseException] = []

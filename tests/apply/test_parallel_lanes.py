@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from applier.apply.parallel.lanes import (
     HOLD_FIRST,
     HOLD_MAX,
+    PROBE,
     SPAN,
     TRY_INLINE,
     TRY_POOL,
@@ -78,18 +79,35 @@ def test_not_adaptive_is_always_the_pool() -> None:
 def test_starts_inline_and_stays_there_while_cpu_is_the_limit() -> None:
     c = choice()
     clock = Clock(c)
-    clock.run(HOT_POOL, HOT_INLINE, 10)
+    clock.run(HOT_POOL, HOT_INLINE, PROBE * HOLD_FIRST - WINDOW)
     assert not any(clock.lanes_seen)
-    assert not c.wanted  # the members are never even opened
+    assert not c.wanted  # the members are not even opened before a probe
     assert not c.leaning  # the leader's session may queue as much as one session does
+    # Probes later find the pool slower each time, ever more rarely.
+    clock.run(HOT_POOL, HOT_INLINE, 120)
+    assert not c.pool or c.checking  # a probe being checked
+    assert sum(clock.lanes_seen) < 0.1 * len(clock.lanes_seen)
+    assert c.switches <= 2 * 5  # probes at 5, 10, 20, 40, 80 s of holds
+
+
+def test_a_probe_finds_what_busy_cannot_see() -> None:
+    # The pool waits on its commits' round trips (idle) while one session groups the
+    # same transactions twice as fast: busy never says "inline", a probe does.
+    c = choice()
+    clock = Clock(c)
+    clock.run(Lane(rate=5000, busy=0.3), Lane(rate=4000, busy=0.3), 3)
+    assert c.pool  # inline looked idle: it tried the pool, which was faster then
+    clock.run(Lane(rate=1000, busy=0.3), Lane(rate=4000, busy=0.3), 20)
+    assert not c.pool or c.checking
+    assert sum(clock.lanes_seen[-50:]) < 10
 
 
 def test_moves_to_the_pool_when_the_target_is_the_limit() -> None:
     c = choice()
     clock = Clock(c)
     clock.run(IO_POOL, IO_INLINE, 10)
-    assert c.pool and c.switches == 1
-    assert sum(clock.lanes_seen) > 0.9 * len(clock.lanes_seen)  # within a few windows
+    assert c.pool  # a probe of inline after 5 s finds it slower and comes back
+    assert sum(clock.lanes_seen) > 0.85 * len(clock.lanes_seen)  # within a few windows
 
 
 def test_waits_for_the_members_before_it_moves() -> None:
@@ -143,7 +161,7 @@ def test_holds_are_bounded() -> None:
     c = choice()
     clock = Clock(c)
     clock.run(Lane(rate=100, busy=0.1), Lane(rate=1000, busy=0.1), 3 * HOLD_MAX)
-    assert max(c._hold.values()) <= HOLD_MAX
+    assert max(c.hold(True), c.hold(False)) <= HOLD_MAX
     assert c.switches >= 4  # it kept trying, at most every HOLD_MAX s
 
 
@@ -155,24 +173,26 @@ def test_a_starved_stream_moves_nothing() -> None:
         clock = Clock(c)
         clock.run(Lane(rate=50, busy=0.95), Lane(rate=50, busy=0.01), 10, starved=0.5)
         assert c.pool is start_in_pool and c.switches == 0
+        if not start_in_pool:
+            assert not c.leaning  # a short queue would only add waits for results
 
 
 @settings(max_examples=300, deadline=None)
 @given(st.floats(10, 10_000), st.floats(0, 1), st.floats(10, 10_000), st.floats(0, 1))
 def test_any_workload_ends_in_the_faster_lane(pr: float, pb: float, ir: float, ib: float) -> None:
-    """Whatever one workload does in each lane: if the busy rule ever moves it
-    (inline idle enough), then after 20 s it sits in the clearly faster lane, or is
-    in the middle of checking a move; if it never moves, it never left inline."""
+    """Whatever one workload does in each lane, after 20 s it sits in the clearly
+    faster lane, or is in the middle of checking a move, and spent most of the time
+    in the faster one."""
     c = choice()
     clock = Clock(c)
     clock.run(Lane(pr, pb), Lane(ir, ib), 20)
     if abs(ib - TRY_POOL) < 0.01:
         return  # at the threshold itself the clocks' rounding decides
-    if ib > TRY_POOL:
-        assert c.switches == 0 and not any(clock.lanes_seen)
+    if ib > TRY_POOL and pr < ir * 0.8:
+        # Only probes leave inline, and the slower pool is left again at once.
+        assert sum(clock.lanes_seen) < 0.35 * len(clock.lanes_seen)
         return
-    assert c.switches >= 1
-    checking = c._before is not None or c._skip
+    checking = c.checking
     if pr > ir * 1.25:
         assert c.pool or checking
     elif ir > pr * 1.25:

@@ -89,11 +89,16 @@ def _confirmed(pair: Pair) -> int:
 # pairs); the target only keeps the origin, alike on 15 and 18 (the 2PC test below,
 # which leaves a PREPARE on the target, keeps both).
 @pytest.mark.parametrize("pair", ["15-18"], indirect=True)
-@pytest.mark.parametrize("workers", [1, 4])
-def test_until_lsn_stops_exactly_there_and_continues(pair: Pair, workers: int) -> None:
+@pytest.mark.parametrize(
+    "apply",
+    [{"workers": 1}, {"workers": 4, "adaptive": False}, {"workers": 4}],
+    ids=["one session", "pool", "pool or inline"],
+)
+def test_until_lsn_stops_exactly_there_and_continues(pair: Pair, apply: dict[str, object]) -> None:
     """With parallel apply too: the pool stops at the same place, its progress is the
-    group's (the largest of the origin and its sessions')."""
-    cfg = _setup(pair, workers=workers)
+    group's (the largest of the origin and its sessions'); so does the leader's own
+    session when it takes the transactions inline (adaptive, the default)."""
+    cfg = _setup(pair, **apply)
     _insert(pair, range(1, 6))
     mid = pair.pub_exec("SELECT pg_current_wal_lsn()::text")[0][0]
     _insert(pair, range(6, 11))

@@ -30,6 +30,10 @@ module each:
 * :mod:`.origins` - how progress stays exactly-once with N sessions: one origin
   per session before PostgreSQL 19 (the restart point is the largest progress
   among them), one shared origin on 19+.
+* :mod:`.lanes` - whether the pool pays at all: its members are threads of one
+  process (one interpreter lock), so while applier's CPU is the limit the
+  leader's own session applies ordinary transactions inline, as one session
+  would, and the pool only while the target is the limit (``[apply] adaptive``).
 * :mod:`.turn` - each session waits for its commit turn (the predecessor's
   COMMIT returned) and sends COMMIT with the stamp inside; a failed one stops
   every later one.

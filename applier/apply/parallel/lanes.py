@@ -25,7 +25,13 @@ replaced is left again at once, and the busy rule may not try that move for
 :data:`HOLD_FIRST` s, doubled at each failed try up to :data:`HOLD_MAX`. A lane
 as fast (within :data:`WORSE`) stays, and the move back is held the same way,
 so a workload between the two thresholds cannot flap: its switches grow with
-the logarithm of time. A clearly faster lane resets its move's hold. Where the transactions depend
+the logarithm of time. A clearly faster lane resets its move's hold.
+
+What the busy share cannot see, a *probe* finds: a pool of small transactions
+that waits on its commits' round trips looks idle, yet one session grouping
+them is faster. So a lane kept :data:`PROBE` times its move's hold (5 s at first)
+tries the other, checked as above: a failed probe doubles the hold (up to
+:data:`HOLD_MAX`), so probing costs a shrinking share of a long run. Where the transactions depend
 on one another (a hot row) the pool serialises them anyway; that shows as a busy
 process, and the leader's session takes them one pass each, as ``workers = 1``.
 
@@ -53,6 +59,9 @@ TRY_INLINE = 0.6
 STARVED = 0.2
 #: A lane slower than the one it replaced by more than this is left again.
 WORSE = 0.1
+#: A lane held this many times its move's hold (HOLD_FIRST at first: 5 s) is
+#: left for a probe of the other, checked like any move.
+PROBE = 2.5
 #: Seconds a failed move is not tried again, doubling up to HOLD_MAX.
 HOLD_FIRST = 2.0
 HOLD_MAX = 120.0
@@ -108,6 +117,8 @@ class LaneChoice:
         self._hold_until = {True: 0.0, False: 0.0}
         self._hold = {True: HOLD_FIRST, False: HOLD_FIRST}
         self.switches = 0
+        #: Since when the current lane is taken (a probe comes PROBE holds later).
+        self._since = self._now = now
         #: Why the last switch happened, and the figures it was made on (the log's).
         self.last_reason: dict[str, object] = {}
         #: The members are open; until then :attr:`wanted` says the pool would be tried.
@@ -118,15 +129,27 @@ class LaneChoice:
         #: waits for little, and a slow target shows in the first window.
         self.leaning = adaptive
 
+    @property
+    def checking(self) -> bool:
+        """A move was made and its rate is not compared yet."""
+        return self._before is not None or self._skip
+
+    def hold(self, to_pool: bool) -> float:
+        """Seconds the next failed move to the pool (or inline) will be held."""
+        return self._hold[to_pool]
+
     def tick(self, now: float, cpu: float, waited: float, txns: int) -> None:
         """Cumulative clocks now; decides at the end of each window."""
         t0, c0, w0, n0 = self._start
         wall = now - t0
         if wall < WINDOW or not self.adaptive:
             return
+        self._now = now
         self._start = (now, cpu, waited, txns)
         self.next_at = now + WINDOW
         w = Window(wall, cpu - c0, waited - w0, txns - n0)
+        if not self.pool:  # a source that is the limit gains nothing from a short queue
+            self.leaning = not w.starved and w.busy < TRY_POOL
         if self._skip:
             self._skip = False
             return
@@ -139,26 +162,32 @@ class LaneChoice:
             if len(recent) == SPAN:
                 self._check(now, merged(recent))
             return
-        if not self.pool:
-            self.leaning = w.busy < TRY_POOL
-        if now < self._hold_until[not self.pool]:
+        move = not self.pool
+        if now < self._hold_until[move]:
             return
-        if self.pool and w.busy >= TRY_INLINE:
-            self._switch(merged(recent), "applier's CPU is the limit")
-        elif not self.pool and w.busy < TRY_POOL:
+        # What busy cannot see (a pool waiting on its commits' round trips, an inline
+        # session a little busy) a probe finds: the other lane, now and then.
+        probe = now - self._since >= PROBE * self._hold[move]
+        if self.pool and (w.busy >= TRY_INLINE or probe):
+            why = "applier's CPU is the limit" if w.busy >= TRY_INLINE else "a probe"
+            self._switch(merged(recent), why)
+        elif not self.pool and (w.busy < TRY_POOL or probe):
             if self.pool_ready:
-                self._switch(merged(recent), "the target is the limit")
+                why = "the target is the limit" if w.busy < TRY_POOL else "a probe"
+                self._switch(merged(recent), why)
             else:
                 self.wanted = True  # the leader opens the members; inline meanwhile
 
     def ready(self, now: float) -> None:
         """The members are open: if the last window asked for the pool, move now."""
         self.pool_ready = True
+        self._now = now
         if not self.pool and self.leaning and now >= self._hold_until[True]:
             self._switch(merged(self._recent) if self._recent else None, "the target is the limit")
 
     def _switch(self, last: Window | None, why: str) -> None:
         self.last_reason = {"why": why, **({} if last is None else last.figures())}
+        self._since = self._now
         self.pool = not self.pool
         self._before = last
         self._recent.clear()

@@ -5,10 +5,25 @@ With ``[apply] workers`` > 1 the worker's loop hands every batch to
 Applier (the engine of ``workers = 1``, on the worker's thread, holding the plain
 origin) and the :class:`~.pool.Pool` of members (their origins ``<origin>.<n>``).
 
+Two lanes for ordinary transactions
+===================================
+
+:class:`~.lanes.LaneChoice` says, at each Begin, whether an ordinary transaction
+goes to the pool (below) or *inline*: to the home session as it arrives, which
+then applies as ``workers = 1`` does (group commit, commits not waited for), so
+that where applier's CPU is the limit the pool's second pass over every change
+costs nothing. Moving between the lanes keeps commit order: to go inline the
+pool is drained first; to go to the pool the home session's group is committed
+and its results taken first (:meth:`Leader._home_alone`). Inline, the home
+session's queue of statements awaiting results is kept short
+(:data:`LEANING_INFLIGHT`) until a window shows applier is busy, so that a slow
+target shows at once and a move to the pool waits for little. The members open
+in the background when the pool is first wanted.
+
 Where each message goes
 =======================
 
-* An ordinary transaction (Begin .. Commit) is *held* while it arrives, its
+* An ordinary transaction (Begin .. Commit) in the pool lane is *held* while it arrives, its
   write set collected change by change (:class:`~.writeset.Collector`; no round
   trip), and at its Commit either added to the pool (keyed) or, if it is a
   *barrier*, applied by the home session once every transaction before it has
@@ -45,6 +60,7 @@ from __future__ import annotations
 
 import fnmatch
 import logging
+import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -53,8 +69,9 @@ import psycopg
 from applier.apply.handlers.dispatch import Applier
 from applier.apply.handlers.relations import same_relation
 from applier.apply.handlers.until import Until
+from applier.apply.parallel.lanes import LaneChoice
 from applier.apply.parallel.member import Item, run_handlers
-from applier.apply.parallel.pool import Pool
+from applier.apply.parallel.pool import Pool, PoolStats
 from applier.apply.parallel.tablekeys import load as load_keys
 from applier.apply.parallel.writeset import Collector, KeySpace, TableKeys
 from applier.apply.rules.tablesync import TableSyncs
@@ -89,6 +106,14 @@ log = logging.getLogger("applier.apply")
 #: Messages (rows of a run of Inserts each) of one transaction held at most; a
 #: longer one goes to the home session as it arrives.
 HELD_LIMIT = 10_000
+
+#: Statements the leader's session has awaiting results at most (one session's
+#: engine: 20,000): about a second of a target that waits 1 ms a row.
+INLINE_INFLIGHT = 4_000
+
+#: ... and while the lanes lean to the pool (the target is the limit): a move to
+#: the pool waits for what the queue holds.
+LEANING_INFLIGHT = 256
 
 #: Only the home session's spool sees these: nothing on the target, no drain.
 _SPOOL_ONLY = frozenset({StreamStart, StreamedChange, StreamedRun, StreamStop, StreamAbort})
@@ -125,10 +150,19 @@ class Leader:
         self._trusted = tuple(cfg.apply.trusted_triggers)
         self._origin_none = cfg.source.origin == "none"
         self._flag = Flag()
-        # A barrier's commit must have returned before later transactions start.
-        home.commit_waits = True
-        home.group_limit = 1
         home.streamed.live_apply = False
+        #: Ordinary transactions to the pool or inline (:mod:`.lanes`).
+        self.lanes = LaneChoice(cfg.apply.adaptive, time.monotonic(), time.process_time())
+        #: Seconds spent waiting for the stream (a measure of the lanes').
+        self._waited = 0.0
+        self._begun = 0
+        self._group_limit = home.group_limit
+        # Barriers only, until the inline lane takes the first transaction.
+        home.group_limit, home.commit_waits = 1, True
+        # A target that cannot keep up must make the leader's session wait soon (the
+        # lanes see an idle process), and a move to the pool wait for little.
+        home.session.max_inflight = LEANING_INFLIGHT
+        self._home_groups = False
         #: The Relation and Type messages in force, as the members must see them.
         self.relations: dict[int, Relation] = {}
         self.types: dict[int, Type] = {}
@@ -170,16 +204,54 @@ class Leader:
 
     # -- routing ---------------------------------------------------------------------
 
-    def read(self, stream: LeaderStream, until: Until | None) -> list[tuple[Lsn, Any]]:
-        """Read one batch and route it; while the pool has work the read does not
-        wait, so that the members' results are taken at once."""
+    def read(
+        self, stream: LeaderStream, until: Until | None, timeout: float | None = None
+    ) -> list[tuple[Lsn, Any]]:
+        """Read one batch (waiting up to ``timeout`` s) and route it; while the pool
+        has work the read hardly waits, so that the members' results are taken at once."""
         pool = self.pool
-        batch = stream.read(0.01 if pool.in_flight else 0.5)
+        began = time.monotonic()
+        batch = stream.read((0.01 if pool.in_flight else 0.5) if timeout is None else timeout)
+        now = time.monotonic()
+        self._waited += now - began
         self.home.sent_at = stream.last_send_time
-        self.dispatch(batch if until is None else list(until.admit(batch, self.home)))
+        if until is None:
+            self.dispatch(batch)
+        else:  # lazily, message by message: admit may commit the inline lane's group
+            for item in until.admit(batch, self.home):
+                self._route([item])
+            pool.start_ready()
         if not batch and pool.in_flight:
             pool.collect(0.02)
+        self._lane_tick()
         return batch
+
+    def stats(self) -> PoolStats:
+        """The pool's figures and the lane ordinary transactions take now."""
+        s = self.pool.stats()
+        s.inline = 0 if self.lanes.pool else 1
+        s.lane_switches += self.lanes.switches
+        return s
+
+    def _lane_tick(self) -> None:
+        """At each read and each Begin: the lane choice's window, if it ended."""
+        now = time.monotonic()
+        lanes = self.lanes
+        switches = lanes.switches
+        if lanes.wanted and not lanes.pool_ready and self.pool.opened:
+            self.pool.open_wait()  # starts them, or raises why they could not open
+            lanes.ready(now)
+        if now >= lanes.next_at:
+            lanes.tick(now, time.process_time(), self._waited, self._begun)
+            self.home.session.max_inflight = LEANING_INFLIGHT if lanes.leaning else INLINE_INFLIGHT
+            if lanes.wanted and not lanes.pool_ready:
+                self.pool.open_soon()
+        if lanes.switches != switches:
+            log.info(
+                "parallel apply: ordinary transactions now go to %s",
+                "the pool" if lanes.pool else "the leader's own session",
+                extra={"ctx": lanes.last_reason},
+            )
 
     def dispatch(self, batch: list[tuple[Lsn, Any]]) -> None:
         self._route(batch)
@@ -211,7 +283,15 @@ class Leader:
                 else:
                     self._hold(lsn, msg)
             elif type(msg) is Begin:
-                self._start(lsn, msg)
+                self._begun += 1  # the lanes' rate: flow-controlled in both
+                self._lane_tick()
+                if self.lanes.pool:
+                    self._home_alone()
+                    self._start(lsn, msg)
+                else:  # inline: the home session takes it from its Begin, as it comes
+                    self._home_grouping()
+                    self._direct = True
+                    n -= 1
             elif type(msg) in _SPOOL_ONLY:
                 self.home.dispatch(lsn, msg)
             else:
@@ -241,6 +321,28 @@ class Leader:
     def drain(self) -> None:
         """Wait until everything handed to the pool has committed."""
         self.pool.drain(self._stopping)
+
+    def _home_grouping(self) -> None:
+        """The inline lane: the home session applies as ``workers = 1`` (group commit,
+        commits not waited for), once everything handed to the pool has committed."""
+        if not self._home_groups:
+            self.drain()
+            home = self.home
+            home.group_limit, home.commit_waits = self._group_limit, False
+            self._home_groups = True
+
+    def _home_alone(self) -> None:
+        """The pool lane: the home session's group is committed and its commits'
+        results in before a member may commit; from now on the home session takes
+        barriers only, one at a time, each commit waited for (nothing after a barrier
+        starts before it committed)."""
+        if self._home_groups:
+            home = self.home
+            home.commit_group()
+            home.session.settle()
+            home.group_limit, home.commit_waits = 1, True
+            self._home_groups = False
+        self.pool.open_wait()
 
     def _start(self, lsn: Lsn, m: Begin) -> None:
         self._pending.received(m.final_lsn, m.commit_ts)

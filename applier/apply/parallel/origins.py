@@ -48,6 +48,14 @@ from the maximum: T_k is resent if and only if it did not commit. If A dies
 after its COMMIT returned, B may commit T_k+1 or not; the maximum is E_k+1 or
 E_k accordingly. No transaction is skipped, none applied twice.
 
+*The leader's own session* (the plain ``<origin>``) commits barriers and, in the
+inline lane (:mod:`.lanes`), groups of ordinary transactions without waiting for
+each result. It is one more session in the same order: it starts only once the
+pool has drained (every earlier COMMIT returned), and no member commits after
+it before its own COMMITs have returned (``Leader._home_alone`` takes their
+results first). So 2 holds across lanes, and a crash between a group's COMMIT
+and a member's leaves the same prefix.
+
 A group of another size (``workers`` changed between runs) reads the same way:
 an origin left from a larger group holds the end of a committed transaction
 too.

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -64,6 +65,9 @@ WINDOW_PER_MEMBER = 4 * RUN_LIMIT
 #: transaction alone holds at most leader.HELD_LIMIT).
 HELD_ROWS = 200_000
 
+#: Opens the members (all or none), given the turn and where they report.
+Opener = Callable[[CommitTurn, Callable[[Report], None]], list[Member]]
+
 _BLOCKERS = (
     "SELECT pid, pg_catalog.pg_blocking_pids(pid) "
     "FROM pg_catalog.unnest(%s::pg_catalog.int4[]) AS pid"
@@ -81,6 +85,10 @@ class PoolStats:
     serialised_by_barrier: int
     deadlocks: int
     retried: int
+    #: 1 while the leader's own session takes ordinary transactions (.lanes), else 0.
+    inline: int = 0
+    #: Moves between the pool and the leader's own session.
+    lane_switches: int = 0
 
     @classmethod
     def none(cls, sessions: int) -> PoolStats:
@@ -92,13 +100,14 @@ class Pool:
 
     def __init__(
         self,
-        members: Callable[[CommitTurn, Callable[[Report], None]], list[Member]],
+        members: Opener,
         watch_conn: psycopg.Connection[Any],
         tally: Tally,
         on_commit: Callable[[Item, Lsn, Lsn], None],
         past: PoolStats | None = None,
         run_limit: int = RUN_LIMIT,
         chain_limit: int = RUN_LIMIT,
+        sessions: int = 0,
     ) -> None:
         self.run_limit = max(1, run_limit)
         #: A run at the head of the commit order may take this many transactions
@@ -110,8 +119,10 @@ class Pool:
         self.turn = CommitTurn()
         self.schedule = Schedule()
         self._reports: queue.SimpleQueue[Report] = queue.SimpleQueue()
-        self.members = members(self.turn, self._reports.put)
-        self._free = list(reversed(self.members))
+        self.sessions = sessions
+        #: The members, once opened (:meth:`open_wait`); none before.
+        self.members: list[Member] = []
+        self._free: list[Member] = []
         self._items: dict[int, Item] = {}
         self._watch_conn = watch_conn
         self._tally = tally
@@ -119,12 +130,51 @@ class Pool:
         self._failure: BaseException | None = None
         self._turn_moved = time.monotonic()
         # Room for a head run's whole chain besides the members' runs.
-        self.window = WINDOW_PER_MEMBER * len(self.members) + self.chain_limit
+        self.window = WINDOW_PER_MEMBER * sessions + self.chain_limit
         #: Barriers applied by the leader's own session (counted with the schedule's).
         self.barriers = 0
         #: Runs handed out (transactions / runs: how much group commit the pool kept).
         self.runs = 0
-        for m in self.members:
+        # Opened when first wanted, in the background: the leader's session applies
+        # meanwhile (.lanes); opening costs CPU a pool that is never used should not.
+        self._opened: list[Member] | BaseException | None = None
+        self._opener = threading.Thread(
+            target=self._open, args=(members,), name="applier open pool", daemon=True
+        )
+
+    def _open(
+        self, members: Callable[[CommitTurn, Callable[[Report], None]], list[Member]]
+    ) -> None:
+        try:
+            self._opened = members(self.turn, self._reports.put)
+        except BaseException as e:  # raised on the leader's thread by open_wait
+            self._opened = e
+
+    def open_soon(self) -> None:
+        """Start opening the members in the background (once)."""
+        if self._opener.ident is None:
+            self._opener.start()
+
+    @property
+    def opened(self) -> bool:
+        """The members are open (or failed to open: :meth:`open_wait` raises)."""
+        return bool(self.members) or (
+            self._opener.ident is not None and not self._opener.is_alive()
+        )
+
+    def open_wait(self) -> None:
+        """Wait until the members are open and started; raise why they could not be."""
+        if self.members:
+            return
+        self.open_soon()
+        self._opener.join()
+        got = self._opened
+        if isinstance(got, BaseException):
+            raise got
+        assert got is not None
+        self.members = got
+        self._free = list(reversed(got))
+        for m in got:
             m.start()
 
     # -- feeding ---------------------------------------------------------------------
@@ -254,9 +304,15 @@ class Pool:
             },
         )
         self.turn.broken("the pool stops")
+        if not self.members and self._opener.ident is not None:
+            self._opener.join()  # members opened meanwhile are closed below, unstarted
+            got = self._opened
+            self.members = got if isinstance(got, list) else []
         for m in self.members:
             m.stop()
         for m in self.members:
+            if m.thread.ident is None:  # opened, never started
+                continue
             m.thread.join(timeout=30)
             if m.thread.is_alive():
                 log.warning("apply session %s did not stop in 30 s", m.index)
@@ -277,13 +333,14 @@ class Pool:
         counts = self.schedule.counts
         past = self._past or PoolStats.none(0)
         return PoolStats(
-            sessions=len(self.members),
+            sessions=self.sessions,
             in_flight=self.schedule.in_flight,
             waiting=waiting + len(self._items),
             serialised_by_key=past.serialised_by_key + counts.by_key,
             serialised_by_barrier=past.serialised_by_barrier + counts.by_barrier + self.barriers,
             deadlocks=past.deadlocks + sum(m.deadlocks for m in self.members),
             retried=past.retried + sum(m.retried for m in self.members),
+            lane_switches=past.lane_switches,
         )
 
 

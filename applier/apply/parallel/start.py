@@ -90,7 +90,7 @@ def open_leader(
         home.progress = Lsn(max(home.progress, item.end_lsn))
 
     limit = cfg.apply.group_commit
-    pool = Pool(members, catalog, home.tally, on_commit, past, min(limit, RUN_LIMIT), limit)
+    pool = Pool(members, catalog, home.tally, on_commit, past, min(limit, RUN_LIMIT), limit, n)
     log.info("parallel apply: %d sessions", n, extra={"ctx": {"origins": f"{cfg.origin}.1..{n}"}})
     return Leader(cfg, home, pool, catalog, pending, syncs, stopping)
 
