@@ -1,4 +1,5 @@
-"""A session's queue of statements awaiting results, bounded low, does not hang.
+"""A target session used as parallel apply uses it: a low bound on results owed,
+and the same session going on after a refused COMMIT.
 
 Parallel apply's leader keeps its own session's queue short while the target is
 what limits apply (``max_inflight`` 256 instead of 20,000: applier.apply.parallel.
@@ -21,6 +22,7 @@ from applier.apply.handlers.spool import SpoolSet
 from applier.apply.sql.mapping import Catalog
 from applier.apply.target.origin import ensure_origin
 from applier.apply.target.session import TargetSession
+from applier.errors import ApplyError
 from applier.lsn import Lsn
 from applier.protocol import Begin, Column, Commit, Insert, Relation, TupleData
 from applier.schema import upgrade_target
@@ -65,3 +67,46 @@ def test_a_low_bound_on_results_owed_does_not_hang(
     applier.session.settle()
     assert pair.sub_exec("SELECT count(*) FROM t")[0][0] == ROWS
     assert pair.sub_exec("SELECT count(*) FROM u")[0][0] == ROWS
+
+
+@ONE_PAIR
+def test_a_session_whose_commit_failed_commits_the_next_transaction(
+    applier: Applier, pair: Pair
+) -> None:
+    """A COMMIT the target refuses (a deferred foreign key, its triggers ENABLE ALWAYS
+    as in the random mixes) and the session used again, as a parallel member does to
+    apply a refused run one transaction at a time: the next transaction's guard must
+    expect what the server holds (the last commit that succeeded), not the id of the
+    one that failed ("an earlier target transaction of this session did not commit")."""
+    pair.sub_exec(
+        "CREATE TABLE p (id int PRIMARY KEY);"
+        "CREATE TABLE c (id int PRIMARY KEY, pid int REFERENCES p DEFERRABLE INITIALLY DEFERRED);"
+        "DO $$ DECLARE r record; BEGIN FOR r IN SELECT tgname FROM pg_catalog.pg_trigger "
+        "WHERE tgrelid = 'public.c'::regclass AND tgisinternal LOOP "
+        "EXECUTE format('ALTER TABLE public.c ENABLE ALWAYS TRIGGER %I', r.tgname); "
+        "END LOOP; END $$"
+    )
+    pid = Column(0, "pid", 23, -1)
+    applier.commit_waits = True
+    feed = [
+        (Lsn(0x100000), Relation(None, 16402, "public", "c", "d", (ID, pid))),
+        (Lsn(0x100000), Relation(None, 16403, "public", "p", "d", (ID,))),
+    ]
+    for lsn, m in feed:
+        applier.dispatch(lsn, m)
+
+    def txn(at: int, oid: int, *values: bytes) -> None:
+        lsn = Lsn(at)
+        applier.dispatch(lsn, Begin(lsn, 0, at))
+        applier.dispatch(lsn, Insert(None, oid, TupleData.text(*values)))
+        applier.dispatch(lsn, Commit(0, lsn, Lsn(lsn + 8), 0))
+
+    txn(0x100100, 16403, b"1")  # committed: the guard's chain starts
+    with pytest.raises(ApplyError, match="c_pid_fkey"):
+        txn(0x100200, 16402, b"1", b"999")  # no parent: refused at COMMIT
+    applier.abandon()
+    applier.session.forget_failure()
+    txn(0x100300, 16403, b"2")
+    applier.session.settle()
+    assert pair.sub_exec("SELECT id FROM p ORDER BY 1") == [(1,), (2,)]
+    assert pair.sub_exec("SELECT count(*) FROM c") == [(0,)]

@@ -406,10 +406,6 @@ class TargetSession(Pipeline):
         finally:
             self.in_txn = False
         self._reset_after_error()
-        # Our ROLLBACK undid the guard id of the transaction in hand; read what the
-        # server holds now (a setting first made in a rolled-back transaction
-        # stays behind as '', not NULL).
-        self._resync_guard()
 
     def check_in_txn(self) -> None:
         """Send what is held and wait for every result of the open transaction; raise
@@ -453,6 +449,11 @@ class TargetSession(Pipeline):
             self._rewind_origin()
         except psycopg.Error as e:
             raise self._error(e, "resetting the target session") from None
+        # The ROLLBACK (or a refused COMMIT) undid the guard id of the transaction in
+        # hand: read what the server holds now, or a session used again (a parallel
+        # member applying a refused run one by one) fails its next guard. A setting
+        # first made in a rolled-back transaction stays behind as '', not NULL.
+        self._resync_guard()
 
     def _origin_position(self) -> Lsn:
         return session_progress(self.conn)
