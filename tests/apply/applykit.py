@@ -15,6 +15,8 @@ from typing import Any
 
 from conftest import Pair
 
+from applier.apply.handlers.dispatch import Applier
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -163,3 +165,31 @@ def steady_inserts(pair: Pair, table: str = "t", every: float = 0.02) -> Iterato
     finally:
         stop.set()
         writer.join(10)
+
+
+@contextlib.contextmanager
+def applier_on_target(
+    pair: Pair, spool_dir: Path, timeout: float | None = None
+) -> Iterator[Applier]:
+    """A real Applier and TargetSession on ``pair``'s target, without a worker: the
+    origin and applier's target schema made first, everything closed after."""
+    from applier.apply.handlers.spool import SpoolSet
+    from applier.apply.sql.mapping import Catalog
+    from applier.apply.target.origin import ensure_origin
+    from applier.apply.target.session import TargetSession
+    from applier.lsn import Lsn
+    from applier.schema import upgrade_target
+
+    cfg = pair.config()
+    conn = pair.sub_conn(autocommit=True)
+    ensure_origin(conn, cfg.origin)
+    upgrade_target(pair.sub_dsn)  # the origin stamp's tables
+    extra = {} if timeout is None else {"timeout": timeout}
+    session = TargetSession(pair.sub_dsn, cfg.origin, "on", **extra)
+    a = Applier(cfg, session, Catalog(conn), SpoolSet(spool_dir, "a", 1 << 20), Lsn(0))
+    try:
+        yield a
+    finally:
+        a.abandon()
+        session.close()
+        conn.close()

@@ -15,17 +15,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from applykit import applier_on_target
 from conftest import ONE_PAIR, Pair
 
 from applier.apply.handlers.dispatch import Applier
-from applier.apply.handlers.spool import SpoolSet
-from applier.apply.sql.mapping import Catalog
-from applier.apply.target.origin import ensure_origin
-from applier.apply.target.session import TargetSession
 from applier.errors import ApplyError
 from applier.lsn import Lsn
 from applier.protocol import Begin, Column, Commit, Insert, Relation, TupleData
-from applier.schema import upgrade_target
 
 ID, V = Column(1, "id", 23, -1), Column(0, "v", 25, -1)
 ROWS = 1_500
@@ -34,19 +30,9 @@ ROWS = 1_500
 @pytest.fixture
 def applier(pair: Pair, tmp_path: Path) -> Iterator[Applier]:
     pair.sub_exec("CREATE TABLE t (id int PRIMARY KEY, v text); CREATE TABLE u (LIKE t)")
-    cfg = pair.config()
-    conn = pair.sub_conn(autocommit=True)
-    ensure_origin(conn, cfg.origin)
-    upgrade_target(pair.sub_dsn)
     # A silent target fails in 10 s instead of hanging the suite.
-    session = TargetSession(pair.sub_dsn, cfg.origin, "on", timeout=10)
-    a = Applier(cfg, session, Catalog(conn), SpoolSet(tmp_path, "d", 1 << 20), Lsn(0))
-    try:
+    with applier_on_target(pair, tmp_path, timeout=10) as a:
         yield a
-    finally:
-        a.abandon()
-        session.close()
-        conn.close()
 
 
 @ONE_PAIR

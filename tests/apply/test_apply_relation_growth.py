@@ -13,16 +13,12 @@ from pathlib import Path
 
 import psutil
 import pytest
+from applykit import applier_on_target
 from conftest import ONE_PAIR, Pair
 
 from applier.apply.handlers.dispatch import Applier
-from applier.apply.handlers.spool import SpoolSet
-from applier.apply.sql.mapping import Catalog
-from applier.apply.target.origin import ensure_origin
-from applier.apply.target.session import TargetSession
 from applier.lsn import Lsn
 from applier.protocol import Begin, Column, Commit, Insert, PgOutputMessage, Relation, TupleData
-from applier.schema import upgrade_target
 
 #: Target tables the "partitions" (new relation OIDs) map to.
 TABLES = 20
@@ -35,18 +31,8 @@ def applier(pair: Pair, tmp_path: Path) -> Iterator[Applier]:
     pair.sub_exec(
         "".join(f"CREATE TABLE part{i} (id int PRIMARY KEY, v text);" for i in range(TABLES))
     )
-    cfg = pair.config()
-    conn = pair.sub_conn(autocommit=True)
-    ensure_origin(conn, cfg.origin)
-    upgrade_target(pair.sub_dsn)  # the origin stamp's tables
-    session = TargetSession(pair.sub_dsn, cfg.origin, "on")
-    a = Applier(cfg, session, Catalog(conn), SpoolSet(tmp_path, "g", 1 << 20), Lsn(0))
-    try:
+    with applier_on_target(pair, tmp_path) as a:
         yield a
-    finally:
-        a.abandon()
-        session.close()
-        conn.close()
 
 
 class Feed:
