@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 from conftest import Pair
 
 from applier.apply.parallel.origins import create_group, member, restart_point
-from applier.apply.parallel.turn import CommitTurn, TurnBroken, commit_in_turn
+from applier.apply.parallel.turn import CommitTurn, TurnBroken
 from applier.apply.target.session import TargetSession
 from applier.errors import ApplierError
 from applier.lsn import Lsn, now_pg_timestamp
@@ -35,6 +36,30 @@ def _sessions(pair: Pair) -> tuple[str, TargetSession, TargetSession]:
     a = TargetSession(pair.sub_dsn, member(origin, 1), "on")
     b = TargetSession(pair.sub_dsn, member(origin, 2), "on")
     return origin, a, b
+
+
+def commit_in_turn(
+    session: TargetSession,
+    turn: CommitTurn,
+    seq: int,
+    end_lsn: Lsn,
+    commit_ts: int,
+    done: Callable[[Lsn], None],
+) -> None:
+    """What a member does around COMMIT (member.py, through its Applier): wait for
+    the turn, roll back if it broke, COMMIT with the stamp and wait for it, break the
+    turn if that fails, else pass it on."""
+    try:
+        turn.wait(seq)
+    except TurnBroken:
+        session.rollback()
+        raise
+    try:
+        session.commit(end_lsn, commit_ts, done, wait=True)
+    except BaseException as e:
+        turn.broken(f"transaction {seq} (end {end_lsn}) failed to commit: {e}")
+        raise
+    turn.done(seq)
 
 
 def _apply(s: TargetSession, row: int) -> None:

@@ -3,7 +3,8 @@
 Each transaction gets a sequence number at Begin (1, 2, 3, ... in source
 commit order). A session applies its transaction's statements as soon as the
 :class:`~.schedule.Schedule` lets it, then waits here for its turn: COMMIT is
-sent only once the predecessor's COMMIT has *returned* (:func:`commit_in_turn`).
+sent only once the predecessor's COMMIT has *returned* (:mod:`.member` commits
+through its Applier once its turn came).
 That is the order :mod:`.origins` proves exactly-once from: the committed
 transactions are always a prefix of the source's order, and the restart point is
 the largest progress of the group. The stamp stays inside COMMIT
@@ -21,11 +22,8 @@ session rolls back (origin untouched) and the leader restarts from
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 
-from applier.apply.target.session import TargetSession
 from applier.errors import TransientError
-from applier.lsn import Lsn
 
 
 class TurnBroken(TransientError):
@@ -75,29 +73,3 @@ class CommitTurn:
     @property
     def is_broken(self) -> bool:
         return self._broken is not None
-
-
-def commit_in_turn(
-    session: TargetSession,
-    turn: CommitTurn,
-    seq: int,
-    end_lsn: Lsn,
-    commit_ts: int,
-    done: Callable[[Lsn], None],
-) -> None:
-    """Wait for ``seq``'s turn, then stamp and COMMIT on ``session`` and wait for it.
-
-    An earlier failure (:class:`TurnBroken`) rolls this transaction back; a failure
-    of this COMMIT breaks the turn for every later one. Either way it raises.
-    """
-    try:
-        turn.wait(seq)
-    except TurnBroken:
-        session.rollback()
-        raise
-    try:
-        session.commit(end_lsn, commit_ts, done, wait=True)
-    except BaseException as e:
-        turn.broken(f"transaction {seq} (end {end_lsn}) failed to commit: {e}")
-        raise
-    turn.done(seq)
