@@ -107,8 +107,9 @@ log = logging.getLogger("applier.apply")
 #: longer one goes to the home session as it arrives.
 HELD_LIMIT = 10_000
 
-#: Statements the leader's session has awaiting results at most (one session's
-#: engine: 20,000): about a second of a target that waits 1 ms a row.
+#: Statements the leader's session has awaiting results at most in the inline lane
+#: (one session's engine: 20,000, but that much of a slow target is what a move to
+#: the pool would wait for); a bulk UPDATE's merged statements need about this many.
 INLINE_INFLIGHT = 4_000
 
 #: ... and while the lanes lean to the pool (the target is the limit): a move to
@@ -163,9 +164,10 @@ class Leader:
         self._group_limit = home.group_limit
         # Barriers only, until the inline lane takes the first transaction.
         home.group_limit, home.commit_waits = 1, True
-        # A target that cannot keep up must make the leader's session wait soon (the
-        # lanes see an idle process), and a move to the pool wait for little.
-        home.session.max_inflight = LEANING_INFLIGHT
+        if cfg.apply.adaptive:
+            # A target that cannot keep up must make the leader's session wait soon
+            # (the lanes see an idle process), and a move to the pool wait for little.
+            home.session.max_inflight = LEANING_INFLIGHT
         self._home_groups = False
         #: The Relation and Type messages in force, as the members must see them.
         self.relations: dict[int, Relation] = {}
