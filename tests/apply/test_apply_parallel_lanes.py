@@ -90,16 +90,20 @@ def test_lanes_follow_the_workload_through_kills_each_change_once(pair: Pair) ->
     wait_equal(pair, ["t", "u", "c"], timeout=180, runner=runner)
     assert_each_change_once(pair)
 
-    # It went to the pool on the slow target, and says so: log, metrics, status.
-    said = "".join(Runner(pair, cfg, name).log() for name in logs)
-    assert TO_POOL in said, said[-4000:]
+    # A longer target-bound phase in one process (the backlog's may have been cut
+    # by the kills before the members opened, on a loaded machine): it goes to the
+    # pool, and says so: log, metrics, status.
+    run_keyed_writers(pair, seed=20, txns=100)
+    wait_until(lambda: TO_POOL in runner.log(), runner, 120, "a move to the pool")
+    wait_equal(pair, ["t", "u", "c"], timeout=180, runner=runner)
+    assert_each_change_once(pair)
     assert sessions_that_applied(pair) > 1
     samples = scrape(port)
     assert metric(samples, "applier_apply_sessions") == 4
     assert metric(samples, "applier_apply_inline") in (0.0, 1.0)
     switches = metric(samples, "applier_apply_lane_switches_total")
     # This process's moves (a counter starts again with the process).
-    assert switches == runner.log().count("ordinary transactions now go to")
+    assert switches == runner.log().count("ordinary transactions now go to") >= 1
 
     def beat() -> bool:
         st, _ = _status(str(cfg))
