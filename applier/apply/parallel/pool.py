@@ -142,9 +142,7 @@ class Pool:
             target=self._open, args=(members,), name="applier open pool", daemon=True
         )
 
-    def _open(
-        self, members: Callable[[CommitTurn, Callable[[Report], None]], list[Member]]
-    ) -> None:
+    def _open(self, members: Opener) -> None:
         try:
             self._opened = members(self.turn, self._reports.put)
         except BaseException as e:  # raised on the leader's thread by open_wait
